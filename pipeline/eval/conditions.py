@@ -1,0 +1,44 @@
+"""Telephony conditions of the evaluation audio, as the ASR receives them (16 kHz float32).
+
+Narrow-band conditions go down to 8 kHz (16-bit linear, or G.711 mu-law through the real codec) and
+come back up with the streaming resampler, in 20 ms frames, exactly as the pipeline hands a leg's
+audio to the ASR.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from pipeline.audio import codecs
+from pipeline.audio.resample import StreamResampler, resample
+from pipeline.eval.dataset import SAMPLE_RATE, EvalUtterance
+
+TELEPHONY_RATE = 8000
+FRAME_MS = 20
+CONDITIONS: dict[str, str | None] = {"16k": None, "8k": "pcm16", "8k-mulaw": "mulaw"}
+
+
+def apply_condition(audio_16k: np.ndarray, condition: str) -> np.ndarray:
+    """``audio_16k`` as the ASR would receive it under ``condition`` (one of CONDITIONS)."""
+    if condition not in CONDITIONS:
+        raise ValueError(f"unknown condition {condition!r}; expected one of {', '.join(CONDITIONS)}")
+    encoding = CONDITIONS[condition]
+    if encoding is None:
+        return np.asarray(audio_16k, dtype=np.float32).copy()
+    narrow = resample(audio_16k, SAMPLE_RATE, TELEPHONY_RATE)
+    received = codecs.decode(codecs.encode(narrow, encoding), encoding)
+    return _upsample_in_frames(received)
+
+
+def conditioned(utterances: list[EvalUtterance], condition: str) -> list[EvalUtterance]:
+    """The utterances with their audio under ``condition``."""
+    return [replace(u, audio=apply_condition(u.audio, condition)) for u in utterances]
+
+
+def _upsample_in_frames(audio_8k: np.ndarray) -> np.ndarray:
+    stream = StreamResampler(TELEPHONY_RATE, SAMPLE_RATE)
+    frame = TELEPHONY_RATE * FRAME_MS // 1000
+    pieces = [stream.process(audio_8k[i : i + frame]) for i in range(0, audio_8k.size, frame)]
+    return np.concatenate([*pieces, stream.flush()]).astype(np.float32)
