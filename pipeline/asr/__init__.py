@@ -1,0 +1,1 @@
+"""Whisper speech recognition on ONNX Runtime: model build, batched greedy decoding, engine API."""

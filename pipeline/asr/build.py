@@ -1,0 +1,87 @@
+"""Build ONNX Whisper graphs (fp32 and dynamic int8) from the CTranslate2 weights of an installed package."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+
+from pipeline.asr.ct2 import find_source, load_source, load_suppress_config
+from pipeline.asr.graph import build_decoder, build_encoder
+from pipeline.asr.manifest import Manifest, model_versions, sha256_of
+
+SAMPLE_RATE = 16000
+VOCABULARY_FILE = "vocabulary.txt"
+QUANTIZATIONS = ("fp32", "int8")
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    folder: Path
+    manifest: Manifest
+
+
+def _quantize(src: Path, dst: Path) -> None:
+    # Imported here: the quantization tooling is only needed at build time.
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantize_dynamic(src, dst, weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"])
+
+
+def _tool_versions() -> dict[str, str]:
+    return {pkg: importlib.metadata.version(pkg) for pkg in ("onnx", "onnxruntime", "numpy")}
+
+
+def _write_graphs(folder: Path, name: str) -> tuple[dict[str, dict[str, str]], object]:
+    source = find_source(name)
+    weights = load_source(source)
+    graphs: dict[str, dict[str, str]] = {q: {} for q in QUANTIZATIONS}
+    for part, graph in (("encoder", build_encoder(weights)), ("decoder", build_decoder(weights))):
+        fp32 = folder / f"{part}.fp32.onnx"
+        onnx.save(graph, fp32)
+        del graph
+        _quantize(fp32, folder / f"{part}.int8.onnx")
+        graphs["fp32"][part] = fp32.name
+        graphs["int8"][part] = f"{part}.int8.onnx"
+    return graphs, weights.sha256
+
+
+def build_model(name: str, models_dir: Path, version: int | None = None) -> BuildResult:
+    """Write models_dir/<name>/<version>/ (next free version by default) and return its manifest."""
+    existing = model_versions(models_dir, name)
+    version = version if version is not None else (existing[-1] + 1 if existing else 1)
+    final = models_dir / name / str(version)
+    if final.exists():
+        raise FileExistsError(f"{final} already exists: choose another version")
+    source = find_source(name)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    # Build in a temporary sibling and rename, so a crash never leaves a half-built version behind.
+    with tempfile.TemporaryDirectory(dir=final.parent, prefix=".build-") as tmp:
+        work = Path(tmp)
+        graphs, source_sha = _write_graphs(work, name)
+        shutil.copyfile(source.folder / VOCABULARY_FILE, work / VOCABULARY_FILE)
+        suppress = load_suppress_config(source)
+        files = {p.name: sha256_of(p) for p in sorted(work.iterdir()) if p.is_file()}
+        manifest = Manifest(
+            name=name,
+            version=version,
+            source_package=source.package,
+            source_version=source.version,
+            source_sha256=str(source_sha),
+            files=files,
+            graphs=graphs,
+            vocabulary_file=VOCABULARY_FILE,
+            sample_rate=SAMPLE_RATE,
+            n_mels=80,
+            suppress_ids=suppress["suppress_ids"],
+            suppress_ids_begin=suppress["suppress_ids_begin"],
+            tools=_tool_versions(),
+        )
+        manifest.write(work)
+        work.chmod(0o755)  # mkdtemp makes it private; a model folder is shared read-only data
+        work.rename(final)
+    return BuildResult(final, manifest)

@@ -1,0 +1,90 @@
+"""The manifest of a built model folder (models/<name>/<version>/manifest.json) and its integrity check."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+MANIFEST_FILE = "manifest.json"
+
+
+class ModelIntegrityError(RuntimeError):
+    """A built model file is missing, altered, or does not match its manifest."""
+
+
+class ModelNotBuiltError(RuntimeError):
+    """No built model of that name exists in the models folder."""
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What a built model folder holds and where it came from."""
+
+    name: str
+    version: int
+    source_package: str
+    source_version: str
+    source_sha256: str
+    files: dict[str, str]  # file name -> sha256
+    graphs: dict[str, dict[str, str]]  # quantization -> {"encoder": file, "decoder": file}
+    vocabulary_file: str
+    sample_rate: int
+    n_mels: int
+    suppress_ids: list[int]
+    suppress_ids_begin: list[int]
+    tools: dict[str, str] = field(default_factory=dict)
+
+    def write(self, folder: Path) -> None:
+        (folder / MANIFEST_FILE).write_text(json.dumps(asdict(self), indent=2) + "\n")
+
+    @classmethod
+    def read(cls, folder: Path) -> Manifest:
+        path = folder / MANIFEST_FILE
+        try:
+            return cls(**json.loads(path.read_text()))
+        except FileNotFoundError as exc:
+            raise ModelIntegrityError(f"{path}: manifest missing") from exc
+        except (TypeError, ValueError) as exc:
+            raise ModelIntegrityError(f"{path}: manifest unreadable ({exc})") from exc
+
+    def verify(self, folder: Path, names: list[str]) -> None:
+        """Refuse the folder unless each named file exists and has the sha256 the manifest records."""
+        for name in names:
+            expected = self.files.get(name)
+            path = folder / name
+            if expected is None:
+                raise ModelIntegrityError(f"{path}: not listed in the manifest")
+            if not path.exists():
+                raise ModelIntegrityError(f"{path}: missing")
+            actual = sha256_of(path)
+            if actual != expected:
+                raise ModelIntegrityError(
+                    f"{path}: sha256 {actual[:12]}… does not match manifest {expected[:12]}… (file altered?)"
+                )
+
+
+def model_versions(models_dir: Path, name: str) -> list[int]:
+    """Versions of `name` with a manifest, ascending."""
+    folder = models_dir / name
+    if not folder.is_dir():
+        return []
+    return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit() and (p / MANIFEST_FILE).exists())
+
+
+def latest_model_folder(models_dir: Path, name: str) -> Path:
+    versions = model_versions(models_dir, name)
+    if not versions:
+        raise ModelNotBuiltError(
+            f"model {name!r} is not built in {models_dir} (run: callqa models build {name})"
+        )
+    return models_dir / name / str(versions[-1])
