@@ -1,0 +1,204 @@
+"""Versioned, idempotent schema migrations of the callqa ClickHouse database.
+
+Each migration is a numbered list of DDL statements. ClickHouse has no transactional DDL, so every
+statement must be safe to run again (``IF NOT EXISTS``, ``ADD COLUMN IF NOT EXISTS``): a migration is
+recorded in ``schema_migrations`` only after all its statements ran, and a crash half-way simply
+re-runs it. Two workers migrating at once is harmless for the same reason.
+
+Reader-facing dedup. The pipeline is at-least-once: after a crash, Kafka replays and the same rows
+are inserted again with the same keys. Every table is a ``ReplacingMergeTree`` whose ORDER BY is the
+row's identity and whose version column decides which copy survives. Background merges collapse
+copies eventually, never on time, so readers must either
+- read the ``<table>_deduped`` views (``SELECT * FROM t FINAL``), or
+- aggregate with ``argMax(col, <version>) ... GROUP BY <key>`` themselves.
+``FINAL`` also collapses copies that landed in different monthly partitions (a replay that crossed a
+month boundary); do not set ``do_not_merge_across_partitions_select_final`` when reading.
+
+Keys and versions, and why:
+- calls: key call_id; version updated_at (latest state of the call wins); partition by month of
+  started_at, which never changes for a call, so time-range queries prune whole months.
+- segments: key (call_id, segment_id), so a call's transcript is one contiguous range; version
+  prefers a final over a partial and then the latest produced_at (a replayed partial produced after
+  its final must not win). No partition: a segment carries no time that is stable across replays.
+- latency: key (call_id, segment_id); version keeps the FIRST measurement, because a replay measures
+  the crash, not the pipeline; partition by month of measured_at (a part's min/max measured_at lets
+  "last N minutes" queries skip old parts).
+- call_qa: key call_id; version computed_at (a re-score replaces the old one); monthly partitions.
+- qa_events: key (call_id, rule, leg, kind, offset_ms); version detected_at; monthly partitions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from clickhouse_connect.driver.client import Client
+
+from pipeline.store.client import check_identifier
+
+# Reader-facing dedup keys and version expressions, one place for the views and for queries.py.
+TABLE_KEYS: dict[str, tuple[str, ...]] = {
+    "calls": ("call_id",),
+    "segments": ("call_id", "segment_id"),
+    "latency": ("call_id", "segment_id"),
+    "call_qa": ("call_id",),
+    "qa_events": ("call_id", "rule", "leg", "kind", "offset_ms"),
+}
+
+
+@dataclass(frozen=True)
+class Migration:
+    """One schema step; statements use ``{db}`` for the database name."""
+
+    version: int
+    name: str
+    statements: tuple[str, ...]
+
+
+_CALLS = """
+CREATE TABLE IF NOT EXISTS {db}.calls (
+    call_id String,
+    tenant LowCardinality(String),
+    agent_id String,
+    queue LowCardinality(String),
+    direction LowCardinality(String),
+    legs Array(LowCardinality(String)),
+    started_at DateTime64(3, 'UTC'),
+    ended_at Nullable(DateTime64(3, 'UTC')),
+    end_reason LowCardinality(String) COMMENT 'end|abort|timeout; empty while the call is open',
+    segments UInt32,
+    audio_ms UInt64,
+    updated_at DateTime64(3, 'UTC')
+) ENGINE = ReplacingMergeTree(updated_at)
+PARTITION BY toYYYYMM(started_at)
+ORDER BY call_id
+"""
+
+_SEGMENTS = """
+CREATE TABLE IF NOT EXISTS {db}.segments (
+    segment_id String,
+    call_id String,
+    leg LowCardinality(String),
+    start_ms UInt32,
+    end_ms UInt32,
+    text String COMMENT 'redacted transcript text',
+    confidence Float32,
+    avg_logprob Float32,
+    no_speech_prob Float32,
+    is_final UInt8,
+    model_name LowCardinality(String),
+    model_version UInt32,
+    redactions UInt16,
+    produced_at DateTime64(3, 'UTC'),
+    row_version UInt64 MATERIALIZED
+        bitShiftLeft(toUInt64(is_final), 62) + toUInt64(toUnixTimestamp64Milli(produced_at))
+) ENGINE = ReplacingMergeTree(row_version)
+ORDER BY (call_id, segment_id)
+"""
+
+_LATENCY = """
+CREATE TABLE IF NOT EXISTS {db}.latency (
+    segment_id String,
+    call_id String,
+    leg LowCardinality(String),
+    batch_size UInt16,
+    batcher_wait_ms Float32,
+    inference_ms Float32,
+    frame_to_consume_ms Float32,
+    end_to_end_ms Float32,
+    worker_id LowCardinality(String),
+    measured_at DateTime64(3, 'UTC'),
+    row_version UInt64 MATERIALIZED
+        toUInt64(9223372036854775807) - toUInt64(toUnixTimestamp64Milli(measured_at))
+) ENGINE = ReplacingMergeTree(row_version)
+PARTITION BY toYYYYMM(measured_at)
+ORDER BY (call_id, segment_id)
+"""
+
+_CALL_QA = """
+CREATE TABLE IF NOT EXISTS {db}.call_qa (
+    call_id String,
+    tenant LowCardinality(String),
+    agent_id String,
+    score_pct Float32,
+    auto_failed UInt8,
+    metrics Map(LowCardinality(String), Float64),
+    items Nested(
+        question String,
+        weight Float32,
+        passed UInt8,
+        rationale String
+    ),
+    computed_at DateTime64(3, 'UTC')
+) ENGINE = ReplacingMergeTree(computed_at)
+PARTITION BY toYYYYMM(computed_at)
+ORDER BY call_id
+"""
+
+_QA_EVENTS = """
+CREATE TABLE IF NOT EXISTS {db}.qa_events (
+    call_id String,
+    rule LowCardinality(String),
+    category LowCardinality(String),
+    leg LowCardinality(String),
+    kind LowCardinality(String) COMMENT 'match|missing|violation|alert',
+    offset_ms UInt32,
+    text String,
+    severity LowCardinality(String),
+    detected_at DateTime64(3, 'UTC')
+) ENGINE = ReplacingMergeTree(detected_at)
+PARTITION BY toYYYYMM(detected_at)
+ORDER BY (call_id, rule, leg, kind, offset_ms)
+"""
+
+_SCHEMA_MIGRATIONS = """
+CREATE TABLE IF NOT EXISTS {db}.schema_migrations (
+    version UInt32,
+    name String,
+    applied_at DateTime64(3, 'UTC') DEFAULT now64(3)
+) ENGINE = ReplacingMergeTree(applied_at)
+ORDER BY version
+"""
+
+
+def _deduped_view(table: str) -> str:
+    return f"CREATE VIEW IF NOT EXISTS {{db}}.{table}_deduped AS SELECT * FROM {{db}}.{table} FINAL"
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(1, "tables", (_CALLS, _SEGMENTS, _LATENCY, _CALL_QA, _QA_EVENTS)),
+    Migration(2, "deduped views", tuple(_deduped_view(t) for t in TABLE_KEYS)),
+)
+
+
+def applied_versions(client: Client, database: str) -> set[int]:
+    """Versions already recorded in ``schema_migrations`` (creating that table if missing)."""
+    db = check_identifier(database)
+    client.command(f"CREATE DATABASE IF NOT EXISTS {db}")
+    client.command(_SCHEMA_MIGRATIONS.format(db=db))
+    rows = client.query(f"SELECT DISTINCT version FROM {db}.schema_migrations").result_rows
+    return {int(r[0]) for r in rows}
+
+
+def migrate(client: Client, database: str, migrations: tuple[Migration, ...] = MIGRATIONS) -> list[int]:
+    """Apply the migrations not yet recorded, in version order; returns the versions applied now."""
+    db = check_identifier(database)
+    done = applied_versions(client, db)
+    applied = []
+    for migration in sorted(migrations, key=lambda m: m.version):
+        if migration.version in done:
+            continue
+        for statement in migration.statements:
+            client.command(statement.format(db=db))
+        client.insert(
+            "schema_migrations",
+            [[migration.version, migration.name]],
+            column_names=["version", "name"],
+            database=db,
+        )
+        applied.append(migration.version)
+    return applied
+
+
+def schema_version(client: Client, database: str) -> int:
+    """Highest applied migration version, 0 for an empty database."""
+    return max(applied_versions(client, database), default=0)
