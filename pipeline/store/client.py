@@ -163,7 +163,7 @@ def connect(
 
 
 def close_cached_clients() -> None:
-    """Close every cached client (process shutdown). The chdb path claim stays: chdb cannot reopen elsewhere."""
+    """Close every cached client (process shutdown); the chdb path claim stays, chdb cannot move."""
     with _lock:
         for client in _clients.values():
             client.close()

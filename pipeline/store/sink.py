@@ -164,7 +164,7 @@ class ClickHouseSink:
             self._append(check_identifier(table), columns, values)
 
     def _has_room(self, n: int) -> bool:
-        # A write larger than the whole buffer is let through when the buffer is empty, or it would wait forever.
+        # A write larger than the whole buffer passes when the buffer is empty, or it would wait forever.
         return self._buffered == 0 or self._buffered + n <= self.policy.max_buffered_rows
 
     def _append(self, table: str, columns: tuple[str, ...], values: list[list[Any]]) -> None:
@@ -297,8 +297,13 @@ class ClickHouseSink:
                 self._last_error_at = time.time()
                 self._drop_client()
                 delay = self.policy.backoff(failures)
-                log.warning("insert of %d rows into %s failed (%s); retry in %.1fs",
-                            len(chunk.rows), chunk.table, self._last_error, delay)
+                log.warning(
+                    "insert of %d rows into %s failed (%s); retry in %.1fs",
+                    len(chunk.rows),
+                    chunk.table,
+                    self._last_error,
+                    delay,
+                )
                 await asyncio.sleep(delay)
 
     def _insert(self, chunk: _Chunk) -> None:

@@ -110,7 +110,9 @@ def make_latency() -> Callable[..., dict[str, Any]]:
     return _latency
 
 
-def _call(call_id: str, *, ended: bool = False, updated_at: datetime = T0, tenant: str = "acme") -> dict[str, Any]:
+def _call(
+    call_id: str, *, ended: bool = False, updated_at: datetime = T0, tenant: str = "acme"
+) -> dict[str, Any]:
     return {
         "call_id": call_id,
         "tenant": tenant,
@@ -141,3 +143,9 @@ def insert_rows(client: Client, table: str, rows: list[dict[str, Any]]) -> None:
 def insert() -> Callable[[Client, str, list[dict[str, Any]]], None]:
     """Direct insert, as a replay after a crash would do it."""
     return insert_rows
+
+
+@pytest.fixture
+def t0() -> datetime:
+    """The time every row factory stamps by default (a Monday morning in March 2026, UTC)."""
+    return T0

@@ -69,6 +69,7 @@ async def test_store_outage_then_recovery_loses_nothing_and_duplicates_nothing(
         await sink.write("write_order", [{"n": n} for n in range(start, start + 50)])
     await eventually(lambda: sink.stats.retries >= 3)
     assert sink.stats.last_error is not None and "127.0.0.1" in sink.stats.last_error
+    assert "secret" not in sink.stats.last_error  # errors go to logs and metrics: no password
     assert sink.stats.buffered_rows == 500 and sink.stats.rows_written == 0
     assert count(store, "SELECT count() FROM segments") == 0
 
