@@ -23,3 +23,34 @@ def chdb_path(tmp_path_factory: pytest.TempPathFactory) -> str:
 def unique_name() -> Iterator[str]:
     """A fresh identifier for topics, databases or consumer groups of one test."""
     yield f"t{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture(scope="session")
+def broker() -> Iterator[str]:
+    """The real local Kafka broker: the one `make test` started, or one this session starts and stops."""
+    from pipeline.broker.local import LocalKafka
+    from pipeline.config import Settings
+
+    kafka = LocalKafka(Settings())
+    result = kafka.start()
+    yield kafka.settings.bootstrap
+    if not result.already_running:
+        kafka.stop()
+
+
+@pytest.fixture
+def kafka_settings(broker: str, unique_name: str):  # type: ignore[no-untyped-def]
+    """Settings whose topics are fresh for this test (so tests never see each other's messages)."""
+    from pipeline.broker.topics import ensure_topics
+    from pipeline.config import Settings
+
+    prefix = f"test.{unique_name}"
+    settings = Settings(
+        bootstrap_servers=broker,
+        topic_audio=f"{prefix}.audio", topic_call_events=f"{prefix}.events",
+        topic_transcripts=f"{prefix}.transcripts", topic_latency=f"{prefix}.latency",
+        topic_qa=f"{prefix}.qa", topic_dead_letters=f"{prefix}.dlq",
+        worker_id=f"{prefix}.worker",
+    )
+    ensure_topics(settings)
+    return settings

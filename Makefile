@@ -1,0 +1,66 @@
+# callqa: two set-up commands, both idempotent and fast on the second run.
+#   make demo   install everything, start the broker, run the pipeline on the sample calls, show results
+#   make test   same set-up, then ruff + mypy + the whole pytest suite against the real broker
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+CALLQA := $(BIN)/callqa
+STATE := .callqa
+SYSTEM_PACKAGES := kcat pocketsphinx-testdata alsa-utils default-jre-headless maven
+
+.PHONY: demo test setup system venv kafka models lint broker-stop clean
+
+demo: setup
+	$(CALLQA) broker start
+	$(CALLQA) topics create
+	$(BIN)/python -m pipeline.demo
+
+test: setup
+	@status=0; \
+	$(CALLQA) broker start || exit 1; \
+	trap '$(CALLQA) broker stop' EXIT; \
+	$(BIN)/ruff check pipeline tests bench || status=1; \
+	$(BIN)/mypy pipeline || status=1; \
+	$(BIN)/pytest -q -p no:cacheprovider $(PYTEST_ARGS) || status=$$?; \
+	exit $$status
+
+setup: system venv kafka models
+
+# Debian packages: the evaluation recordings, kcat (an independent Kafka client for tests), Java + Maven.
+system: $(STATE)/.system
+$(STATE)/.system:
+	@mkdir -p $(STATE)
+	@missing=$$(for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages: $$missing"; \
+	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
+	fi
+	@touch $@
+
+venv: $(VENV)/.installed
+$(VENV)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	# silero-vad's wheel carries the ONNX VAD we use; its torch dependency is only for its own
+	# Python wrapper, which callqa never imports.
+	$(BIN)/pip install -q --no-deps 'silero-vad==6.2.3'
+	@touch $@
+
+kafka: venv
+	$(CALLQA) broker install
+
+models: venv
+	@if $(CALLQA) models --help >/dev/null 2>&1; then $(CALLQA) models build; fi
+
+lint: venv
+	$(BIN)/ruff check pipeline tests bench
+	$(BIN)/mypy pipeline
+
+broker-stop:
+	$(CALLQA) broker stop
+
+clean: broker-stop
+	rm -rf $(STATE) $(VENV)

@@ -1,0 +1,1 @@
+"""Kafka: the local broker, topic creation and the producer every callqa writer shares."""

@@ -1,0 +1,294 @@
+"""A real single-node Apache Kafka broker (KRaft mode) that callqa runs by itself on 127.0.0.1.
+
+The jars come from Maven Central through ``pom.xml`` beside this module (no Kafka is packaged for
+this machine and no download happens at run time). State lives under ``<state_dir>/kafka``:
+
+- ``libs/``      the resolved jars (built, never committed)
+- ``config/``    generated server.properties and log4j2 config
+- ``data/``      the KRaft metadata and topic logs
+- ``logs/``      broker logs; ``broker.out`` holds the JVM's stdout/stderr
+- ``broker.pid`` the PID of the broker this project started (the only process ``stop`` signals)
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from confluent_kafka.admin import AdminClient
+
+from pipeline.config import Settings
+
+POM_RESOURCE = "pom.xml"
+KAFKA_MAIN = "kafka.Kafka"
+STORAGE_TOOL = "kafka.tools.StorageTool"
+
+
+class BrokerError(RuntimeError):
+    """The local broker could not be installed, started or stopped; the message says why."""
+
+
+@dataclass(frozen=True)
+class BrokerStatus:
+    running: bool
+    pid: int | None
+    bootstrap: str
+    answers_metadata: bool
+    topics: dict[str, int]  # topic name -> partition count
+
+
+@dataclass(frozen=True)
+class StartResult:
+    pid: int
+    already_running: bool
+    ready_after_s: float
+
+
+class LocalKafka:
+    """Install, start, stop and inspect the project's own Kafka broker."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.root = settings.kafka_dir.resolve()
+        self.libs = self.root / "libs"
+        self.config_dir = self.root / "config"
+        self.data_dir = self.root / "data"
+        self.log_dir = self.root / "logs"
+        self.pid_file = self.root / "broker.pid"
+
+    # ---- install ---------------------------------------------------------------------------
+    def installed(self) -> bool:
+        return (self.libs / ".complete").exists()
+
+    def install(self) -> Path:
+        """Resolve the broker jars with Maven (once; a marker file makes later calls free)."""
+        if self.installed():
+            return self.libs
+        if shutil.which("mvn") is None:
+            raise BrokerError("Maven (mvn) is not on PATH: it is needed to resolve the Kafka jars")
+        self.libs.mkdir(parents=True, exist_ok=True)
+        pom = resources.files("pipeline.broker").joinpath(POM_RESOURCE)
+        with resources.as_file(pom) as pom_path:
+            cmd = [
+                "mvn", "-q", "-B", "-f", str(pom_path), "dependency:copy-dependencies",
+                f"-DoutputDirectory={self.libs}", "-DincludeScope=runtime",
+            ]
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            tail = (proc.stdout + proc.stderr).strip().splitlines()[-5:]
+            raise BrokerError("mvn could not resolve the Kafka jars: " + " | ".join(tail))
+        (self.libs / ".complete").write_text("ok\n")
+        return self.libs
+
+    # ---- process ---------------------------------------------------------------------------
+    def pid(self) -> int | None:
+        """PID of the broker we started, if that process is still alive."""
+        try:
+            pid = int(self.pid_file.read_text().strip())
+        except (FileNotFoundError, ValueError):
+            return None
+        if not _alive(pid) or not _is_our_broker(pid, self.root):
+            return None
+        return pid
+
+    def start(self) -> StartResult:
+        """Start the broker and return once it answers metadata requests."""
+        existing = self.pid()
+        if existing is not None:
+            return StartResult(pid=existing, already_running=True, ready_after_s=0.0)
+        if _port_in_use(self.settings.kafka_port):
+            raise BrokerError(
+                f"port {self.settings.kafka_port} on 127.0.0.1 is taken by another process; "
+                "set CALLQA_KAFKA_PORT to a free port"
+            )
+        self.install()
+        began = time.monotonic()
+        properties = self._write_config()
+        self._format_storage(properties)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        out = open(self.log_dir / "broker.out", "ab")  # noqa: SIM115 - handed to the child process
+        env = dict(os.environ, KAFKA_HEAP_OPTS=self.settings.kafka_heap)
+        proc = subprocess.Popen(
+            self._java(KAFKA_MAIN, str(properties)),
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env=env, start_new_session=True,  # survives the CLI that started it
+        )
+        out.close()
+        self.pid_file.write_text(f"{proc.pid}\n")
+        deadline = began + self.settings.broker_start_timeout_s
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                self.pid_file.unlink(missing_ok=True)
+                raise BrokerError(
+                    f"broker exited with code {proc.returncode} during start; see {self.log_dir / 'broker.out'}"
+                )
+            if self._answers_metadata(timeout=1.0):
+                return StartResult(pid=proc.pid, already_running=False, ready_after_s=time.monotonic() - began)
+            time.sleep(0.25)
+        self.stop()
+        raise BrokerError(f"broker did not answer within {self.settings.broker_start_timeout_s:.0f} s")
+
+    def stop(self, timeout_s: float = 30.0) -> bool:
+        """Stop our broker cleanly (SIGTERM, then SIGKILL after timeout). True if one was running."""
+        pid = self.pid()
+        if pid is None:
+            self.pid_file.unlink(missing_ok=True)
+            return False
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and _alive(pid):
+            time.sleep(0.1)
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+            while _alive(pid):
+                time.sleep(0.05)
+        self.pid_file.unlink(missing_ok=True)
+        return True
+
+    def status(self) -> BrokerStatus:
+        pid = self.pid()
+        topics: dict[str, int] = {}
+        answers = False
+        if pid is not None:
+            try:
+                md = self._admin().list_topics(timeout=3.0)
+                answers = True
+                topics = {
+                    name: len(t.partitions) for name, t in sorted(md.topics.items()) if not name.startswith("__")
+                }
+            except Exception:  # noqa: BLE001 - status reports, it does not fail
+                answers = False
+        return BrokerStatus(pid is not None, pid, self.settings.bootstrap, answers, topics)
+
+    # ---- internals -------------------------------------------------------------------------
+    def _java(self, main: str, *args: str) -> list[str]:
+        java = shutil.which("java")
+        if java is None:
+            raise BrokerError("java is not on PATH: the Kafka broker needs Java 17")
+        log4j = self.config_dir / "log4j2.properties"
+        return [
+            java, *self.settings.kafka_heap.split(), "-XX:+UseG1GC", "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={log4j}", f"-Dkafka.logs.dir={self.log_dir}",
+            f"-Dcallqa.broker.root={self.root}",  # lets pid() tell our broker from any other JVM
+            "-cp", str(self.libs / "*"), main, *args,
+        ]
+
+    def _write_config(self) -> Path:
+        s = self.settings
+        self.config_dir.mkdir(parents=True, exist_ok=True)
+        props = {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            "controller.quorum.voters": f"1@127.0.0.1:{s.kafka_controller_port}",
+            "listeners": f"PLAINTEXT://127.0.0.1:{s.kafka_port},CONTROLLER://127.0.0.1:{s.kafka_controller_port}",
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{s.kafka_port}",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+            "log.dirs": str(self.data_dir),
+            "num.partitions": "1",
+            "offsets.topic.replication.factor": "1",
+            "offsets.topic.num.partitions": "12",
+            "transaction.state.log.replication.factor": "1",
+            "transaction.state.log.min.isr": "1",
+            "share.coordinator.state.topic.replication.factor": "1",
+            "share.coordinator.state.topic.min.isr": "1",
+            # A single local node: consumers should join at once, not wait for more members.
+            "group.initial.rebalance.delay.ms": "0",
+            "auto.create.topics.enable": "false",
+            "log.retention.check.interval.ms": "60000",
+        }
+        path = self.config_dir / "server.properties"
+        path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+        (self.config_dir / "log4j2.properties").write_text(
+            "status = warn\n"
+            "appender.file.type = RollingFile\n"
+            "appender.file.name = FILE\n"
+            f"appender.file.fileName = {self.log_dir}/server.log\n"
+            f"appender.file.filePattern = {self.log_dir}/server.log.%i\n"
+            "appender.file.layout.type = PatternLayout\n"
+            "appender.file.layout.pattern = [%d] %p %m (%c)%n\n"
+            "appender.file.policies.type = Policies\n"
+            "appender.file.policies.size.type = SizeBasedTriggeringPolicy\n"
+            "appender.file.policies.size.size = 20MB\n"
+            "appender.file.strategy.type = DefaultRolloverStrategy\n"
+            "appender.file.strategy.max = 3\n"
+            "rootLogger.level = INFO\n"
+            "rootLogger.appenderRef.file.ref = FILE\n"
+        )
+        return path
+
+    def _format_storage(self, properties: Path) -> None:
+        """Format the KRaft log dir once; a formatted dir keeps its cluster id and topics."""
+        if (self.data_dir / "meta.properties").exists():
+            return
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        proc = subprocess.run(
+            self._java(STORAGE_TOOL, "format", "-t", cluster_id, "-c", str(properties), "--ignore-formatted"),
+            capture_output=True, text=True,
+        )
+        if proc.returncode != 0:
+            tail = (proc.stdout + proc.stderr).strip().splitlines()[-3:]
+            raise BrokerError("formatting the KRaft storage failed: " + " | ".join(tail))
+
+    def _admin(self) -> AdminClient:
+        # librdkafka logs every refused connection to stderr; a probe expects those, so keep it quiet.
+        return AdminClient(
+            {"bootstrap.servers": self.settings.bootstrap, "socket.timeout.ms": 3000, "logger": _QUIET}  # type: ignore[dict-item]
+        )
+
+    def _answers_metadata(self, timeout: float) -> bool:
+        if not _port_in_use(self.settings.kafka_port):
+            return False
+        try:
+            md = self._admin().list_topics(timeout=timeout)
+        except Exception:  # noqa: BLE001 - not ready yet
+            return False
+        return bool(md.brokers)
+
+
+_QUIET = logging.getLogger("callqa.broker.probe")
+_QUIET.addHandler(logging.NullHandler())
+_QUIET.propagate = False
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child still "exists"; treat it as gone.
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except OSError:
+        return True
+    return state != "Z"
+
+
+def _is_our_broker(pid: int, root: Path) -> bool:
+    """Only signal a process whose command line names this state folder (PIDs get reused)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return f"-Dcallqa.broker.root={root}".encode() in cmdline
+
+
+def _port_in_use(port: int) -> bool:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex(("127.0.0.1", port)) == 0

@@ -1,0 +1,66 @@
+"""The callqa topics, created idempotently with explicit partitions, retention and cleanup policy."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from pipeline.config import Settings
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    name: str
+    partitions: int
+    retention_ms: int
+    purpose: str
+
+    def config(self, settings: Settings) -> dict[str, str]:
+        return {
+            "retention.ms": str(self.retention_ms),
+            "cleanup.policy": settings.cleanup_policy,
+            # Frames are small and many; LZ4 keeps the broker's disk and network use down.
+            "compression.type": "producer",
+        }
+
+
+def topic_specs(s: Settings) -> list[TopicSpec]:
+    return [
+        TopicSpec(s.topic_audio, s.audio_partitions, s.audio_retention_ms, "audio frames, keyed by call ID"),
+        TopicSpec(s.topic_call_events, s.events_partitions, s.output_retention_ms, "call start/end events"),
+        TopicSpec(s.topic_transcripts, s.output_partitions, s.output_retention_ms, "transcript segments"),
+        TopicSpec(s.topic_latency, s.output_partitions, s.output_retention_ms, "per-segment latency"),
+        TopicSpec(s.topic_qa, s.output_partitions, s.output_retention_ms, "call QA results and alerts"),
+        TopicSpec(s.topic_dead_letters, s.dead_letter_partitions, s.dead_letter_retention_ms, "dead letters"),
+    ]
+
+
+def ensure_topics(settings: Settings, specs: list[TopicSpec] | None = None, timeout_s: float = 30.0) -> list[str]:
+    """Create the topics that do not exist yet; return the names created (empty when all existed)."""
+    specs = specs if specs is not None else topic_specs(settings)
+    admin = AdminClient({"bootstrap.servers": settings.bootstrap})
+    existing = set(admin.list_topics(timeout=timeout_s).topics)
+    missing = [t for t in specs if t.name not in existing]
+    if not missing:
+        return []
+    futures = admin.create_topics(
+        [
+            NewTopic(t.name, num_partitions=t.partitions, replication_factor=settings.replication_factor,
+                     config=t.config(settings))
+            for t in missing
+        ],
+        operation_timeout=timeout_s,
+    )
+    created = []
+    for name, fut in futures.items():
+        try:
+            fut.result()
+            created.append(name)
+        except KafkaException as exc:
+            # Another process created it between our listing and our request: that is fine.
+            if exc.args and exc.args[0].name() == "TOPIC_ALREADY_EXISTS":
+                continue
+            raise
+    return created

@@ -1,0 +1,206 @@
+"""`callqa`: one command line for the broker, topics, schemas, replay, models, worker and reports.
+
+Errors print as one line; `--verbose` shows the traceback too.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import click
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from pipeline.config import get_settings
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+broker_app = typer.Typer(no_args_is_help=True, help="The local Kafka broker (KRaft, 127.0.0.1).")
+topics_app = typer.Typer(no_args_is_help=True, help="callqa's Kafka topics.")
+schemas_app = typer.Typer(no_args_is_help=True, help="Avro contracts and their schema ids.")
+app.add_typer(broker_app, name="broker")
+app.add_typer(topics_app, name="topics")
+app.add_typer(schemas_app, name="schemas")
+
+console = Console()
+err_console = Console(stderr=True, soft_wrap=True)
+_state = {"verbose": False}
+
+
+@app.callback()
+def _root(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show tracebacks on errors.")] = False) -> None:
+    _state["verbose"] = verbose
+
+
+# ---- broker -------------------------------------------------------------------------------------
+@broker_app.command("install")
+def broker_install() -> None:
+    """Resolve the Kafka jars with Maven (once)."""
+    from pipeline.broker.local import LocalKafka
+
+    with console.status("resolving Kafka jars with Maven..."):
+        libs = LocalKafka(get_settings()).install()
+    console.print(f"Kafka jars in {libs}")
+
+
+@broker_app.command("start")
+def broker_start() -> None:
+    """Start the broker; returns once it answers metadata requests."""
+    from pipeline.broker.local import LocalKafka
+
+    kafka = LocalKafka(get_settings())
+    with console.status("starting Kafka (KRaft) on 127.0.0.1..."):
+        result = kafka.start()
+    if result.already_running:
+        console.print(f"broker already running (pid {result.pid}) at {kafka.settings.bootstrap}; not starting another")
+        return
+    console.print(
+        f"broker ready at {kafka.settings.bootstrap} (pid {result.pid}) in [bold]{result.ready_after_s:.1f} s[/bold]"
+    )
+
+
+@broker_app.command("stop")
+def broker_stop() -> None:
+    """Stop the broker this project started (idempotent)."""
+    from pipeline.broker.local import LocalKafka
+
+    stopped = LocalKafka(get_settings()).stop()
+    console.print("broker stopped" if stopped else "no broker running")
+
+
+@broker_app.command("status")
+def broker_status() -> None:
+    """Show the broker and its topics."""
+    from pipeline.broker.local import LocalKafka
+
+    st = LocalKafka(get_settings()).status()
+    if not st.running:
+        console.print("broker: not running")
+        raise typer.Exit(1)
+    console.print(f"broker: running (pid {st.pid}) at {st.bootstrap}; answers metadata: {st.answers_metadata}")
+    table = Table("topic", "partitions")
+    for name, parts in st.topics.items():
+        table.add_row(name, str(parts))
+    console.print(table)
+
+
+# ---- topics / schemas ---------------------------------------------------------------------------
+@topics_app.command("create")
+def topics_create() -> None:
+    """Create callqa's topics that do not exist yet (idempotent)."""
+    from pipeline.broker.topics import ensure_topics, topic_specs
+
+    settings = get_settings()
+    created = ensure_topics(settings)
+    table = Table("topic", "partitions", "retention ms", "", title="callqa topics")
+    for spec in topic_specs(settings):
+        table.add_row(spec.name, str(spec.partitions), str(spec.retention_ms), "created" if spec.name in created else "exists")
+    console.print(table)
+
+
+@schemas_app.command("register")
+def schemas_register() -> None:
+    """Register the schemas/*.avsc files: in the Schema Registry if configured, else in schemas/registry.json."""
+    from pipeline.contracts.registry import ConfluentSchemaRegistry, FileSchemaRegistry
+    from pipeline.contracts.serde import SCHEMAS_DIR, load_schema_files
+
+    settings = get_settings()
+    for name, schema in load_schema_files().items():
+        if settings.schema_registry_url:
+            sid = ConfluentSchemaRegistry(settings.schema_registry_url).id_for(name, schema)
+            console.print(f"{name}: id {sid}")
+        else:
+            sid, created = FileSchemaRegistry(SCHEMAS_DIR / "registry.json").register(name, schema)
+            console.print(f"{name}: id {sid}{' (new version)' if created else ''}")
+
+
+# ---- replay -------------------------------------------------------------------------------------
+@app.command("replay")
+def replay(
+    paths: Annotated[list[Path], typer.Argument(help="WAV (mono, or stereo: left agent, right customer) or raw files.")],
+    calls: Annotated[int, typer.Option(help="Concurrent calls to run, cycling over the inputs (0: one per file).")] = 0,
+    realtime: Annotated[bool, typer.Option("--realtime/--fast", help="Pace frames in real time, or as fast as possible.")] = False,
+    frame_ms: Annotated[int, typer.Option(help="Frame length in ms.")] = 20,
+    encoding: Annotated[str, typer.Option(help="Telephony encoding: mulaw, alaw or pcm16.")] = "mulaw",
+) -> None:
+    """Play recordings into Kafka as telephony calls: start event, per-leg frames, end event."""
+    from pipeline.broker.producer import ContractProducer
+    from pipeline.broker.topics import ensure_topics
+    from pipeline.contracts import Serde
+    from pipeline.ingest.replay import ReplayOptions, TelephonyReplay, load_recording
+
+    if encoding not in ("mulaw", "alaw", "pcm16"):
+        raise typer.BadParameter(f"unknown encoding {encoding!r}: use mulaw, alaw or pcm16")
+    settings = get_settings()
+    options = ReplayOptions(frame_ms=frame_ms, encoding=encoding, realtime=realtime, calls=calls)  # type: ignore[arg-type]
+    recordings = [load_recording(p, options) for p in paths]
+    ensure_topics(settings)
+    producer = ContractProducer(settings.bootstrap, Serde.from_settings(settings.schema_registry_url))
+    player = TelephonyReplay(producer, settings.topic_audio, settings.topic_call_events)
+    n_calls = options.calls or len(recordings)
+    frame_samples = {r.source: r.sample_rate * frame_ms // 1000 for r in recordings}
+    total = sum(
+        sum(r.frame_count(leg, frame_samples[r.source]) for leg in r.legs)
+        for r in (recordings[i % len(recordings)] for i in range(n_calls))
+    )
+    with Progress(TextColumn("[bold]replay[/bold]"), BarColumn(), MofNCompleteColumn(), TextColumn("frames"),
+                  TimeElapsedColumn(), console=console) as progress:
+        task = progress.add_task("frames", total=total)
+        report = player.run(recordings, options, on_frames=lambda n: progress.advance(task, n))
+    console.print(
+        f"replayed {len(report.call_ids)} calls, {report.frames_sent} frames, {report.events_sent} events "
+        f"in {report.elapsed_s:.2f} s ({report.frames_per_s:,.0f} frames/s)"
+    )
+    for call_id in report.call_ids:
+        legs = ", ".join(f"{leg} {n}" for leg, n in report.frames_per_leg[call_id].items())
+        console.print(f"  {call_id}: {legs}")
+
+
+@app.command("settings")
+def show_settings() -> None:
+    """Every setting: env var, current value, default and what it does."""
+    table = Table("env var", "value", "default", "description")
+    for row in get_settings().describe():
+        table.add_row(*row)
+    console.print(table)
+
+
+def _register_optional_commands() -> None:
+    """Commands of parts that live in their own packages."""
+    try:
+        from pipeline.asr.cli import models_app, transcribe
+    except ImportError:
+        return
+    app.add_typer(models_app, name="models")
+    app.command("transcribe")(transcribe)
+
+
+_register_optional_commands()
+
+
+def main() -> None:
+    began = time.monotonic()
+    try:
+        app(standalone_mode=False)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:  # usage errors: click's own one-line message
+        exc.show()
+        sys.exit(exc.exit_code)
+    except (typer.Abort, KeyboardInterrupt):
+        err_console.print("aborted")
+        sys.exit(130)
+    except Exception as exc:  # noqa: BLE001 - the CLI's one place that turns errors into one line
+        if _state["verbose"]:
+            err_console.print_exception()
+        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        err_console.print(f"[red]error:[/red] {msg}  [dim](after {time.monotonic() - began:.1f} s; --verbose for details)[/dim]")
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

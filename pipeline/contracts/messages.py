@@ -1,0 +1,178 @@
+"""Typed messages, one dataclass per Avro record in schemas/ (field names and order match)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, ClassVar, Literal, TypeVar
+
+Leg = Literal["agent", "customer"]
+Encoding = Literal["pcm16", "mulaw", "alaw"]
+LEGS: tuple[Leg, ...] = ("agent", "customer")
+
+M = TypeVar("M", bound="Message")
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass
+class Message:
+    """Base of every contract message; ``SCHEMA`` names its .avsc file's record."""
+
+    SCHEMA: ClassVar[str] = ""
+
+    def to_record(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_record(cls: type[M], record: dict[str, Any]) -> M:
+        # Unknown fields (written by a newer producer) are ignored; missing ones take their defaults.
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in record.items() if k in names})
+
+
+@dataclass
+class AudioFrame(Message):
+    SCHEMA: ClassVar[str] = "io.callqa.AudioFrame"
+    call_id: str
+    leg: Leg
+    seq: int
+    start_ms: int
+    sample_rate: int
+    encoding: Encoding
+    payload: bytes
+    produced_at_ms: int = field(default_factory=now_ms)
+
+
+@dataclass
+class CallEvent(Message):
+    SCHEMA: ClassVar[str] = "io.callqa.CallEvent"
+    call_id: str
+    event_type: Literal["start", "end", "abort"]
+    tenant: str = ""
+    agent_id: str = ""
+    queue: str = ""
+    direction: Literal["inbound", "outbound"] = "inbound"
+    legs: list[str] = field(default_factory=list)
+    sample_rate: int = 8000
+    encoding: Encoding = "mulaw"
+    frame_counts: dict[str, int] = field(default_factory=dict)
+    reason: str | None = None
+    at_ms: int = field(default_factory=now_ms)
+
+
+@dataclass
+class TranscriptSegment(Message):
+    SCHEMA: ClassVar[str] = "io.callqa.TranscriptSegment"
+    segment_id: str
+    call_id: str
+    leg: Leg
+    start_ms: int
+    end_ms: int
+    text: str
+    is_final: bool
+    confidence: float
+    avg_logprob: float
+    no_speech_prob: float
+    model_name: str
+    model_version: int
+    redactions: int = 0
+    first_frame_produced_at_ms: int = 0
+    segment_closed_at_ms: int = 0
+    batch_size: int = 1
+    batcher_wait_ms: float = 0.0
+    inference_ms: float = 0.0
+    produced_at_ms: int = field(default_factory=now_ms)
+
+
+@dataclass
+class LatencyMetric(Message):
+    SCHEMA: ClassVar[str] = "io.callqa.LatencyMetric"
+    segment_id: str
+    call_id: str
+    leg: Leg
+    is_final: bool
+    frame_to_consume_ms: float
+    batcher_wait_ms: float
+    batch_size: int
+    inference_ms: float
+    end_to_end_ms: float
+    worker_id: str = ""
+    measured_at_ms: int = field(default_factory=now_ms)
+
+
+@dataclass
+class QaItem:
+    question: str
+    weight: float
+    passed: bool
+    rationale: str
+    auto_fail: bool = False
+
+
+@dataclass
+class QaEvent:
+    rule: str
+    category: str
+    leg: str
+    kind: str
+    offset_ms: int
+    text: str
+    severity: str = "info"
+
+
+@dataclass
+class CallQA(Message):
+    SCHEMA: ClassVar[str] = "io.callqa.CallQA"
+    call_id: str
+    score_pct: float
+    auto_failed: bool
+    metrics: dict[str, float]
+    items: list[QaItem]
+    events: list[QaEvent]
+    tenant: str = ""
+    agent_id: str = ""
+    scorecard: str = ""
+    computed_at_ms: int = field(default_factory=now_ms)
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> CallQA:
+        record = dict(record)
+        record["items"] = [QaItem(**i) for i in record.get("items", [])]
+        record["events"] = [QaEvent(**e) for e in record.get("events", [])]
+        return super().from_record(record)
+
+
+@dataclass
+class QaAlert(Message):
+    SCHEMA: ClassVar[str] = "io.callqa.QaAlert"
+    call_id: str
+    rule: str
+    category: str
+    leg: str
+    kind: str
+    offset_ms: int
+    text: str
+    severity: str = "warning"
+    detected_at_ms: int = field(default_factory=now_ms)
+
+
+@dataclass
+class DeadLetter(Message):
+    SCHEMA: ClassVar[str] = "io.callqa.DeadLetter"
+    original_topic: str
+    original_partition: int
+    original_offset: int
+    reason: str
+    raw: bytes
+    key: bytes | None = None
+    error_type: str = ""
+    worker_id: str = ""
+    failed_at_ms: int = field(default_factory=now_ms)
+
+
+ALL_MESSAGES: tuple[type[Message], ...] = (
+    AudioFrame, CallEvent, TranscriptSegment, LatencyMetric, CallQA, QaAlert, DeadLetter,
+)
