@@ -82,9 +82,17 @@ def _email_spans(text: str) -> list[_Span]:
 
 
 def _find_pan(run: DigitRun) -> tuple[int, int] | None:
-    """The longest item-aligned stretch of the run holding a Luhn-valid 13-19 digit number."""
-    best: tuple[int, int] | None = None
+    """The run itself if it is a card number; in a run too long to be one, its longest card-number stretch.
+
+    A 13-19 digit run said digit by digit that fails Luhn is not searched further: one in ten of its
+    sub-stretches would pass by chance, and an order number read out must stay readable. Written groups
+    ("4111 1111 1111 1111 7 7") align sub-stretches with the groups, which keeps chance matches rare.
+    """
     items = run.items
+    grouped = any(len(item.digits) >= 3 for item in items)
+    if 13 <= len(run.digits) <= 19 and not grouped:
+        return (0, len(items)) if luhn_valid(run.digits) else None
+    best: tuple[int, int] | None = None
     for i in range(len(items)):
         length = 0
         for j in range(i, len(items)):

@@ -213,7 +213,10 @@ class RuleEngine:
                 found = phrase.find_exact(words)
             else:
                 found = phrase.find_fuzzy(words, threshold, text_bigrams)
-            if found is not None and (best is None or found.similarity > best.similarity):
+            # The closest phrase wins; among equals, the one said first (its offset is reported).
+            if found is not None and (
+                best is None or (-found.similarity, found.word_index) < (-best.similarity, best.word_index)
+            ):
                 best = found
         return best
 

@@ -1,0 +1,147 @@
+"""PII redaction on transcript fixtures: written and spoken numbers, Luhn, context-dependent CVV/expiry."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.qa.numbers import digit_runs, luhn_valid
+from pipeline.qa.redaction import CallRedactor
+from pipeline.qa.segment import Segment
+
+# Well-known test card numbers (Luhn-valid) and one digit changed (Luhn-invalid).
+VISA = "4111 1111 1111 1111"
+AMEX = "3782 822463 10005"
+NOT_A_CARD = "4111 1111 1111 1112"
+
+
+def _one(text: str, leg: str = "customer") -> tuple[str, dict[str, int]]:
+    out = CallRedactor().redact(Segment("c", leg, "s1", 1000, 4000, text))  # type: ignore[arg-type]
+    return out.text, out.counts
+
+
+def test_luhn() -> None:
+    assert luhn_valid(VISA.replace(" ", "")) and luhn_valid(AMEX.replace(" ", ""))
+    assert not luhn_valid(NOT_A_CARD.replace(" ", ""))
+
+
+@pytest.mark.parametrize(
+    "said",
+    [
+        VISA,
+        VISA.replace(" ", "-"),
+        VISA.replace(" ", ""),
+        "4111, 1111, 1111, 1111",
+        AMEX,
+        "four one one one one one one one one one one one one one one one",
+        "four one double one, one one one one, triple one one, one one one one",
+        "forty one eleven eleven eleven eleven eleven eleven eleven",
+        "three seven eight two eight two two four six three one oh oh oh five",
+        "4111 1111 one one one one 1111",
+    ],
+)
+def test_card_numbers_written_or_spoken_are_redacted(said: str) -> None:
+    text, counts = _one(f"sure my card number is {said} okay")
+    assert text == "sure my card number is [PAN] okay"
+    assert counts == {"PAN": 1}
+
+
+@pytest.mark.parametrize("said", [NOT_A_CARD, "four one one one one one one one one one one one one one one two"])
+def test_luhn_invalid_sixteen_digits_are_not_a_card(said: str) -> None:
+    text, counts = _one(f"my order number is {said}")
+    assert "[PAN]" not in text and "PAN" not in counts
+
+
+def test_card_followed_by_more_digits_keeps_card_span() -> None:
+    text, counts = _one(f"it's {VISA} 7 7")
+    assert text == "it's [PAN] 7 7" and counts == {"PAN": 1}
+
+
+def test_ssn_written_and_spoken_when_asked() -> None:
+    assert _one("my social is 123-45-6789") == ("my social is [SSN]", {"SSN": 1})
+    redactor = CallRedactor()
+    redactor.redact(Segment("c", "agent", "s1", 0, 2000, "Can I have your social security number?"))
+    spoken = redactor.redact(Segment("c", "customer", "s2", 2500, 6000, "sure it's one two three four five six seven eight nine"))
+    assert spoken.text == "sure it's [SSN]" and spoken.counts == {"SSN": 1}
+
+
+def test_nine_digits_without_context_or_grouping_stay() -> None:
+    assert _one("reference 123456789 please")[1] == {}
+    assert _one("it's 666-12-3456")[1] == {}  # not a valid SSN area number
+
+
+@pytest.mark.parametrize(
+    "said",
+    ["(415) 555-2671", "415-555-2671", "415.555.2671", "4155552671", "+1 415 555 2671", "1 415 555 2671",
+     "four one five five five five two six seven one", "+44 20 7946 0958"],
+)
+def test_phone_numbers(said: str) -> None:
+    text, counts = _one(f"call me on {said} tomorrow")
+    assert text == "call me on [PHONE] tomorrow" and counts == {"PHONE": 1}
+
+
+def test_local_phone_number_needs_context() -> None:
+    assert _one("the total was 5552671 points")[1] == {}
+    assert _one("my phone is 555 2671")[0] == "my phone is [PHONE]"
+
+
+@pytest.mark.parametrize(
+    ("said", "expected"),
+    [
+        ("john.smith@example.com", "[EMAIL]"),
+        ("j_doe+bills@mail.example.co.uk", "[EMAIL]"),
+        ("john dot smith at example dot com", "[EMAIL]"),
+        ("jsmith at gmail.com", "[EMAIL]"),
+        ("mary underscore jones at yahoo dot co dot uk", "[EMAIL]"),
+    ],
+)
+def test_email_addresses(said: str, expected: str) -> None:
+    text, counts = _one(f"it is {said} thanks")
+    assert text == f"it is {expected} thanks" and counts == {"EMAIL": 1}
+
+
+def test_web_site_is_not_an_email() -> None:
+    assert _one("you can visit us at acme dot com", leg="agent")[1] == {}
+
+
+def test_cvv_and_expiry_only_after_agent_asks() -> None:
+    answer = "it's oh four twenty six, and then seven three one"
+    assert _one(answer)[1] == {}  # without the question these are just numbers
+
+    redactor = CallRedactor()
+    asked = redactor.redact(Segment("c", "agent", "s1", 0, 3000, "And the expiry date and the security code on the back?"))
+    assert asked.counts == {}
+    out = redactor.redact(Segment("c", "customer", "s2", 3500, 8000, answer))
+    assert out.text == "it's [EXPIRY], and then [CVV]"
+    assert out.counts == {"EXPIRY": 1, "CVV": 1}
+    readback = redactor.redact(Segment("c", "agent", "s3", 8500, 11000, "Thanks: April twenty twenty six, 731, 12/25."))
+    assert readback.text == "Thanks: [EXPIRY], [CVV], [EXPIRY]."
+    assert (out.segment.start_ms, out.segment.end_ms, out.segment.segment_id) == (3500, 8000, "s2")
+
+
+def test_context_expires_after_some_segments() -> None:
+    redactor = CallRedactor(context_segments=2)
+    redactor.redact(Segment("c", "agent", "s1", 0, 1000, "What's the CVV?"))
+    texts = [redactor.redact(Segment("c", "customer", f"s{i}", i * 1000, i * 1000 + 500, "it's 123")).text for i in (2, 3, 4)]
+    assert texts == ["it's [CVV]", "it's [CVV]", "it's 123"]
+
+
+def test_customer_asking_does_not_open_context() -> None:
+    redactor = CallRedactor()
+    redactor.redact(Segment("c", "customer", "s1", 0, 1000, "where is the security code?"))
+    assert redactor.redact(Segment("c", "agent", "s2", 1000, 2000, "you owe 123 dollars")).counts == {}
+
+
+def test_several_kinds_in_one_segment() -> None:
+    text, counts = _one(f"card {VISA}, email a.b@c.org, phone 415 555 2671, ssn 078-05-1120")
+    assert text == "card [PAN], email [EMAIL], phone [PHONE], ssn [SSN]"
+    assert counts == {"PAN": 1, "EMAIL": 1, "PHONE": 1, "SSN": 1}
+
+
+def test_ordinary_speech_is_untouched() -> None:
+    said = "Oh I see, one moment please, I paid 150 dollars at 3 pm on the 12th for two items."
+    assert _one(said) == (said, {})
+
+
+def test_spoken_number_parsing() -> None:
+    _, runs = digit_runs("oh four twenty six, double five, four hundred twelve, nineteen")
+    assert [item.digits for item in runs[0].items] == ["0", "4", "26", "55", "412", "19"]
