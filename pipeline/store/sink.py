@@ -130,7 +130,8 @@ class ClickHouseSink:
     @staticmethod
     def _factory_for(url: str | None, database: str | None) -> ClientFactory:
         # fresh=True: the sink owns and closes its client, and a cached one might be shared with readers.
-        return lambda: connect(url, database, fresh=True)
+        # create_database=False: migrations own the schema, and an insert-only account cannot create it.
+        return lambda: connect(url, database, create_database=False, fresh=True)
 
     def retarget(self, url: str | None, database: str | None = None) -> None:
         """Send the next insert attempts to another store URL (e.g. after a failover)."""
@@ -190,8 +191,12 @@ class ClickHouseSink:
         self._flush_wanted = True
         self._wake.set()
         async with self._changed:
-            await self._changed.wait_for(lambda: self._min_pending_seq() > target or self._task_failed())
+            await self._changed.wait_for(
+                lambda: self._min_pending_seq() > target or self._task_failed() or self._closed
+            )
         self._raise_if_task_failed()
+        if self._min_pending_seq() <= target:
+            raise SinkClosedError("the sink was closed before these rows were durable")
 
     async def close(self, timeout_s: float | None = None) -> None:
         """Flush and stop. With ``timeout_s``, give up retrying then and raise ``UndeliveredRowsError``."""

@@ -135,3 +135,16 @@ async def test_rows_with_different_keys_in_one_write_are_refused(
     with pytest.raises(ValueError, match="differ"):
         await sink.write("segments", rows)
     await sink.close()
+
+
+async def test_a_flush_waiting_when_close_gives_up_is_told_its_rows_are_not_durable(
+    database: str, closed_port_url: str, fast_policy: SinkPolicy, make_segment: Callable[..., Any]
+) -> None:
+    sink = ClickHouseSink(closed_port_url, database, policy=fast_policy)
+    await sink.write("segments", segments(make_segment, "c1", 5))
+    waiting = asyncio.create_task(sink.flush())
+    await eventually(lambda: sink.stats.retries >= 1)
+    with pytest.raises(UndeliveredRowsError):
+        await sink.close(timeout_s=0.2)
+    with pytest.raises(SinkClosedError, match="before these rows were durable"):
+        await asyncio.wait_for(waiting, 5)
