@@ -8,20 +8,28 @@ from pydantic import BaseModel, Field
 class QaSettings(BaseModel):
     rules_dir: str = Field("rules", description="Folder of QA rule YAML files.")
     qa_scorecard_file: str = Field(
-        "rules/scorecards/default.yaml", description="Scorecard (weighted questions) every call is scored with."
+        "rules/scorecards/default.yaml",
+        description="Scorecard (weighted questions) every call is scored with.",
     )
     qa_silence_threshold_ms: int = Field(
         5000, ge=0, description="A gap between speech longer than this counts as a silence (ms)."
     )
     qa_interruption_min_overlap_ms: int = Field(
-        500, ge=0, description="Overlap a leg must talk over the other for it to count as an interruption (ms)."
+        500,
+        ge=0,
+        description="Overlap a leg must talk over the other for it to count as an interruption (ms).",
     )
     qa_fuzzy_threshold: float = Field(
-        0.8, ge=0.5, le=1.0, description="Minimum similarity (1 - edit distance / length) of a fuzzy phrase match."
+        0.8,
+        ge=0.5,
+        le=1.0,
+        description="Minimum similarity (1 - edit distance / length) of a fuzzy phrase match.",
     )
     qa_redaction_enabled: bool = Field(
         True, description="Redact PII before transcripts leave the worker; false stores unredacted text."
     )
     qa_redaction_context_segments: int = Field(
-        3, ge=0, description="Segments after an agent asks for a CVV/expiry/SSN/phone that redact short numbers."
+        3,
+        ge=0,
+        description="Segments after an agent asks for a CVV/expiry/SSN/phone that redact short numbers.",
     )

@@ -19,7 +19,16 @@ TEENS = {
     "ten": 10, "eleven": 11, "twelve": 12, "thirteen": 13, "fourteen": 14, "fifteen": 15,
     "sixteen": 16, "seventeen": 17, "eighteen": 18, "nineteen": 19,
 }  # fmt: skip
-TENS = {"twenty": 20, "thirty": 30, "forty": 40, "fifty": 50, "sixty": 60, "seventy": 70, "eighty": 80, "ninety": 90}
+TENS = {
+    "twenty": 20,
+    "thirty": 30,
+    "forty": 40,
+    "fifty": 50,
+    "sixty": 60,
+    "seventy": 70,
+    "eighty": 80,
+    "ninety": 90,
+}
 REPEATS = {"double": 2, "triple": 3}
 # Tokens that may sit between the groups of one number ("4111-1111", "555.123.4567", "12/25", "four dash two").
 SEPARATORS = {"-", ".", ",", "/", "(", ")", "dash", "hyphen"}

@@ -29,7 +29,9 @@ from pipeline.qa.segment import Segment
 MARKERS = ("PAN", "SSN", "PHONE", "EMAIL", "CVV", "EXPIRY")
 
 _CONTEXT_KEYWORDS: dict[str, re.Pattern[str]] = {
-    "CVV": re.compile(r"\b(security code|cvv2?|cvc|card verification|(three|four|3|4)[- ]digit code|back of the card)\b"),
+    "CVV": re.compile(
+        r"\b(security code|cvv2?|cvc|card verification|(three|four|3|4)[- ]digit code|back of the card)\b"
+    ),
     "EXPIRY": re.compile(r"\b(expiry|expiration|expires?|valid (thru|through)|exp date)\b"),
     "SSN": re.compile(r"\b(social security|ssn|social)\b"),
     "PHONE": re.compile(r"\b(phone|mobile|cell|call ?back|reach you|telephone)\b"),
@@ -46,7 +48,21 @@ _SPOKEN_EMAIL = re.compile(
     re.IGNORECASE,
 )
 # "visit us at acme dot com" names a web site, not a mailbox.
-_NOT_A_MAILBOX = {"us", "me", "you", "him", "her", "them", "it", "look", "online", "visit", "website", "site", "is"}
+_NOT_A_MAILBOX = {
+    "us",
+    "me",
+    "you",
+    "him",
+    "her",
+    "them",
+    "it",
+    "look",
+    "online",
+    "visit",
+    "website",
+    "site",
+    "is",
+}
 
 
 @dataclass(frozen=True)

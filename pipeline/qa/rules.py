@@ -53,7 +53,9 @@ class TimeWindow:
             return False
         if self.to_ms is not None and offset_ms >= self.to_ms:
             return False
-        return not (self.last_ms is not None and (call_end_ms is None or offset_ms < call_end_ms - self.last_ms))
+        return not (
+            self.last_ms is not None and (call_end_ms is None or offset_ms < call_end_ms - self.last_ms)
+        )
 
     def describe(self) -> str:
         if self.first_ms is not None:
@@ -120,7 +122,9 @@ def _parse_window(node: YamlNode) -> TimeWindow:
     keys = node.mapping("window", set(), {"first_s", "last_s", "from_s", "to_s"})
     if not keys:
         raise node.fail("window must name first_s, last_s, or from_s/to_s")
-    if len({"first_s", "last_s", "from_s"} & keys.keys()) > 1 or ("to_s" in keys and keys.keys() & {"first_s", "last_s"}):
+    if len({"first_s", "last_s", "from_s"} & keys.keys()) > 1 or (
+        "to_s" in keys and keys.keys() & {"first_s", "last_s"}
+    ):
         raise node.fail("window takes one of: first_s, last_s, or from_s/to_s")
     ms = {k: int(v.number(f"window.{k}", low=0) * 1000) for k, v in keys.items()}
     if "to_s" in ms and ms["to_s"] <= ms.get("from_s", 0):
@@ -150,7 +154,9 @@ def parse_rule(node: YamlNode) -> Rule:
         phrases=_parse_phrases(keys["phrases"]),
         window=_parse_window(keys["window"]) if "window" in keys else TimeWindow(),
         threshold=keys["threshold"].number("threshold", 0.5, 1.0) if "threshold" in keys else None,
-        severity=keys["severity"].choice("severity", SEVERITIES) if "severity" in keys else DEFAULT_SEVERITY[rule_type],
+        severity=keys["severity"].choice("severity", SEVERITIES)
+        if "severity" in keys
+        else DEFAULT_SEVERITY[rule_type],
         description=keys["description"].string("description") if "description" in keys else "",
         file=node.file,
         line=node.line,
@@ -175,7 +181,9 @@ def load_rules(rules_dir: str | Path) -> RuleSet:
         for rule in load_rules_file(path):
             if rule.name in seen:
                 first = seen[rule.name]
-                raise RulesError(path, rule.line, f"rule {rule.name!r} already defined at {first.file}:{first.line}")
+                raise RulesError(
+                    path, rule.line, f"rule {rule.name!r} already defined at {first.file}:{first.line}"
+                )
             seen[rule.name] = rule
             rules.append(rule)
     return RuleSet(tuple(rules))
@@ -240,7 +248,9 @@ class RuleEngine:
             return False
         window_over = rule.window.first_ms is not None and segment.start_ms >= rule.window.first_ms
         window_over |= rule.window.to_ms is not None and segment.start_ms >= rule.window.to_ms
-        return window_over or any(h.rule is rule and rule.window.contains(h.offset_ms, None) for h in self._hits)
+        return window_over or any(
+            h.rule is rule and rule.window.contains(h.offset_ms, None) for h in self._hits
+        )
 
     def on_segment(self, segment: Segment) -> list[QaEvent]:
         """Match the segment against every rule; return the events to raise while the call is live."""
@@ -257,7 +267,11 @@ class RuleEngine:
             total_words = len(words)
             hit = _Hit(rule, segment, found, _word_offset_ms(segment, found.word_index, total_words))
             self._hits.append(hit)
-            if rule.type != "must" and not rule.window.needs_call_end and rule.window.contains(hit.offset_ms, None):
+            if (
+                rule.type != "must"
+                and not rule.window.needs_call_end
+                and rule.window.contains(hit.offset_ms, None)
+            ):
                 live.append(self._event(hit, "violation" if rule.type == "must_not" else "alert"))
         return live
 

@@ -99,7 +99,9 @@ def _parse_question(node: YamlNode, rule_set: RuleSet, index: int) -> Question:
     if rule_name is not None:
         rule = rule_set.by_name(rule_name)
         if rule is None:
-            raise keys["rule"].fail(f"unknown rule {rule_name!r} (known: {', '.join(sorted(rule_set.names))})")
+            raise keys["rule"].fail(
+                f"unknown rule {rule_name!r} (known: {', '.join(sorted(rule_set.names))})"
+            )
         expect = "present" if rule.type == "must" else "absent"
     if "expect" in keys:
         if rule_name is None:

@@ -34,7 +34,9 @@ def seg() -> SegmentFactory:
     """seg(leg, start_s, end_s, text): a segment of call 'c1' with a running segment id."""
     counter = iter(range(1, 10_000))
 
-    def make(leg: Leg, start_s: float, end_s: float, text: str = "hello there", call_id: str = "c1") -> Segment:
+    def make(
+        leg: Leg, start_s: float, end_s: float, text: str = "hello there", call_id: str = "c1"
+    ) -> Segment:
         return Segment(call_id, leg, f"s{next(counter)}", round(start_s * 1000), round(end_s * 1000), text)
 
     return make

@@ -34,7 +34,9 @@ def _call(seg):  # type: ignore[no-untyped-def]
 
 
 def test_metrics_of_constructed_call(seg) -> None:  # type: ignore[no-untyped-def]
-    m = compute_metrics(_call(seg), call_end_ms=33_000, silence_threshold_ms=5000, interruption_min_overlap_ms=500)
+    m = compute_metrics(
+        _call(seg), call_end_ms=33_000, silence_threshold_ms=5000, interruption_min_overlap_ms=500
+    )
     agent_talk = 4000 + 4000 + 200 + 4000
     customer_talk = 4500 + 2000 + 500
     speech_union = 4000 + (12_000 - 4500) + 2000 + 4000 + 500  # 0-4, 4.5-12, 18-20, 26-30, 30.5-31

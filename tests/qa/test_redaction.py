@@ -45,7 +45,9 @@ def test_card_numbers_written_or_spoken_are_redacted(said: str) -> None:
     assert counts == {"PAN": 1}
 
 
-@pytest.mark.parametrize("said", [NOT_A_CARD, "four one one one one one one one one one one one one one one two"])
+@pytest.mark.parametrize(
+    "said", [NOT_A_CARD, "four one one one one one one one one one one one one one one two"]
+)
 def test_luhn_invalid_sixteen_digits_are_not_a_card(said: str) -> None:
     text, counts = _one(f"my order number is {said}")
     assert "[PAN]" not in text and "PAN" not in counts
@@ -60,7 +62,9 @@ def test_ssn_written_and_spoken_when_asked() -> None:
     assert _one("my social is 123-45-6789") == ("my social is [SSN]", {"SSN": 1})
     redactor = CallRedactor()
     redactor.redact(Segment("c", "agent", "s1", 0, 2000, "Can I have your social security number?"))
-    spoken = redactor.redact(Segment("c", "customer", "s2", 2500, 6000, "sure it's one two three four five six seven eight nine"))
+    spoken = redactor.redact(
+        Segment("c", "customer", "s2", 2500, 6000, "sure it's one two three four five six seven eight nine")
+    )
     assert spoken.text == "sure it's [SSN]" and spoken.counts == {"SSN": 1}
 
 
@@ -71,8 +75,16 @@ def test_nine_digits_without_context_or_grouping_stay() -> None:
 
 @pytest.mark.parametrize(
     "said",
-    ["(415) 555-2671", "415-555-2671", "415.555.2671", "4155552671", "+1 415 555 2671", "1 415 555 2671",
-     "four one five five five five two six seven one", "+44 20 7946 0958"],
+    [
+        "(415) 555-2671",
+        "415-555-2671",
+        "415.555.2671",
+        "4155552671",
+        "+1 415 555 2671",
+        "1 415 555 2671",
+        "four one five five five five two six seven one",
+        "+44 20 7946 0958",
+    ],
 )
 def test_phone_numbers(said: str) -> None:
     text, counts = _one(f"call me on {said} tomorrow")
@@ -108,12 +120,16 @@ def test_cvv_and_expiry_only_after_agent_asks() -> None:
     assert _one(answer)[1] == {}  # without the question these are just numbers
 
     redactor = CallRedactor()
-    asked = redactor.redact(Segment("c", "agent", "s1", 0, 3000, "And the expiry date and the security code on the back?"))
+    asked = redactor.redact(
+        Segment("c", "agent", "s1", 0, 3000, "And the expiry date and the security code on the back?")
+    )
     assert asked.counts == {}
     out = redactor.redact(Segment("c", "customer", "s2", 3500, 8000, answer))
     assert out.text == "it's [EXPIRY], and then [CVV]"
     assert out.counts == {"EXPIRY": 1, "CVV": 1}
-    readback = redactor.redact(Segment("c", "agent", "s3", 8500, 11000, "Thanks: April twenty twenty six, 731, 12/25."))
+    readback = redactor.redact(
+        Segment("c", "agent", "s3", 8500, 11000, "Thanks: April twenty twenty six, 731, 12/25.")
+    )
     assert readback.text == "Thanks: [EXPIRY], [CVV], [EXPIRY]."
     assert (out.segment.start_ms, out.segment.end_ms, out.segment.segment_id) == (3500, 8000, "s2")
 
@@ -121,7 +137,10 @@ def test_cvv_and_expiry_only_after_agent_asks() -> None:
 def test_context_expires_after_some_segments() -> None:
     redactor = CallRedactor(context_segments=2)
     redactor.redact(Segment("c", "agent", "s1", 0, 1000, "What's the CVV?"))
-    texts = [redactor.redact(Segment("c", "customer", f"s{i}", i * 1000, i * 1000 + 500, "it's 123")).text for i in (2, 3, 4)]
+    texts = [
+        redactor.redact(Segment("c", "customer", f"s{i}", i * 1000, i * 1000 + 500, "it's 123")).text
+        for i in (2, 3, 4)
+    ]
     assert texts == ["it's [CVV]", "it's [CVV]", "it's 123"]
 
 

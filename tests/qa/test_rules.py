@@ -93,7 +93,9 @@ def test_intent_detected_live_despite_asr_errors(rule_set: RuleSet, seg, text: s
 
 def test_misheard_disclosure_still_meets_must_rule(rule_set: RuleSet, seg) -> None:  # type: ignore[no-untyped-def]
     engine = RuleEngine(rule_set)
-    engine.on_segment(seg("agent", 0, 6, "Thanks for calling. Calls are recorded for quality and trading purposes."))
+    engine.on_segment(
+        seg("agent", 0, 6, "Thanks for calling. Calls are recorded for quality and trading purposes.")
+    )
     met = next(e for e in engine.finalize(60_000) if e.rule == "recording_disclosure")
     assert met.kind == "match" and met.similarity < 1.0
 
@@ -113,7 +115,9 @@ def test_edit_distance_and_phrase_windows() -> None:
     assert bounded_edit_distance("kitten", "sitting", 5) == 3
     assert bounded_edit_distance("kitten", "sitting", 2) == 3  # over the limit: limit + 1
     assert bounded_edit_distance("abc", "abc", 0) == 0
-    found = Phrase.parse("speak to a manager").find_fuzzy(["i", "want", "to", "speak", "to", "the", "manager", "now"], 0.8)
+    found = Phrase.parse("speak to a manager").find_fuzzy(
+        ["i", "want", "to", "speak", "to", "the", "manager", "now"], 0.8
+    )
     assert found is not None and found.matched == "speak to the manager" and found.word_index == 3
 
 
@@ -137,22 +141,48 @@ rules:
     ("body", "line", "reason"),
     [
         ("rules:\n  - name: a\n    phrases: [x\n", 4, "invalid YAML"),
-        ("rules:\n  - name: a\n    category: c\n    type: should\n    phrases: [x]\n", 4, "type must be one of"),
-        ("rules:\n  - name: a\n    category: c\n    type: must\n    phrase: [x]\n", 5, "unknown key 'phrase'"),
+        (
+            "rules:\n  - name: a\n    category: c\n    type: should\n    phrases: [x]\n",
+            4,
+            "type must be one of",
+        ),
+        (
+            "rules:\n  - name: a\n    category: c\n    type: must\n    phrase: [x]\n",
+            5,
+            "unknown key 'phrase'",
+        ),
         ("rules:\n  - name: a\n    category: c\n    type: must\n", 2, "lacks required key(s): phrases"),
-        ("rules:\n  - name: a\n    category: c\n    type: must\n    leg: both\n    phrases: [x]\n", 5, "leg must be"),
+        (
+            "rules:\n  - name: a\n    category: c\n    type: must\n    leg: both\n    phrases: [x]\n",
+            5,
+            "leg must be",
+        ),
         ("rules:\n  - name: a\n    category: c\n    type: must\n    phrases: []\n", 5, "must not be empty"),
         ("rules:\n  - name: a\n    category: c\n    type: must\n    phrases: ['!!']\n", 5, "has no words"),
-        ("rules:\n  - name: a\n    category: c\n    type: must\n    window: {first_s: 30, last_s: 10}\n"
-         "    phrases: [x]\n", 5, "window takes one of"),
-        ("rules:\n  - name: a\n    category: c\n    type: must\n    window: {first_s: soon}\n"
-         "    phrases: [x]\n", 5, "must be a number"),
-        ("rules:\n  - name: a\n    category: c\n    type: must\n    threshold: 2\n    phrases: [x]\n", 5, "within"),
+        (
+            "rules:\n  - name: a\n    category: c\n    type: must\n    window: {first_s: 30, last_s: 10}\n"
+            "    phrases: [x]\n",
+            5,
+            "window takes one of",
+        ),
+        (
+            "rules:\n  - name: a\n    category: c\n    type: must\n    window: {first_s: soon}\n"
+            "    phrases: [x]\n",
+            5,
+            "must be a number",
+        ),
+        (
+            "rules:\n  - name: a\n    category: c\n    type: must\n    threshold: 2\n    phrases: [x]\n",
+            5,
+            "within",
+        ),
         ("rules: {name: a}\n", 1, "rules must be a list"),
         ("", 1, "empty"),
     ],
 )
-def test_malformed_rules_file_names_file_line_and_reason(tmp_path: Path, body: str, line: int, reason: str) -> None:
+def test_malformed_rules_file_names_file_line_and_reason(
+    tmp_path: Path, body: str, line: int, reason: str
+) -> None:
     path = _write(tmp_path, body)
     with pytest.raises(RulesError) as caught:
         load_rules_file(path)
@@ -173,4 +203,9 @@ def test_duplicate_rule_across_files(tmp_path: Path) -> None:
 def test_defaults_of_a_minimal_rule(tmp_path: Path) -> None:
     _write(tmp_path, _GOOD_RULE)
     (rule,) = load_rules(tmp_path).rules
-    assert (rule.leg, rule.match, rule.severity, rule.window.describe()) == ("any", "fuzzy", "warning", "anywhere in the call")
+    assert (rule.leg, rule.match, rule.severity, rule.window.describe()) == (
+        "any",
+        "fuzzy",
+        "warning",
+        "anywhere in the call",
+    )

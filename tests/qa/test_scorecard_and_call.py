@@ -19,9 +19,13 @@ RULES_DIR = Path(__file__).resolve().parents[2] / "rules"
 SCORECARD = RULES_DIR / "scorecards" / "default.yaml"
 
 
-
 GOOD_CALL = [
-    ("agent", 0, 6, "Good morning, thank you for calling Acme. This call may be recorded for quality purposes."),
+    (
+        "agent",
+        0,
+        6,
+        "Good morning, thank you for calling Acme. This call may be recorded for quality purposes.",
+    ),
     ("customer", 6.5, 10, "Hi, I have a question about my last bill."),
     ("agent", 10.5, 14, "Of course. Can you confirm your date of birth?"),
     ("customer", 14.5, 17, "It's the fourth of May."),
@@ -51,7 +55,11 @@ def test_good_call_scores_full_marks(qa_config: QaConfig) -> None:
 
 def test_weights_and_auto_fail(qa_config: QaConfig) -> None:
     # Without the closing, the agent's opening thanks would fall in the last 60 s of a short call: make it long.
-    lines = [*GOOD_CALL[:-1], ("customer", 90, 93, "I want to speak to the manager"), ("agent", 93.5, 95, "ok bye")]
+    lines = [
+        *GOOD_CALL[:-1],
+        ("customer", 90, 93, "I want to speak to the manager"),
+        ("agent", 93.5, 95, "ok bye"),
+    ]
     _, live, result = _analyze(qa_config, lines, 96)
     assert [(e.rule, e.kind) for e in live] == [("escalation_request", "alert")]
     failed = {i.question.split()[-1] for i in result.items if i.passed is False}
@@ -91,7 +99,9 @@ def test_redaction_happens_before_rules_and_storage(qa_config: QaConfig) -> None
 
 
 def test_redaction_off_only_when_configured(rule_set: RuleSet) -> None:
-    settings = Settings(rules_dir=str(RULES_DIR), qa_scorecard_file=str(SCORECARD), qa_redaction_enabled=False)
+    settings = Settings(
+        rules_dir=str(RULES_DIR), qa_scorecard_file=str(SCORECARD), qa_redaction_enabled=False
+    )
     config = QaConfig.from_settings(settings)
     assert Settings(rules_dir=str(RULES_DIR)).qa_redaction_enabled is True
     analyzer, _, _ = _analyze(config, [("customer", 0, 5, "card 4111 1111 1111 1111")], 6)
@@ -106,13 +116,32 @@ def test_segment_of_another_call_is_refused(qa_config: QaConfig, seg) -> None:  
 @pytest.mark.parametrize(
     ("body", "line", "reason"),
     [
-        ("name: x\nquestions:\n  - question: q\n    weight: 1\n    rule: greting\n", 5, "unknown rule 'greting'"),
-        ("name: x\nquestions:\n  - question: q\n    weight: 1\n    check: silence > lots\n", 5, "check must read"),
-        ("name: x\nquestions:\n  - question: q\n    weight: 1\n    check: dead_air < 20\n", 5, "unknown metric"),
+        (
+            "name: x\nquestions:\n  - question: q\n    weight: 1\n    rule: greting\n",
+            5,
+            "unknown rule 'greting'",
+        ),
+        (
+            "name: x\nquestions:\n  - question: q\n    weight: 1\n    check: silence > lots\n",
+            5,
+            "check must read",
+        ),
+        (
+            "name: x\nquestions:\n  - question: q\n    weight: 1\n    check: dead_air < 20\n",
+            5,
+            "unknown metric",
+        ),
         ("name: x\nquestions:\n  - question: q\n    weight: 1\n", 3, "exactly one of 'rule' or 'check'"),
-        ("name: x\nquestions:\n  - question: q\n    weight: -1\n    rule: greeting\n", 4, "weight must be within"),
-        ("name: x\nquestions:\n  - question: q\n    weight: 1\n    rule: greeting\n    auto_fail: maybe\n", 6,
-         "true or false"),
+        (
+            "name: x\nquestions:\n  - question: q\n    weight: -1\n    rule: greeting\n",
+            4,
+            "weight must be within",
+        ),
+        (
+            "name: x\nquestions:\n  - question: q\n    weight: 1\n    rule: greeting\n    auto_fail: maybe\n",
+            6,
+            "true or false",
+        ),
     ],
 )
 def test_malformed_scorecard(tmp_path: Path, rule_set: RuleSet, body: str, line: int, reason: str) -> None:

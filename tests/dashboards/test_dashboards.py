@@ -1,0 +1,204 @@
+"""Dashboards: valid against Grafana's published schema, and every ClickHouse panel query runs on the
+callqa schema with the plugin's macros expanded, returning the columns its panel plots."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import re
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+
+DASHBOARDS = Path(__file__).resolve().parents[2] / "dashboards"
+FILES = ("qa-supervisor.json", "operations.json")
+WORKER_METRICS = {"callqa_consumer_lag", "callqa_frames_dropped_total", "callqa_dead_letters_total",
+                  "callqa_batch_size", "callqa_final_delay_seconds", "process_resident_memory_bytes"}  # fmt: skip
+# The fixture calls start at 2026-03-02 09:00 UTC (tests/dashboards/conftest.py); the dashboard looks at 3 h.
+T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
+FROM, TO = T0 - timedelta(hours=1), T0 + timedelta(hours=2)
+FilledDatabase = Any  # tests/dashboards/conftest.py: client, database, results, segments
+INTERVAL_S = 300
+
+
+def _load(name: str) -> dict[str, Any]:
+    return json.loads((DASHBOARDS / name).read_text())
+
+
+def _validator() -> jsonschema.protocols.Validator:
+    schema = json.loads((DASHBOARDS / "schema" / "dashboard.schema.json").read_text())
+    return jsonschema.validators.validator_for(schema)(schema)
+
+
+def _targets(dashboard: dict[str, Any], plugin: str) -> list[tuple[str, dict[str, Any]]]:
+    return [
+        (p["title"], t)
+        for p in dashboard["panels"]
+        for t in p["targets"]
+        if t["datasource"]["type"] == plugin
+    ]
+
+
+def expand(sql: str, database: str, variables: dict[str, str]) -> str:
+    """What the ClickHouse plugin sends for this SQL (its macros, pkg/macros/macros.go) and Grafana's variables."""
+    frm, to = int(FROM.timestamp()), int(TO.timestamp())
+    sql = re.sub(r"\$__timeFilter\(([^()]+)\)", rf"\1 >= toDateTime({frm}) AND \1 <= toDateTime({to})", sql)
+    sql = re.sub(
+        r"\$__timeInterval\(([^()]+)\)",
+        rf"toStartOfInterval(toDateTime(\1), INTERVAL {INTERVAL_S} second)",
+        sql,
+    )
+    sql = sql.replace("$__fromTime", f"toDateTime({frm})").replace("$__toTime", f"toDateTime({to})")
+    sql = sql.replace("$__interval_s", str(INTERVAL_S))
+    for name, value in variables.items():
+        sql = sql.replace(f"${{{name}}}", value).replace(f"${name}", value)
+    assert "$" not in sql, f"unexpanded macro or variable in: {sql}"
+    return sql.replace("callqa.", f"{database}.")
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_dashboard_matches_grafana_schema(name: str) -> None:
+    errors = list(_validator().iter_errors(_load(name)))
+    assert errors == [], [e.message for e in errors]
+
+
+@pytest.mark.parametrize(
+    "breakage",
+    [
+        lambda d: d.pop("schemaVersion"),
+        lambda d: d["panels"][0].__setitem__("gridPos", "top left"),
+        lambda d: d["panels"][0].__setitem__("no_such_field", 1),
+        lambda d: d["templating"]["list"][0].__setitem__("type", "spreadsheet"),
+    ],
+)
+def test_broken_dashboard_is_rejected(breakage: Any) -> None:
+    dashboard = copy.deepcopy(_load(FILES[0]))
+    breakage(dashboard)
+    assert list(_validator().iter_errors(dashboard))
+
+
+def test_committed_json_is_what_the_generator_writes() -> None:
+    spec = importlib.util.spec_from_file_location("dashboards_generate", DASHBOARDS / "generate.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for name, build in module.DASHBOARDS.items():
+        assert (DASHBOARDS / name).read_text() == module.render(build), f"run dashboards/generate.py ({name})"
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_clickhouse_targets_use_the_plugin_fields(name: str) -> None:
+    dashboard = _load(name)
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+    for title, target in _targets(dashboard, "grafana-clickhouse-datasource"):
+        assert target["editorType"] == "sql" and target["rawSql"].strip(), title
+        assert (target["queryType"], target["format"]) in (("timeSeries", 0), ("table", 1)), title
+        assert " FINAL" in target["rawSql"], f"{title}: ReplacingMergeTree tables must be read with FINAL"
+
+
+def test_prometheus_panels_use_worker_metrics() -> None:
+    exprs = [t["expr"] for name in FILES for _, t in _targets(_load(name), "prometheus")]
+    used = {m for expr in exprs for m in re.findall(r"\b(?:callqa_\w+|process_\w+)", expr)}
+    assert {re.sub(r"_(bucket|sum|count)$", "", m) for m in used} <= WORKER_METRICS
+    assert {"callqa_consumer_lag", "callqa_frames_dropped_total", "callqa_dead_letters_total",
+            "callqa_final_delay_seconds_bucket"} <= used  # fmt: skip
+
+
+ALL = {"tenant": "__all", "agent": "__all", "worker": "__all", "min_score": "70"}
+ONE = {"tenant": "acme", "agent": "agent-2", "worker": "worker-1", "min_score": "70"}
+
+
+def _run(db: FilledDatabase, sql: str, variables: dict[str, str]) -> tuple[list[str], list[tuple[Any, ...]]]:
+    result = db.client.query(expand(sql, db.database, variables))
+    return list(result.column_names), [tuple(r) for r in result.result_rows]
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_every_clickhouse_query_runs_and_returns_its_columns(filled_db: FilledDatabase, name: str) -> None:
+    dashboard = _load(name)
+    targets = _targets(dashboard, "grafana-clickhouse-datasource")
+    assert len(targets) >= 5
+    for variables in (ALL, ONE):
+        for title, target in targets:
+            columns, rows = _run(filled_db, target["rawSql"], variables)
+            if target["format"] == 0:
+                assert columns[0] == "time" and len(columns) >= 2, title
+            if variables is ALL:
+                assert rows, f"{title}: no rows on the fixture calls"
+    for variable in dashboard["templating"]["list"]:
+        if variable["type"] == "query":
+            _, rows = _run(filled_db, variable["query"], ALL)
+            assert rows, variable["name"]
+
+
+def _panel_sql(name: str, title_start: str) -> str:
+    return next(t["rawSql"] for title, t in _targets(_load(name), "grafana-clickhouse-datasource")
+                if title.startswith(title_start))  # fmt: skip
+
+
+def test_supervisor_numbers_follow_the_qa_results(filled_db: FilledDatabase) -> None:
+    scores = [r.score_pct for r in filled_db.results.values()]
+    _, rows = _run(filled_db, _panel_sql("qa-supervisor.json", "Calls scored"), ALL)
+    assert rows == [(len(scores),)]  # the replayed rows are not counted twice
+    _, rows = _run(filled_db, _panel_sql("qa-supervisor.json", "Average score"), ALL)
+    assert rows[0][0] == pytest.approx(sum(scores) / len(scores), abs=0.05)
+
+    columns, rows = _run(filled_db, _panel_sql("qa-supervisor.json", "Compliance rate per rule"), ALL)
+    compliance = {row[columns.index("rule")]: row[columns.index("compliance_pct")] for row in rows}
+    violating = sum(
+        any(e.rule == "prohibited_language" for e in r.events) for r in filled_db.results.values()
+    )
+    assert compliance["prohibited_language"] == pytest.approx(100 * (1 - violating / len(scores)), abs=0.05)
+    assert all(0 <= v <= 100 for v in compliance.values())
+
+    columns, rows = _run(filled_db, _panel_sql("qa-supervisor.json", "Agent comparison"), ALL)
+    assert {row[0] for row in rows} == {"agent-1", "agent-2", "agent-3"}
+
+
+def test_flagged_calls_show_redacted_transcripts(filled_db: FilledDatabase) -> None:
+    columns, rows = _run(filled_db, _panel_sql("qa-supervisor.json", "Flagged calls"), ALL)
+    flagged = {r.call_id for r in filled_db.results.values() if r.auto_failed or r.score_pct < 70}
+    assert {row[columns.index("call_id")] for row in rows} == flagged and "call-rude" in flagged
+    rude = next(row for row in rows if row[columns.index("call_id")] == "call-rude")
+    transcript = rude[columns.index("transcript")]
+    assert "[PAN]" in transcript and "4111" not in transcript
+    assert transcript.splitlines()[0].startswith("[0 s] agent: ")
+    assert "prohibited_language violation" in rude[columns.index("findings")]
+
+
+def test_operations_latency_percentiles(filled_db: FilledDatabase) -> None:
+    columns, rows = _run(filled_db, _panel_sql("operations.json", "End-to-end latency"), ALL)
+    assert columns == ["time", "p50", "p95", "p99"]
+    assert all(p50 <= p95 <= p99 for _, p50, p95, p99 in rows)
+
+
+def test_provisioning_names_the_datasources_the_dashboards_use() -> None:
+    import yaml
+
+    datasources = yaml.safe_load(
+        (DASHBOARDS / "provisioning" / "datasources" / "clickhouse.yaml").read_text()
+    )
+    provided = {(d["type"], d["uid"]) for d in datasources["datasources"]}
+    used = {(t["datasource"]["type"], t["datasource"]["uid"]) for name in FILES
+            for p in _load(name)["panels"] for t in p["targets"]}  # fmt: skip
+    assert used <= provided
+    providers = yaml.safe_load((DASHBOARDS / "provisioning" / "dashboards" / "callqa.yaml").read_text())
+    assert providers["apiVersion"] == 1 and providers["providers"][0]["type"] == "file"
+
+
+def test_alert_rules() -> None:
+    import yaml
+
+    groups = yaml.safe_load((DASHBOARDS / "prometheus" / "alerts.yml").read_text())["groups"]
+    rules = {r["alert"]: r for g in groups for r in g["rules"]}
+    delay = rules["CallqaFinalDelayP99High"]
+    assert "histogram_quantile(0.99" in delay["expr"] and "callqa_final_delay_seconds_bucket" in delay["expr"]
+    assert delay["for"] == "1m"
+    memory = rules["CallqaMemoryHighAndRising"]
+    assert "0.8" in memory["expr"] and "deriv(" in memory["expr"]
+    assert all({"summary", "description"} <= r["annotations"].keys() for r in rules.values())
