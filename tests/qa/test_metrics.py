@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -120,3 +122,69 @@ def test_random_calls_match_timeline_reference(seed: int) -> None:
     for name, expected in _timeline_reference(segments, end, step).items():
         assert getattr(m, name) == expected, name
     assert m.non_talk_ms == end - m.talk_ms
+
+
+MANIFEST = Path(__file__).resolve().parents[2] / "samples" / "calls" / "manifest.json"
+
+
+def _manifest_calls() -> list[dict]:  # type: ignore[type-arg]
+    return json.loads(MANIFEST.read_text())["calls"]
+
+
+@pytest.mark.parametrize("call", _manifest_calls(), ids=lambda c: c["file"])
+def test_sample_calls_from_their_placements(call: dict) -> None:  # type: ignore[type-arg]
+    """The sample calls (samples/calls) as perfect transcripts: speech spans as segments, references as text."""
+    utterances = call["utterances"]
+    segments = [
+        Segment(call["file"], u["leg"], str(i), u["speech_start_ms"], u["speech_end_ms"], u["reference"])
+        for i, u in enumerate(utterances)
+    ]
+    m = compute_metrics(segments, call_end_ms=call["duration_ms"], interruption_min_overlap_ms=300)
+    agent = [u for u in utterances if u["leg"] == "agent"]
+    customer = [u for u in utterances if u["leg"] == "customer"]
+
+    def overlap(a: dict, b: dict) -> int:  # type: ignore[type-arg]
+        return max(
+            0, min(a["speech_end_ms"], b["speech_end_ms"]) - max(a["speech_start_ms"], b["speech_start_ms"])
+        )
+
+    # Utterances of one leg never overlap in these calls, so pairwise sums are exact.
+    pairs = [overlap(a, c) for a in agent for c in customer]
+    assert m.overtalk_ms == sum(pairs) and m.overtalk_count == sum(1 for p in pairs if p > 0)
+    assert m.agent_talk_ms == sum(u["speech_end_ms"] - u["speech_start_ms"] for u in agent)
+    assert m.customer_talk_ms == sum(u["speech_end_ms"] - u["speech_start_ms"] for u in customer)
+    assert m.talk_ms == m.agent_talk_ms + m.customer_talk_ms - m.overtalk_ms
+
+    def interrupts(u: dict, others: list[dict]) -> bool:  # type: ignore[type-arg]
+        return any(
+            o["speech_start_ms"] < u["speech_start_ms"] < o["speech_end_ms"] and overlap(u, o) >= 300
+            for o in others
+        )
+
+    assert m.customer_interruptions == sum(interrupts(c, agent) for c in customer)
+    assert m.agent_interruptions == sum(interrupts(a, customer) for a in agent)
+    assert m.customer_words == sum(len(u["reference"].split()) for u in customer)
+    ordered = sorted(utterances, key=lambda u: u["speech_start_ms"])
+    assert m.turn_count == 1 + sum(
+        1 for a, b in zip(ordered, ordered[1:], strict=False) if a["leg"] != b["leg"]
+    )
+    speech = sorted((u["speech_start_ms"], u["speech_end_ms"]) for u in utterances)
+    reach, gaps = speech[0][1], []
+    for start, end in speech[1:]:
+        if start > reach:
+            gaps.append(start - reach)
+        reach = max(reach, end)
+    assert m.longest_silence_ms == max(gaps)
+
+
+def test_sample_calls_exercise_overlap_and_interruption() -> None:
+    """The manifest's README promises overlaps in call_01 and call_03; the metrics must see them."""
+    by_file = {}
+    for call in _manifest_calls():
+        segments = [
+            Segment(call["file"], u["leg"], str(i), u["speech_start_ms"], u["speech_end_ms"], u["reference"])
+            for i, u in enumerate(call["utterances"])
+        ]
+        by_file[call["file"]] = compute_metrics(segments, interruption_min_overlap_ms=300)
+    assert by_file["call_01.wav"].overtalk_count >= 1 and by_file["call_03.wav"].customer_interruptions == 1
+    assert by_file["call_02.wav"].overtalk_ms == 0 and by_file["call_02.wav"].longest_silence_ms >= 2000
