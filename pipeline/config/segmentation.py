@@ -1,4 +1,8 @@
-"""Settings of voice-activity detection and segmentation."""
+"""Settings of voice-activity detection and segmentation.
+
+Defaults were chosen from measurements on the evaluation recordings and the two-leg sample calls
+(see pipeline/segmentation/README.md).
+"""
 
 from __future__ import annotations
 
@@ -7,3 +11,18 @@ from pydantic import BaseModel, Field
 
 class SegmentationSettings(BaseModel):
     endpoint_silence_ms: int = Field(500, description="Trailing silence that closes a speech segment (ms).")
+    vad_model_path: str = Field(
+        "", description="Silero VAD ONNX file; empty means the one shipped in the silero-vad package."
+    )
+    vad_threshold: float = Field(0.5, description="VAD speech probability at or above which speech starts.")
+    vad_neg_threshold: float = Field(
+        0.35, description="VAD probability below which an open segment counts silence (hysteresis)."
+    )
+    min_speech_ms: int = Field(
+        250, description="Segments with less speech than this (ms) are dropped as clicks and noise."
+    )
+    pre_roll_ms: int = Field(300, description="Audio kept before the detected speech onset (ms).")
+    post_roll_ms: int = Field(150, description="Audio kept after the last speech window of a segment (ms).")
+    max_segment_ms: int = Field(
+        15000, description="Longest segment (ms); a longer one is cut at its quietest point."
+    )

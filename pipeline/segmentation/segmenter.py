@@ -1,0 +1,193 @@
+"""Per-leg speech segmentation from Silero VAD probabilities.
+
+A segment opens at the first 32 ms window whose speech probability reaches ``vad_threshold`` (keeping
+``pre_roll_ms`` of audio before it) and closes once the probability has stayed below
+``vad_neg_threshold`` for ``endpoint_silence_ms`` (keeping ``post_roll_ms`` after the last speech).
+The two thresholds give hysteresis: a dip between them neither ends speech nor starts it. A segment
+that reaches ``max_segment_ms`` is cut at its quietest window in its second half, and the rest of the
+speech continues as the next segment. Segments with less than ``min_speech_ms`` of speech are dropped.
+
+All decisions happen per VAD window on absolute sample positions, so the segments do not depend on
+how the audio was chunked when it arrived.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pipeline.config.segmentation import SegmentationSettings
+from pipeline.segmentation.audio_buffer import LegAudioBuffer
+from pipeline.segmentation.vad import SAMPLE_RATE, WINDOW, SileroVad, VadStream, load_vad
+
+SAMPLES_PER_MS = SAMPLE_RATE // 1000
+
+
+@dataclass(frozen=True)
+class SpeechSegment:
+    """A closed stretch of speech of one leg; times are relative to the start of the leg's audio."""
+
+    index: int  # 0, 1, 2, ... in the order the leg's segments closed
+    start_sample: int
+    end_sample: int
+    audio: np.ndarray = field(repr=False)  # float32, 16 kHz, end_sample - start_sample samples
+    speech_ms: int  # time of the windows scored as speech
+    reason: str  # "endpoint" (silence), "max_length" (cut) or "flush" (end of the leg's audio)
+
+    @property
+    def start_ms(self) -> int:
+        return self.start_sample // SAMPLES_PER_MS
+
+    @property
+    def end_ms(self) -> int:
+        return self.end_sample // SAMPLES_PER_MS
+
+    @property
+    def duration_ms(self) -> int:
+        return self.end_ms - self.start_ms
+
+
+@dataclass
+class _OpenSegment:
+    start: int  # first sample, including pre-roll
+    probs: list[float] = field(default_factory=list)  # of the windows from first_window on
+    first_window: int = 0  # absolute index of the window of probs[0]
+    speech_windows: int = 0
+    silence_since: int | None = None  # sample where the current run of silence began
+
+
+class Segmenter:
+    """Turns one leg's 16 kHz audio into closed speech segments as it streams in."""
+
+    def __init__(self, settings: SegmentationSettings | None = None, vad: SileroVad | None = None) -> None:
+        self.settings = settings or SegmentationSettings()
+        self.vad = vad or load_vad(self.settings.vad_model_path)
+        self.vad_stream = VadStream()
+        self._audio = LegAudioBuffer()
+        self._windows_done = 0
+        self._open: _OpenSegment | None = None
+        self._last_end = 0  # end of the last emitted segment: pre-roll never reaches back past it
+        self._emitted = 0
+        self._ms = {
+            "pre_roll": self.settings.pre_roll_ms * SAMPLES_PER_MS,
+            "post_roll": self.settings.post_roll_ms * SAMPLES_PER_MS,
+            "endpoint": self.settings.endpoint_silence_ms * SAMPLES_PER_MS,
+            "max": self.settings.max_segment_ms * SAMPLES_PER_MS,
+        }
+
+    @property
+    def in_speech(self) -> bool:
+        """Whether a segment is open (speech started and its endpoint not reached)."""
+        return self._open is not None
+
+    @property
+    def samples_received(self) -> int:
+        return self._audio.end
+
+    def open_segment_audio(self) -> np.ndarray | None:
+        """The audio of the open segment so far (for partial transcripts), or None."""
+        return None if self._open is None else self._audio.slice(self._open.start, self._audio.end)
+
+    def accept(self, samples_16k: np.ndarray) -> list[SpeechSegment]:
+        """Take the next samples of the leg; the segments that closed."""
+        samples = np.asarray(samples_16k, dtype=np.float32)
+        probs = self.vad.run([self.vad_stream], [samples])[0]
+        return self.advance(samples, probs)
+
+    def flush(self) -> list[SpeechSegment]:
+        """End of the leg: score the incomplete last window and close any open segment."""
+        end = self._audio.end
+        closed = self.accept(self.vad_stream.pad_pending())
+        if self._open is not None:
+            closed.extend(self._close(self._speech_end(end), "flush", end))
+        return closed
+
+    def advance(self, samples: np.ndarray, probs: np.ndarray) -> list[SpeechSegment]:
+        """Append ``samples`` and apply the VAD ``probs`` of the windows they completed.
+
+        ``accept`` does both; ``accept_many`` calls this after one batched VAD run over many legs.
+        """
+        self._audio.append(samples)
+        closed: list[SpeechSegment] = []
+        for prob in probs:
+            closed.extend(self._step(float(prob)))
+            self._windows_done += 1
+        if self._open is None:
+            # Idle: keep just enough audio for the pre-roll of the next onset.
+            self._audio.drop_before(max(self._windows_done * WINDOW - self._ms["pre_roll"], self._last_end))
+        return closed
+
+    def _step(self, prob: float) -> list[SpeechSegment]:
+        start = self._windows_done * WINDOW
+        end = start + WINDOW
+        s = self.settings
+        if self._open is None:
+            if prob >= s.vad_threshold:
+                pre_roll_start = max(start - self._ms["pre_roll"], self._last_end, self._audio.start)
+                self._open = _OpenSegment(pre_roll_start, first_window=self._windows_done)
+            else:
+                return []
+        segment = self._open
+        segment.probs.append(prob)
+        if prob >= s.vad_threshold:
+            segment.speech_windows += 1
+            segment.silence_since = None
+        elif prob < s.vad_neg_threshold and segment.silence_since is None:
+            segment.silence_since = start
+        if segment.silence_since is not None and end - segment.silence_since >= self._ms["endpoint"]:
+            return self._close(self._speech_end(end), "endpoint", end)
+        if end - segment.start >= self._ms["max"]:
+            return self._cut(end)
+        return []
+
+    def _speech_end(self, now: int) -> int:
+        assert self._open is not None
+        silence = self._open.silence_since
+        return now if silence is None else min(silence + self._ms["post_roll"], now)
+
+    def _close(self, end: int, reason: str, now: int) -> list[SpeechSegment]:
+        segment = self._open
+        assert segment is not None
+        self._open = None
+        speech_ms = segment.speech_windows * WINDOW // SAMPLES_PER_MS
+        if speech_ms < self.settings.min_speech_ms:
+            return []
+        self._last_end = end
+        emitted = SpeechSegment(
+            self._emitted, segment.start, end, self._audio.slice(segment.start, end), speech_ms, reason
+        )
+        self._emitted += 1
+        return [emitted]
+
+    def _cut(self, now: int) -> list[SpeechSegment]:
+        """Close the too-long open segment at its quietest window in the second half; continue after it."""
+        segment = self._open
+        assert segment is not None
+        half = (segment.start + now) // 2
+        first_candidate = max(0, (half // WINDOW) - segment.first_window)
+        candidates = segment.probs[first_candidate:]
+        quietest = first_candidate + int(np.argmin(candidates))
+        cut = (segment.first_window + quietest) * WINDOW + WINDOW // 2
+        speech_after = sum(p >= self.settings.vad_threshold for p in segment.probs[quietest + 1 :])
+        segment.speech_windows -= speech_after
+        silence = segment.silence_since
+        closed = self._close(cut, "max_length", now)
+        rest = _OpenSegment(cut, segment.probs[quietest + 1 :], segment.first_window + quietest + 1)
+        rest.speech_windows = speech_after
+        rest.silence_since = None if silence is None else max(silence, cut)
+        self._open = rest
+        return closed
+
+
+def accept_many(segmenters: Sequence[Segmenter], chunks: Sequence[np.ndarray]) -> list[list[SpeechSegment]]:
+    """``Segmenter.accept`` for many legs at once, with one batched VAD run; they must share one SileroVad."""
+    if not segmenters:
+        return []
+    vad = segmenters[0].vad
+    if any(s.vad is not vad for s in segmenters):
+        raise ValueError("accept_many needs segmenters that share one SileroVad")
+    samples = [np.asarray(c, dtype=np.float32) for c in chunks]
+    probs = vad.run([s.vad_stream for s in segmenters], samples)
+    return [s.advance(x, p) for s, x, p in zip(segmenters, samples, probs, strict=True)]
