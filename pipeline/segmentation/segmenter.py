@@ -101,7 +101,7 @@ class Segmenter:
         end = self._audio.end
         closed = self.accept(self.vad_stream.pad_pending())
         if self._open is not None:
-            closed.extend(self._close(self._speech_end(end), "flush", end))
+            closed.extend(self._close(self._speech_end(end), "flush"))
         return closed
 
     def advance(self, samples: np.ndarray, probs: np.ndarray) -> list[SpeechSegment]:
@@ -137,7 +137,7 @@ class Segmenter:
         elif prob < s.vad_neg_threshold and segment.silence_since is None:
             segment.silence_since = start
         if segment.silence_since is not None and end - segment.silence_since >= self._ms["endpoint"]:
-            return self._close(self._speech_end(end), "endpoint", end)
+            return self._close(self._speech_end(end), "endpoint")
         if end - segment.start >= self._ms["max"]:
             return self._cut(end)
         return []
@@ -147,7 +147,7 @@ class Segmenter:
         silence = self._open.silence_since
         return now if silence is None else min(silence + self._ms["post_roll"], now)
 
-    def _close(self, end: int, reason: str, now: int) -> list[SpeechSegment]:
+    def _close(self, end: int, reason: str) -> list[SpeechSegment]:
         segment = self._open
         assert segment is not None
         self._open = None
@@ -173,7 +173,7 @@ class Segmenter:
         speech_after = sum(p >= self.settings.vad_threshold for p in segment.probs[quietest + 1 :])
         segment.speech_windows -= speech_after
         silence = segment.silence_since
-        closed = self._close(cut, "max_length", now)
+        closed = self._close(cut, "max_length")
         rest = _OpenSegment(cut, segment.probs[quietest + 1 :], segment.first_window + quietest + 1)
         rest.speech_windows = speech_after
         rest.silence_since = None if silence is None else max(silence, cut)
