@@ -4,8 +4,13 @@ Each segment is encoded in its own window (its length rounded up to a bucket, no
 so a batch may mix window lengths: cross-attention keys are padded to the longest and masked. Greedy
 decoding then runs all rows in lockstep; rows that have ended keep feeding <|endoftext|> until all end.
 
-Short windows make Whisper prone to never emitting <|endoftext|> and repeating a phrase, so every row has
-a cap on new tokens proportional to its audio duration (tokens per second plus a small allowance).
+Short windows make Whisper prone to never emitting <|endoftext|> and repeating a phrase. Two guards:
+a cap on new tokens proportional to the audio duration (tokens per second plus a small allowance), and
+a loop stop once the output ends in `loop_copies` back-to-back copies of a block of 2+ tokens. Only a
+row stopped by a guard has its looping tail cut back to one copy: a row that ended by itself keeps
+genuine repeats ("five five"). And a row stopped by a guard in a shortened window is decoded again in
+the full 30 s window (`full_window_retry`), where Whisper rarely loops: the cheap window serves most
+segments and the few that go wrong pay Whisper's usual price.
 """
 
 from __future__ import annotations
@@ -49,6 +54,8 @@ class DecodeOptions:
     max_new_tokens: int = 224
     suppress_ids: tuple[int, ...] = ()
     suppress_ids_begin: tuple[int, ...] = (220, END_OF_TEXT)
+    loop_copies: int = 3
+    full_window_retry: bool = True
 
     def token_cap(self, duration_s: float) -> int:
         return min(
@@ -63,7 +70,7 @@ class DecodedSegment:
     avg_logprob: float
     no_speech_prob: float
     window_frames: int
-    hit_token_cap: bool
+    stopped_by_guard: bool
 
 
 @dataclass(frozen=True)
@@ -71,6 +78,28 @@ class BatchTimings:
     encode_ms: float
     decode_ms: float
     steps: int
+
+
+def ends_in_loop(tokens: list[int], copies: int, min_block: int = 2, max_block: int = 16) -> bool:
+    """Whether `tokens` ends in `copies` consecutive copies of one block of min_block..max_block tokens."""
+    for block in range(min_block, min(max_block, len(tokens) // copies) + 1):
+        tail = tokens[-block:]
+        if all(tokens[-(k + 1) * block : len(tokens) - k * block] == tail for k in range(1, copies)):
+            return True
+    return False
+
+
+def cut_loop(tokens: list[int], max_block: int = 16) -> list[int]:
+    """Cut a looping tail (two or more back-to-back copies of a block, the last maybe partial) to one copy.
+
+    Picks the earliest start at which the rest of the output is such a loop, so the most repetition goes.
+    """
+    for start in range(len(tokens)):
+        rest = tokens[start:]
+        for block in range(1, min(max_block, len(rest) // 2) + 1):
+            if all(rest[i] == rest[i % block] for i in range(len(rest))):
+                return tokens[: start + block]
+    return tokens
 
 
 def pad_window(mel: np.ndarray, frames: int) -> np.ndarray:
@@ -99,9 +128,11 @@ class GreedyDecoder:
         self._suppress_begin = self._suppress.copy()
         self._suppress_begin[list(options.suppress_ids_begin)] = -np.inf
 
-    def _encode(self, mels: list[np.ndarray]) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray, list[int]]:
+    def _encode(
+        self, mels: list[np.ndarray], window: WindowPolicy
+    ) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray, list[int]]:
         """Encode each window-length group once; return cross K/V padded to the longest, and its mask."""
-        windows = [self.options.window.window_frames(m.shape[1]) for m in mels]
+        windows = [window.window_frames(m.shape[1]) for m in mels]
         groups: dict[int, list[int]] = {}
         for row, frames in enumerate(windows):
             groups.setdefault(frames, []).append(row)
@@ -122,14 +153,38 @@ class GreedyDecoder:
     def decode(
         self, mels: list[np.ndarray], durations_s: list[float]
     ) -> tuple[list[DecodedSegment], BatchTimings]:
+        """Decode a batch; rows a guard stopped in a short window are retried in the full window."""
+        results, timings = self._decode_once(mels, durations_s, self.options.window)
+        retry = [
+            r
+            for r, result in enumerate(results)
+            if self.options.full_window_retry
+            and result.stopped_by_guard
+            and result.window_frames < MAX_WINDOW_FRAMES
+        ]
+        if not retry:
+            return results, timings
+        again, more = self._decode_once(
+            [mels[r] for r in retry], [durations_s[r] for r in retry], WindowPolicy(0)
+        )
+        for r, result in zip(retry, again, strict=True):
+            results[r] = result
+        return results, BatchTimings(
+            timings.encode_ms + more.encode_ms, timings.decode_ms + more.decode_ms, timings.steps + more.steps
+        )
+
+    def _decode_once(
+        self, mels: list[np.ndarray], durations_s: list[float], window: WindowPolicy
+    ) -> tuple[list[DecodedSegment], BatchTimings]:
         started = time.perf_counter()
-        cross, mask, windows = self._encode(mels)
+        cross, mask, windows = self._encode(mels, window)
         encoded = time.perf_counter()
         caps = np.array([self.options.token_cap(d) for d in durations_s])
         rows = len(mels)
         tokens: list[list[int]] = [[] for _ in range(rows)]
         logprob_sum = np.zeros(rows)
         done = np.zeros(rows, bool)
+        guarded = np.zeros(rows, bool)  # stopped by the token cap or the loop stop, not by <|endoftext|>
         step_tokens = np.tile(np.array(PROMPT, np.int64), (rows, 1))
         cache = self.model.empty_cache(rows)
         no_speech = np.zeros(rows)
@@ -147,12 +202,14 @@ class GreedyDecoder:
                 logprob_sum[row] += scores[row, token]
                 if token == END_OF_TEXT:
                     done[row] = True
-                else:
-                    tokens[row].append(token)
-                    done[row] = len(tokens[row]) >= caps[row]
+                    continue
+                tokens[row].append(token)
+                if len(tokens[row]) >= caps[row] or ends_in_loop(tokens[row], self.options.loop_copies):
+                    done[row] = guarded[row] = True
             step_tokens = np.where(done, END_OF_TEXT, chosen).reshape(rows, 1).astype(np.int64)
             steps += 1
         finished = time.perf_counter()
+        tokens = [cut_loop(t) if guarded[r] else t for r, t in enumerate(tokens)]
         results = [
             DecodedSegment(
                 tokens=tokens[r],
@@ -160,7 +217,7 @@ class GreedyDecoder:
                 avg_logprob=float(logprob_sum[r] / (len(tokens[r]) + 1)),
                 no_speech_prob=float(no_speech[r]),
                 window_frames=windows[r],
-                hit_token_cap=len(tokens[r]) >= caps[r],
+                stopped_by_guard=bool(guarded[r]),
             )
             for r in range(rows)
         ]

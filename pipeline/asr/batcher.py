@@ -1,0 +1,181 @@
+"""SegmentBatcher: one per worker process, shared by all streams, turning segments into batched decodes.
+
+Streams `await batcher.submit(segment)`. A collector task gathers segments until `max_batch` are waiting
+or the oldest has waited `max_wait_ms`, takes the oldest segment's window bucket first (so one batch
+pads little), and runs the batch in a single worker thread: ONNX Runtime spreads one batch over its
+intra-op threads, and one batch at a time keeps latency predictable. The queue is bounded: when it is
+full, `submit` waits (back-pressure up to the stream consumers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.asr.decoding import WindowPolicy
+from pipeline.asr.manifest import Manifest
+from pipeline.asr.recognizer import Recognizer
+from pipeline.asr.results import SegmentAudio, TranscriptResult
+from pipeline.audio.mel import HOP_LENGTH
+from pipeline.config.asr import AsrSettings
+
+
+class ModelVersionError(RuntimeError):
+    """A model swap offered a version that is not newer than the one running."""
+
+
+class BatcherClosedError(RuntimeError):
+    """submit() after close()."""
+
+
+@dataclass
+class _Pending:
+    segment: SegmentAudio
+    future: asyncio.Future[TranscriptResult]
+    enqueued: float
+    bucket: int
+
+
+class SegmentBatcher:
+    def __init__(
+        self,
+        recognizer: Recognizer,
+        *,
+        max_batch: int = 16,
+        max_wait_ms: float = 30.0,
+        queue_size: int = 256,
+        window: WindowPolicy | None = None,
+    ) -> None:
+        self._recognizer = recognizer
+        self.max_batch = max_batch
+        self.max_wait_s = max_wait_ms / 1000.0
+        self._window = window or recognizer.decoder.options.window
+        self._queue: asyncio.Queue[_Pending | None] = asyncio.Queue(maxsize=queue_size)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="asr-batch")
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+
+    @classmethod
+    def from_settings(cls, recognizer: Recognizer, settings: AsrSettings) -> SegmentBatcher:
+        return cls(
+            recognizer,
+            max_batch=settings.max_batch,
+            max_wait_ms=settings.max_wait_ms,
+            queue_size=settings.batcher_queue_size,
+        )
+
+    @property
+    def recognizer(self) -> Recognizer:
+        return self._recognizer
+
+    @property
+    def queued(self) -> int:
+        return self._queue.qsize()
+
+    async def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._collect(), name="segment-batcher")
+
+    async def close(self) -> None:
+        """Finish every queued segment, then stop the collector and the worker thread."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._task is not None:
+            await self._queue.put(None)
+            await self._task
+        self._executor.shutdown(wait=True)
+
+    async def submit(self, segment: SegmentAudio) -> TranscriptResult:
+        """Queue a segment (waiting while the queue is full) and return its transcript."""
+        if self._closed:
+            raise BatcherClosedError("the batcher is closed")
+        future: asyncio.Future[TranscriptResult] = asyncio.get_running_loop().create_future()
+        frames = int(np.asarray(segment.audio).size) // HOP_LENGTH
+        await self._queue.put(
+            _Pending(segment, future, time.perf_counter(), self._window.window_frames(frames))
+        )
+        return await future
+
+    def swap(self, recognizer: Recognizer) -> None:
+        """Use `recognizer` for batches formed from now on; a running batch finishes on the old one."""
+        check_newer(recognizer.version, self._recognizer.version, recognizer.name)
+        self._recognizer = recognizer
+
+    async def reload(self, folder: Path, settings: AsrSettings) -> Recognizer:
+        """Load a model folder in a thread (refusing a version that is not newer) and swap to it."""
+        check_newer(Manifest.read(folder).version, self._recognizer.version, folder.parent.name)
+        recognizer = await asyncio.to_thread(Recognizer.load, folder, settings)
+        self.swap(recognizer)
+        return recognizer
+
+    async def _collect(self) -> None:
+        pending: list[_Pending] = []
+        closing = False
+        while not (closing and not pending):
+            if not pending:
+                item = await self._queue.get()
+                if item is None:
+                    break
+                pending.append(item)
+            closing = await self._gather(pending) or closing
+            batch, pending = self._take_batch(pending)
+            await self._run(batch)
+
+    async def _gather(self, pending: list[_Pending]) -> bool:
+        """Add queued segments to `pending` until max_batch or the oldest's deadline; True on close."""
+        deadline = pending[0].enqueued + self.max_wait_s
+        while len(pending) < self.max_batch:
+            timeout = deadline - time.perf_counter()
+            try:
+                item = (
+                    self._queue.get_nowait()
+                    if timeout <= 0
+                    else await asyncio.wait_for(self._queue.get(), timeout)
+                )
+            except (asyncio.QueueEmpty, TimeoutError):
+                return False
+            if item is None:
+                return True
+            pending.append(item)
+        return False
+
+    def _take_batch(self, pending: list[_Pending]) -> tuple[list[_Pending], list[_Pending]]:
+        """Up to max_batch: the oldest segment's bucket first, then the others by age."""
+        first = pending[0].bucket
+        ordered = [p for p in pending if p.bucket == first] + [p for p in pending if p.bucket != first]
+        return ordered[: self.max_batch], ordered[self.max_batch :]
+
+    async def _run(self, batch: list[_Pending]) -> None:
+        live = [p for p in batch if not p.future.done()]  # a cancelled submit needs no decode
+        if not live:
+            return
+        recognizer = self._recognizer
+        now = time.perf_counter()
+        waits = [(now - p.enqueued) * 1000 for p in live]
+        loop = asyncio.get_running_loop()
+        try:
+            results = await loop.run_in_executor(
+                self._executor, recognizer.recognize, [p.segment for p in live], waits
+            )
+        except Exception as exc:  # noqa: BLE001 - recognize isolates per segment; this is a last resort
+            results = [exc] * len(live)
+        for p, result in zip(live, results, strict=True):
+            if p.future.done():
+                continue
+            if isinstance(result, Exception):
+                p.future.set_exception(result)
+            else:
+                p.future.set_result(result)
+
+
+def check_newer(offered: int, running: int, name: str) -> None:
+    if offered <= running:
+        raise ModelVersionError(
+            f"refusing model {name} version {offered}: not newer than the running version {running}"
+        )

@@ -1,0 +1,123 @@
+"""ASR commands: `callqa models build|list` and `callqa transcribe` (wired into pipeline/cli.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from pipeline.asr.manifest import Manifest, model_versions
+from pipeline.asr.results import TranscriptResult
+from pipeline.config import get_settings
+
+if TYPE_CHECKING:
+    from rich.progress import TaskID
+
+    from pipeline.asr.batcher import SegmentBatcher
+    from pipeline.segmentation import SpeechSegment
+
+models_app = typer.Typer(
+    no_args_is_help=True, help="Whisper models: build ONNX graphs from packaged weights."
+)
+console = Console()
+err_console = Console(stderr=True, soft_wrap=True)
+
+
+@models_app.command("build")
+def build(
+    name: Annotated[str, typer.Argument(help="tiny.en or base")] = "tiny.en",
+    version: Annotated[int | None, typer.Option(help="Version number (default: next free).")] = None,
+) -> None:
+    """Build fp32 and int8 ONNX graphs of a Whisper model into models_dir/<name>/<version>/."""
+    from pipeline.asr.build import build_model  # onnx is imported only when building
+
+    models_dir = Path(get_settings().models_dir)
+    started = time.perf_counter()
+    with console.status(f"building {name} from its CTranslate2 weights..."):
+        result = build_model(name, models_dir, version)
+    m = result.manifest
+    console.print(
+        f"built {m.name} version {m.version} in {result.folder} "
+        f"({time.perf_counter() - started:.1f} s, from {m.source_package} {m.source_version})"
+    )
+
+
+@models_app.command("list")
+def list_models() -> None:
+    """Built models and their versions."""
+    models_dir = Path(get_settings().models_dir)
+    table = Table("model", "version", "source", "graphs", "tools")
+    names = sorted(p.name for p in models_dir.iterdir() if p.is_dir()) if models_dir.is_dir() else []
+    for name in names:
+        for version in model_versions(models_dir, name):
+            m = Manifest.read(models_dir / name / str(version))
+            tools = ", ".join(f"{k} {v}" for k, v in m.tools.items())
+            table.add_row(
+                name, str(version), f"{m.source_package} {m.source_version}", ", ".join(m.graphs), tools
+            )
+    if not table.rows:
+        console.print(f"no model built in {models_dir} (run: callqa models build tiny.en)")
+        return
+    console.print(table)
+
+
+def transcribe(
+    paths: Annotated[list[Path], typer.Argument(help="Audio files (.wav, or raw .ulaw/.alaw/.pcm/.raw).")],
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per segment on stdout.")] = False,
+    model: Annotated[str | None, typer.Option(help="Model name (default: the model setting).")] = None,
+) -> None:
+    """Transcribe files through the streaming front end, segmenter and batcher; print segments."""
+    failures = asyncio.run(_transcribe_all(paths, model, as_json))
+    if failures:
+        raise typer.Exit(1)
+
+
+async def _transcribe_all(paths: list[Path], model: str | None, as_json: bool) -> int:
+    from pipeline.asr.engine import Engine
+
+    engine = Engine.load(model)
+    batcher = engine.new_batcher()
+    await batcher.start()
+    failures = 0
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=err_console, transient=True, disable=as_json) as progress:
+        for path in paths:
+            try:
+                task = progress.add_task(f"{path.name}: segmenting", total=None)
+                pairs = await asyncio.to_thread(engine.file_segments, path)
+                progress.update(task, description=f"{path.name}: transcribing", total=len(pairs))
+                results = await asyncio.gather(*(_submit(batcher, ch, s, progress, task) for ch, s in pairs))
+                _print(path, sorted(results, key=lambda r: (r.start_ms, r.channel)), as_json)
+            except Exception as exc:  # noqa: BLE001 - one line per failed file, then go on
+                failures += 1
+                err_console.print(f"[red]error[/red] {path}: {exc}")
+    await batcher.close()
+    return failures
+
+
+async def _submit(
+    batcher: SegmentBatcher, channel: int, segment: SpeechSegment, progress: Progress, task: TaskID
+) -> TranscriptResult:
+    result = await batcher.submit(segment)
+    progress.advance(task)
+    return replace(result, channel=channel)
+
+
+def _print(path: Path, results: list[TranscriptResult], as_json: bool) -> None:
+    spoken = [r for r in results if not r.is_silence]
+    if as_json:
+        for r in spoken:
+            print(json.dumps({"file": str(path), **r.as_dict()}))
+        return
+    console.print(f"[bold]{path}[/bold]")
+    for r in spoken:
+        leg = f" ch{r.channel}" if any(x.channel for x in results) else ""
+        console.print(f"  [{r.start_ms / 1000:7.2f} → {r.end_ms / 1000:7.2f}]{leg} {r.text}")

@@ -1,0 +1,145 @@
+"""The engine API: load a model, turn telephony frames or files into transcripts.
+
+    engine = Engine.load("tiny.en")                      # builds the ONNX model on first use
+    stream = engine.open_stream(sample_rate=8000, encoding="mulaw")
+    for frame in frames:
+        for result in stream.accept(frame):             # final transcripts of segments that closed
+            print(result.start_ms, result.text)
+    results = stream.finish()
+    engine.transcribe_file("call.wav")
+
+The async worker uses the pieces separately: `engine.open_front_end(...)` per leg (decode, resample,
+segment) and one `engine.new_batcher()` shared by every leg of the process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.asr.batcher import SegmentBatcher
+from pipeline.asr.build import build_model
+from pipeline.asr.manifest import ModelNotBuiltError, latest_model_folder
+from pipeline.asr.recognizer import Recognizer
+from pipeline.asr.results import SegmentAudio, TranscriptResult
+from pipeline.audio import codecs
+from pipeline.audio.files import load_audio
+from pipeline.audio.mel import SAMPLE_RATE
+from pipeline.audio.resample import StreamResampler
+from pipeline.config import Settings, get_settings
+from pipeline.segmentation import Segmenter, SpeechSegment, load_vad
+
+FILE_CHUNK_S = 1.0
+
+
+class LegFrontEnd:
+    """One leg's audio path: bytes (or samples) at any rate -> 16 kHz -> closed SpeechSegments."""
+
+    def __init__(self, sample_rate: int, encoding: str, settings: Settings) -> None:
+        codecs.bytes_per_sample(encoding)  # rejects an unknown encoding now, not at the first frame
+        self.sample_rate = sample_rate
+        self.encoding = encoding
+        self._resampler = StreamResampler(sample_rate, SAMPLE_RATE)
+        self._segmenter = Segmenter(settings, vad=load_vad(settings.vad_model_path))
+
+    @property
+    def segmenter(self) -> Segmenter:
+        return self._segmenter
+
+    def accept(self, payload: bytes) -> list[SpeechSegment]:
+        """Take encoded frame bytes; the segments that closed."""
+        return self.accept_samples(codecs.decode(payload, self.encoding))
+
+    def accept_samples(self, samples: np.ndarray) -> list[SpeechSegment]:
+        """Take float samples at the leg's rate; the segments that closed."""
+        return self._segmenter.accept(self._resampler.process(samples))
+
+    def finish(self) -> list[SpeechSegment]:
+        """End of the leg: the last segments."""
+        return self._segmenter.accept(self._resampler.flush()) + self._segmenter.flush()
+
+
+class TranscriptStream:
+    """Sync convenience: a front end whose closed segments are decoded at once (no cross-leg batching)."""
+
+    def __init__(self, engine: Engine, front_end: LegFrontEnd) -> None:
+        self._engine = engine
+        self.front_end = front_end
+
+    def accept(self, payload: bytes) -> list[TranscriptResult]:
+        return self._engine.transcribe_segments(self.front_end.accept(payload))
+
+    def finish(self) -> list[TranscriptResult]:
+        return self._engine.transcribe_segments(self.front_end.finish())
+
+
+class Engine:
+    def __init__(self, recognizer: Recognizer, settings: Settings) -> None:
+        self.recognizer = recognizer
+        self.settings = settings
+
+    @classmethod
+    def load(cls, name: str | None = None, *, settings: Settings | None = None, build: bool = True) -> Engine:
+        """Load the newest built version of `name` (default: settings.model), building it if missing."""
+        settings = settings or get_settings()
+        name = name or settings.model
+        models_dir = Path(settings.models_dir)
+        try:
+            folder = latest_model_folder(models_dir, name)
+        except ModelNotBuiltError:
+            if not build:
+                raise
+            folder = build_model(name, models_dir).folder
+        return cls(Recognizer.load(folder, settings), settings)
+
+    @property
+    def model_label(self) -> str:
+        return self.recognizer.model.label
+
+    def new_batcher(self) -> SegmentBatcher:
+        """A batcher for the async worker (call `await batcher.start()` inside its event loop)."""
+        return SegmentBatcher.from_settings(self.recognizer, self.settings)
+
+    def open_front_end(self, sample_rate: int = 8000, encoding: str = "mulaw") -> LegFrontEnd:
+        return LegFrontEnd(sample_rate, encoding, self.settings)
+
+    def open_stream(self, sample_rate: int = 8000, encoding: str = "mulaw") -> TranscriptStream:
+        return TranscriptStream(self, self.open_front_end(sample_rate, encoding))
+
+    def transcribe_segments(
+        self, segments: Sequence[SegmentAudio], *, keep_silence: bool = False
+    ) -> list[TranscriptResult]:
+        """Decode segments now, in batches of max_batch; raises the first segment's error, if any."""
+        results: list[TranscriptResult] = []
+        step = max(1, self.settings.max_batch)
+        for i in range(0, len(segments), step):
+            for slot in self.recognizer.recognize(segments[i : i + step]):
+                if isinstance(slot, Exception):
+                    raise slot
+                if keep_silence or not slot.is_silence:
+                    results.append(slot)
+        return results
+
+    def file_segments(self, path: str | Path) -> list[tuple[int, SpeechSegment]]:
+        """(channel, segment) for every speech segment of every channel of an audio file."""
+        audio = load_audio(path)
+        out: list[tuple[int, SpeechSegment]] = []
+        chunk = max(1, int(audio.sample_rate * FILE_CHUNK_S))
+        for channel, samples in enumerate(audio.samples):
+            front_end = LegFrontEnd(audio.sample_rate, "pcm16", self.settings)
+            for start in range(0, samples.size, chunk):
+                out.extend((channel, s) for s in front_end.accept_samples(samples[start : start + chunk]))
+            out.extend((channel, s) for s in front_end.finish())
+        return out
+
+    def transcribe_file(self, path: str | Path) -> list[TranscriptResult]:
+        """Transcripts of a file's speech segments, every channel, ordered by start time."""
+        pairs = self.file_segments(path)
+        results: list[TranscriptResult] = []
+        for channel in sorted({c for c, _ in pairs}):
+            segments = [s for c, s in pairs if c == channel]
+            results.extend(replace(r, channel=channel) for r in self.transcribe_segments(segments))
+        return sorted(results, key=lambda r: (r.start_ms, r.channel))

@@ -1,0 +1,142 @@
+"""One loaded model version turning a batch of speech segments into transcripts (synchronous).
+
+Both the sync engine path and the async SegmentBatcher call `Recognizer.recognize`; a bad segment (empty,
+non-finite, too long) or a failure while decoding it yields an exception in its own slot only.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.asr.decoding import DecodedSegment, DecodeOptions, GreedyDecoder, WindowPolicy
+from pipeline.asr.onnx_model import WhisperOnnx
+from pipeline.asr.results import SegmentAudio, SegmentTimings, TranscriptResult
+from pipeline.audio.mel import SAMPLE_RATE, log_mel_spectrogram
+from pipeline.config.asr import AsrSettings
+
+MAX_SEGMENT_S = 30.0
+
+
+class SegmentRejectedError(ValueError):
+    """A segment's audio cannot be transcribed (empty, not finite, longer than Whisper's 30 s window)."""
+
+
+def decode_options(settings: AsrSettings, model: WhisperOnnx) -> DecodeOptions:
+    return DecodeOptions(
+        window=WindowPolicy(settings.window_bucket_s),
+        max_tokens_per_second=settings.max_tokens_per_second,
+        full_window_retry=settings.full_window_retry,
+        suppress_ids=tuple(model.manifest.suppress_ids),
+        suppress_ids_begin=tuple(model.manifest.suppress_ids_begin),
+    )
+
+
+def segment_features(segment: SegmentAudio) -> np.ndarray:
+    """Log-mel [n_mels, frames] of a segment's 16 kHz audio, after checking it is usable."""
+    audio = np.asarray(segment.audio)
+    if audio.ndim != 1 or audio.size < SAMPLE_RATE // 100:
+        raise SegmentRejectedError(
+            f"segment {segment.start_ms}-{segment.end_ms} ms: need mono audio of >= 10 ms"
+        )
+    if audio.size > MAX_SEGMENT_S * SAMPLE_RATE:
+        raise SegmentRejectedError(
+            f"segment {segment.start_ms}-{segment.end_ms} ms: longer than {MAX_SEGMENT_S} s"
+        )
+    if not np.isfinite(audio).all():
+        raise SegmentRejectedError(f"segment {segment.start_ms}-{segment.end_ms} ms: audio has NaN or inf")
+    return log_mel_spectrogram(audio.astype(np.float32, copy=False))
+
+
+class Recognizer:
+    """A model version and its greedy decoder. Not thread-safe: one batch at a time."""
+
+    def __init__(self, model: WhisperOnnx, options: DecodeOptions) -> None:
+        self.model = model
+        self.decoder = GreedyDecoder(model, options)
+
+    @classmethod
+    def load(cls, folder: Path, settings: AsrSettings) -> Recognizer:
+        model = WhisperOnnx.load(folder, settings.quantization, settings.intra_op_threads)
+        return cls(model, decode_options(settings, model))
+
+    @property
+    def name(self) -> str:
+        return self.model.manifest.name
+
+    @property
+    def version(self) -> int:
+        return self.model.manifest.version
+
+    def recognize(
+        self, segments: Sequence[SegmentAudio], queue_waits_ms: Sequence[float] | None = None
+    ) -> list[TranscriptResult | Exception]:
+        """Transcribe the segments as one batch; each slot holds its result or its own exception."""
+        waits = list(queue_waits_ms) if queue_waits_ms is not None else [0.0] * len(segments)
+        slots: list[TranscriptResult | Exception] = []
+        usable: list[int] = []
+        mels: list[np.ndarray] = []
+        for i, segment in enumerate(segments):
+            try:
+                mels.append(segment_features(segment))
+                usable.append(i)
+                slots.append(SegmentRejectedError("not decoded"))
+            except Exception as exc:  # noqa: BLE001 - any bad input fails only its own slot
+                slots.append(exc)
+        for i, result in zip(
+            usable, self._decode_isolating(mels, [segments[i] for i in usable]), strict=True
+        ):
+            slots[i] = (
+                replace(result, timings=replace(result.timings, queue_wait_ms=waits[i]))
+                if isinstance(result, TranscriptResult)
+                else result
+            )
+        return slots
+
+    def _decode_isolating(
+        self, mels: list[np.ndarray], segments: list[SegmentAudio]
+    ) -> list[TranscriptResult | Exception]:
+        """Decode together; if the batch fails, decode each alone so only the culprit fails."""
+        if not mels:
+            return []
+        try:
+            return list(self._decode(mels, segments))
+        except Exception as exc:  # noqa: BLE001
+            if len(mels) == 1:
+                return [exc]
+        out: list[TranscriptResult | Exception] = []
+        for mel, segment in zip(mels, segments, strict=True):
+            out.extend(self._decode_isolating([mel], [segment]))
+        return out
+
+    def _decode(self, mels: list[np.ndarray], segments: list[SegmentAudio]) -> list[TranscriptResult]:
+        started = time.perf_counter()
+        decoded, timings = self.decoder.decode(
+            mels, [np.asarray(s.audio).size / SAMPLE_RATE for s in segments]
+        )
+        batch_timings = SegmentTimings(
+            batch_size=len(mels),
+            inference_ms=(time.perf_counter() - started) * 1000,
+            encode_ms=timings.encode_ms,
+            decode_ms=timings.decode_ms,
+        )
+        return [self._result(d, s, batch_timings) for d, s in zip(decoded, segments, strict=True)]
+
+    def _result(
+        self, decoded: DecodedSegment, segment: SegmentAudio, timings: SegmentTimings
+    ) -> TranscriptResult:
+        return TranscriptResult(
+            start_ms=segment.start_ms,
+            end_ms=segment.end_ms,
+            text=decoded.text,
+            avg_logprob=decoded.avg_logprob,
+            no_speech_prob=decoded.no_speech_prob,
+            model=self.name,
+            model_version=self.version,
+            tokens=tuple(decoded.tokens),
+            timings=timings,
+        )
