@@ -160,6 +160,39 @@ def replay(
         console.print(f"  {call_id}: {legs}")
 
 
+@app.command("worker")
+def worker(
+    loglevel: Annotated[str, typer.Option(help="faust/worker log level.")] = "warning",
+) -> None:
+    """Run the streaming worker: audio frames in; transcripts, latency and QA out (Kafka and ClickHouse)."""
+    from pipeline.broker.topics import ensure_topics
+    from pipeline.worker.app import run_worker
+
+    settings = get_settings()
+    ensure_topics(settings)
+    console.print(f"worker {settings.worker_id}: Kafka {settings.bootstrap}, web http://{settings.web_host}:{settings.web_port}")
+    run_worker(settings, loglevel=loglevel)
+
+
+@app.command("report")
+def report(
+    call: Annotated[str | None, typer.Option("--call", help="Show one call in full: scorecard, metrics, transcript.")] = None,
+    agent: Annotated[str | None, typer.Option("--agent", help="Only this agent's calls.")] = None,
+    since: Annotated[str | None, typer.Option("--since", help="Only calls started since (ISO date/time, UTC).")] = None,
+) -> None:
+    """QA report from ClickHouse (through the running worker's API when one holds the embedded store)."""
+    from datetime import datetime
+
+    from pipeline.report import render_report, source_for
+
+    settings = get_settings()
+    since_dt = datetime.fromisoformat(since) if since else None
+    shown = render_report(source_for(settings), settings.clickhouse_database, console,
+                          call_id=call, agent_id=agent, since=since_dt)
+    if call and not shown:
+        raise RuntimeError(f"no call {call!r} in the store")
+
+
 @app.command("settings")
 def show_settings() -> None:
     """Every setting: env var, current value, default and what it does."""

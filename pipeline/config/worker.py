@@ -6,5 +6,31 @@ from pydantic import BaseModel, Field
 
 
 class WorkerSettings(BaseModel):
-    worker_id: str = Field("callqa-worker", description="Faust app id (consumer group) of the worker.")
-    web_port: int = Field(6066, description="Port of the worker's web server (/metrics, /api).")
+    worker_id: str = Field("callqa-worker", description="Faust app id, also the Kafka consumer group of the workers.")
+    web_host: str = Field("127.0.0.1", description="Interface of the worker's web server (/metrics, /api/...).")
+    web_port: int = Field(6066, description="Port of the worker's web server.")
+    max_inflight_audio_mb: int = Field(
+        64, description="Decoded audio (MB) submitted for inference and not yet transcribed; beyond it agents wait.",
+    )
+    end_grace_ms: int = Field(
+        2000, description="After a call's end event, how long to wait for its last frames (they travel on another topic).",
+    )
+    call_inactivity_timeout_s: float = Field(
+        30.0, description="A call with no frames or events for this long is closed (end_reason 'timeout').",
+    )
+    reorder_window_frames: int = Field(
+        10, description="Frames held per leg to put reordered frames back in order before a gap is filled with silence.",
+    )
+    commit_interval_s: float = Field(
+        2.0, description="How often finished calls are made durable and input offsets committed (s).",
+    )
+    stream_buffer_maxsize: int = Field(
+        1024, description="Faust per-partition buffer; when full, fetching from that partition pauses.",
+    )
+    max_poll_records: int = Field(500, description="Most records one Kafka fetch returns to the worker.")
+    model_watch_interval_s: float = Field(
+        5.0, description="How often the worker looks for a newer model version to hot-reload (0: never).",
+    )
+    partial_interval_ms: int = Field(
+        0, description="Emit partial transcripts of open segments this often (ms); 0 turns partials off.",
+    )

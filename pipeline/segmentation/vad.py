@@ -66,8 +66,13 @@ class SileroVad:
 
 
 @lru_cache(maxsize=4)
+@lru_cache(maxsize=4)
 def load_vad(model_path: str = "") -> SileroVad:
-    """The process-wide VAD session for ``model_path`` (empty: the packaged model)."""
+    """The process-wide VAD session for ``model_path`` (empty: the packaged model).
+
+    Cached: the session holds no per-leg state (that lives in VadStream), and every leg of a worker
+    opening its own ONNX session would cost memory and start-up time per call.
+    """
     return SileroVad(model_path or None)
 
 

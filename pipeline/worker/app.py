@@ -1,0 +1,222 @@
+"""The faust app: a thin shell that feeds ``CallProcessor`` and commits what it allows.
+
+- two agents, one per input topic (audio frames, call events); both topics have the same partition
+  count and key (call ID), so a call's frames and events land on the same worker;
+- input topics run with faust's acks off: offsets are committed by ``commit_durable`` from the
+  processor's ``OffsetTracker`` (see pipeline/worker/offsets.py for why);
+- timers close quiet calls, make finished calls durable, update lag, and hot-reload the model;
+- web views: /metrics (Prometheus), /api/calls, /api/calls/{call_id}, /api/query (read-only SQL), so
+  `callqa report` works against the embedded store while this process holds it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import faust
+from faust.types import TP
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from pipeline.config import Settings
+from pipeline.contracts import AudioFrame, CallEvent, Message, Serde
+from pipeline.qa.call import QaConfig
+from pipeline.store import queries
+from pipeline.store.client import connect
+from pipeline.store.migrations import migrate
+from pipeline.store.sink import ClickHouseSink
+from pipeline.worker.calls import CallProcessor
+from pipeline.worker.metrics import WorkerMetrics
+from pipeline.worker.transcriber import BatcherTranscriber
+
+log = logging.getLogger("callqa.worker")
+
+
+class FaustOutput:
+    """Produces contract messages with faust's producer; returns the delivery future."""
+
+    def __init__(self, app: faust.App, serde: Serde) -> None:
+        self.app = app
+        self.serde = serde
+        self._topics: dict[str, Any] = {}
+
+    async def publish(self, topic: str, key: str, message: Message) -> Awaitable[Any]:
+        t = self._topics.get(topic)
+        if t is None:
+            t = self._topics[topic] = self.app.topic(topic, key_serializer="raw", value_serializer="raw")
+        fut: Awaitable[Any] = await t.send(key=key.encode(), value=self.serde.encode(message))
+        return fut
+
+
+@dataclass
+class Worker:
+    app: faust.App
+    processor: CallProcessor
+    transcriber: BatcherTranscriber
+    sink: ClickHouseSink
+
+
+def build_worker(settings: Settings) -> Worker:
+    app = faust.App(
+        settings.worker_id,
+        broker=f"kafka://{settings.bootstrap}",
+        store="memory://",
+        web_host=settings.web_host,
+        web_port=settings.web_port,
+        web_bind=settings.web_host,
+        stream_buffer_maxsize=settings.stream_buffer_maxsize,
+        broker_max_poll_records=settings.max_poll_records,
+        consumer_auto_offset_reset="earliest",
+        topic_replication_factor=settings.replication_factor,
+        producer_acks=-1,
+    )
+    serde = Serde.from_settings(settings.schema_registry_url)
+    metrics = WorkerMetrics()
+    store_client = connect(settings.clickhouse_url or None, settings.clickhouse_database)
+    migrate(store_client, settings.clickhouse_database)
+    sink = ClickHouseSink(settings.clickhouse_url or None, settings.clickhouse_database)
+    transcriber = BatcherTranscriber.from_settings(settings, metrics)
+
+    async def finished_in_store(call_id: str) -> bool:
+        def query() -> bool:
+            rows = store_client.query(
+                f"SELECT count() FROM {settings.clickhouse_database}.calls FINAL "
+                "WHERE call_id = {id:String} AND end_reason != ''", parameters={"id": call_id},
+            ).result_rows
+            return bool(rows and rows[0][0])
+
+        return await asyncio.to_thread(query)
+
+    processor = CallProcessor(
+        settings, transcriber, FaustOutput(app, serde), sink, transcriber.engine.open_front_end,
+        QaConfig.from_settings(settings), metrics, is_finished_elsewhere=finished_in_store,
+    )
+    def lag(tp: tuple[str, int]) -> int:
+        highwater = app.consumer.highwater(TP(*tp))
+        consumed = processor.offsets.consumed_up_to(tp)
+        return 0 if highwater is None or consumed is None else max(0, highwater - consumed)
+
+    processor.lag = lag
+    # acks=False: faust neither acks nor commits these topics; commit_durable does.
+    audio_topic = app.topic(settings.topic_audio, key_serializer="raw", value_serializer="raw", acks=False)
+    events_topic = app.topic(settings.topic_call_events, key_serializer="raw", value_serializer="raw", acks=False)
+    dead_letters = FaustOutput(app, serde)
+
+    async def consume(stream: Any, kind: type[AudioFrame] | type[CallEvent]) -> None:
+        async for event in stream.events():
+            msg = event.message
+            tp = (msg.topic, msg.partition)
+            try:
+                decoded = serde.decode(msg.value, kind)
+                if isinstance(decoded, AudioFrame):
+                    await processor.on_frame(tp, msg.offset, decoded)
+                else:
+                    await processor.on_event(tp, msg.offset, decoded)
+            except Exception as exc:  # noqa: BLE001 - bad input goes to the dead-letter topic, the worker goes on
+                log.warning("dead letter from %s[%d]@%d: %s", msg.topic, msg.partition, msg.offset, exc)
+                letter = processor.dead_letter_message(tp, msg.offset, msg.key, msg.value or b"", exc)
+                await (await dead_letters.publish(settings.topic_dead_letters, (msg.key or b"").decode(errors="replace"),
+                                                  letter))
+
+    @app.agent(audio_topic, name="audio")
+    async def audio_agent(stream: Any) -> None:
+        await consume(stream, AudioFrame)
+
+    @app.agent(events_topic, name="events")
+    async def events_agent(stream: Any) -> None:
+        await consume(stream, CallEvent)
+
+    @app.timer(interval=1.0)
+    async def close_quiet_calls() -> None:
+        await processor.tick()
+        stats = sink.stats
+        metrics.store_buffered_rows.set(stats.buffered_rows)
+        metrics.store_retries.set(stats.retries)
+        for topic, partition in processor.offsets.partitions():
+            metrics.consumer_lag.labels(topic, str(partition)).set(lag((topic, partition)))
+
+    @app.timer(interval=settings.commit_interval_s)
+    async def commit_durable() -> None:
+        await commit_now()
+
+    async def commit_now() -> None:
+        offsets = await processor.make_durable()
+        if offsets:
+            # Faust's own path to commit explicit offsets (it also skips partitions no longer assigned).
+            await app.consumer._commit_offsets(  # type: ignore[attr-defined]
+                {TP(t, p): o for (t, p), o in offsets.items()}
+            )
+            processor.offsets.committed(offsets)
+            metrics.commits.inc()
+
+    if settings.model_watch_interval_s > 0:
+        @app.timer(interval=settings.model_watch_interval_s)
+        async def watch_model() -> None:
+            await transcriber.reload_if_newer()
+
+    @app.page("/metrics")
+    async def metrics_view(web: Any, request: Any) -> Any:
+        # aiohttp wants the charset apart from the content type.
+        return web.bytes(generate_latest(metrics.registry), content_type=CONTENT_TYPE_LATEST.split(";")[0])
+
+    @app.page("/api/calls")
+    async def calls_view(web: Any, request: Any) -> Any:
+        agent = request.query.get("agent")
+        rows = await asyncio.to_thread(queries.list_calls, store_client, agent_id=agent, limit=200)
+        return web.json([_jsonable(asdict(r)) for r in rows])
+
+    @app.page("/api/calls/{call_id}")
+    async def call_view(web: Any, request: Any, call_id: str) -> Any:
+        summary = await asyncio.to_thread(queries.call_summary, store_client, call_id)
+        lines = await asyncio.to_thread(queries.transcript, store_client, call_id)
+        return web.json({"summary": _jsonable(asdict(summary)) if summary else None,
+                         "transcript": [_jsonable(asdict(line)) for line in lines]})
+
+    @app.page("/api/query")
+    async def query_view(web: Any, request: Any) -> Any:
+        sql = request.query.get("sql", "")
+        params = {k[len("param_"):]: v for k, v in request.query.items() if k.startswith("param_")}
+        try:
+            # Not on store_client: readonly=1 would stick to the writer's chdb session.
+            result = await asyncio.to_thread(
+                queries.run_readonly_query, sql, params, url=settings.clickhouse_url or None,
+                database=settings.clickhouse_database,
+            )
+        except Exception as exc:  # noqa: BLE001 - reported to the caller, not fatal
+            return web.json({"error": str(exc)}, status=400)
+        return web.json({"columns": result.columns, "rows": _jsonable(result.rows)})
+
+    @app.task
+    async def start_batcher() -> None:
+        await transcriber.start()
+
+    @app.on_before_shutdown.connect  # type: ignore[arg-type]
+    async def flush_on_shutdown(app: Any, **kwargs: Any) -> None:
+        # The consumer has stopped: finish what is in flight and store it. Offsets are not committed
+        # here, so open calls are replayed by the next worker (at-least-once; ids make it idempotent).
+        await processor.drain()
+        await sink.close()
+        await transcriber.close()
+
+    return Worker(app, processor, transcriber, sink)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    return value
+
+
+def run_worker(settings: Settings, loglevel: str = "warning") -> None:
+    """Run the worker until SIGTERM/SIGINT (faust's worker handles the signals)."""
+    from faust.worker import Worker as FaustWorker
+
+    worker = build_worker(settings)
+    FaustWorker(worker.app, loglevel=loglevel, quiet=True, redirect_stdouts=False).execute_from_commandline()

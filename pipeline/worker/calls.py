@@ -1,0 +1,500 @@
+"""The worker's Kafka-free core: call state, segments to the shared batcher, outputs, call lifecycle.
+
+``CallProcessor`` receives decoded frames and call events with their input positions, and emits
+contract messages through an ``OutputPort`` and rows through a ``RowSink``. The faust app (app.py)
+is a thin shell that feeds it and commits what ``OffsetTracker`` allows.
+
+Durability rule: a call's input offsets are released only after every message and row of that call
+is durable (produced and acknowledged by Kafka; flushed into ClickHouse). Until then the call holds
+its partitions' commit back, so a crash replays it from its first frame and, the pipeline being
+deterministic, yields the same segment ids, which the ReplacingMergeTree tables deduplicate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+import numpy as np
+
+from pipeline.asr.engine import LegFrontEnd
+from pipeline.config import Settings
+from pipeline.contracts.messages import (
+    AudioFrame,
+    CallEvent,
+    CallQA,
+    DeadLetter,
+    LatencyMetric,
+    Message,
+    QaAlert,
+    QaItem,
+    TranscriptSegment,
+    now_ms,
+)
+from pipeline.contracts.messages import QaEvent as QaEventMessage
+from pipeline.qa.call import CallAnalyzer, QaConfig
+from pipeline.qa.rules import QaEvent
+from pipeline.qa.segment import Segment
+from pipeline.segmentation.segmenter import SpeechSegment
+from pipeline.store.base import RowSink
+from pipeline.worker.legs import LegState
+from pipeline.worker.metrics import WorkerMetrics
+from pipeline.worker.offsets import OffsetTracker, TopicPartition
+
+log = logging.getLogger("callqa.worker")
+
+
+# ---- ports ----------------------------------------------------------------------------------------
+class OutputPort(Protocol):
+    """Where contract messages go (Kafka in the worker). Returns an awaitable that resolves on delivery."""
+
+    async def publish(self, topic: str, key: str, message: Message) -> Awaitable[Any]: ...
+
+
+@dataclass(frozen=True)
+class Transcription:
+    text: str
+    avg_logprob: float
+    no_speech_prob: float
+    confidence: float
+    model_name: str
+    model_version: int
+    batch_size: int
+    batcher_wait_ms: float
+    inference_ms: float
+    is_silence: bool = False  # Whisper's no-speech verdict: no transcript is emitted
+
+
+class SegmentTranscriber(Protocol):
+    """The shared micro-batcher, seen from the worker: waits (back-pressure) when its queue is full."""
+
+    async def transcribe(self, audio_16k: np.ndarray) -> Transcription: ...
+
+
+# ---- state ----------------------------------------------------------------------------------------
+@dataclass
+class CallState:
+    call_id: str
+    start: CallEvent | None = None
+    end: CallEvent | None = None
+    legs: dict[str, LegState] = field(default_factory=dict)
+    analyzer: CallAnalyzer | None = None
+    pending: set[asyncio.Task[None]] = field(default_factory=set)
+    deliveries: list[Awaitable[Any]] = field(default_factory=list)
+    segments_done: int = 0
+    audio_tp: TopicPartition | None = None
+    last_frame_produced_ms: int = 0  # producer time of the newest frame seen (stream time)
+    last_activity_ms: int = field(default_factory=now_ms)  # wall time, for calls with no audio at all
+    end_consumed_ms: int = 0
+    started_at_ms: int = field(default_factory=now_ms)
+    finishing: bool = False
+
+    def frames_complete(self) -> bool:
+        if self.end is None:
+            return False
+        counts = self.end.frame_counts
+        return all(
+            leg in self.legs and self.legs[leg].frames_released + self.legs[leg].reorder.held >= n
+            for leg, n in counts.items()
+        )
+
+
+@dataclass
+class ProcessorCounters:
+    duplicates: int = 0
+    late: int = 0
+    gaps: int = 0
+    after_finish: int = 0
+
+
+class InflightBudget:
+    """Bounds decoded audio submitted for inference and not yet transcribed (bytes)."""
+
+    def __init__(self, limit_bytes: int) -> None:
+        self.limit = limit_bytes
+        self.used = 0
+        self._cond = asyncio.Condition()
+
+    async def acquire(self, n: int) -> None:
+        async with self._cond:
+            # A single segment larger than the budget still goes through once nothing else is in flight.
+            await self._cond.wait_for(lambda: self.used == 0 or self.used + n <= self.limit)
+            self.used += n
+
+    async def release(self, n: int) -> None:
+        async with self._cond:
+            self.used -= n
+            self._cond.notify_all()
+
+
+class StreamClock:
+    """Stream time per audio partition: the newest producer timestamp consumed from it."""
+
+    def __init__(self) -> None:
+        self._produced: dict[TopicPartition, int] = {}
+
+    def advance(self, tp: TopicPartition, produced_at_ms: int) -> None:
+        self._produced[tp] = max(self._produced.get(tp, 0), produced_at_ms)
+
+    def now(self, tp: TopicPartition) -> int:
+        return self._produced.get(tp, 0)
+
+
+class CallProcessor:
+    def __init__(
+        self,
+        settings: Settings,
+        transcriber: SegmentTranscriber,
+        output: OutputPort,
+        sink: RowSink,
+        front_ends: Callable[[int, str], LegFrontEnd],
+        qa_config: QaConfig,
+        metrics: WorkerMetrics | None = None,
+        is_finished_elsewhere: Callable[[str], Awaitable[bool]] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.transcriber = transcriber
+        self.output = output
+        self.sink = sink
+        self.front_ends = front_ends
+        self.qa_config = qa_config
+        self.metrics = metrics or WorkerMetrics()
+        self.offsets = OffsetTracker()
+        self.clock = StreamClock()
+        # Messages not yet consumed on a partition (the app asks Kafka; without Kafka: caught up).
+        self.lag: Callable[[TopicPartition], int] = lambda tp: 0
+        self.budget = InflightBudget(settings.max_inflight_audio_mb * 1024 * 1024)
+        self.calls: dict[str, CallState] = {}
+        self.finished: OrderedDict[str, None] = OrderedDict()  # recently finished calls (bounded)
+        self.awaiting_release: list[CallState] = []
+        self.counters = ProcessorCounters()
+        self._is_finished_elsewhere = is_finished_elsewhere
+
+    # ---- input ---------------------------------------------------------------------------------
+    async def on_frame(self, tp: TopicPartition, offset: int, frame: AudioFrame) -> None:
+        consumed_ms = now_ms()
+        call = await self._call_for(frame.call_id)
+        if call is None or call.finishing:
+            self.offsets.consumed(tp, offset, None)
+            self.counters.after_finish += 1
+            self.metrics.frames_dropped.labels("after_call_end").inc()
+            return
+        self.offsets.consumed(tp, offset, call.call_id)
+        self.clock.advance(tp, frame.produced_at_ms)
+        self.metrics.frames.inc()
+        call.audio_tp = tp
+        call.last_frame_produced_ms = max(call.last_frame_produced_ms, frame.produced_at_ms)
+        call.last_activity_ms = consumed_ms
+        leg = self._leg(call, frame)
+        before = _stats_tuple(leg)
+        segments = leg.accept(frame.seq, frame.payload, frame.produced_at_ms)
+        self._count_reorder(leg, before)
+        for seg in segments:
+            await self._submit(call, leg, seg, consumed_ms)
+        if call.end is not None and call.frames_complete():
+            await self._finish(call, call.end.event_type)
+
+    async def on_event(self, tp: TopicPartition, offset: int, event: CallEvent) -> None:
+        call = await self._call_for(event.call_id)
+        if call is None or call.finishing:
+            self.offsets.consumed(tp, offset, None)
+            return
+        self.offsets.consumed(tp, offset, call.call_id)
+        call.last_activity_ms = now_ms()
+        if event.event_type == "start":
+            call.start = event
+            call.started_at_ms = event.at_ms
+            return
+        call.end = event
+        call.end_consumed_ms = now_ms()
+        if event.event_type == "abort" or call.frames_complete():
+            await self._finish(call, event.event_type)
+        # Otherwise frames are still on their way on the audio topic; tick() closes the call once the
+        # audio partition's stream time has passed the end event (plus a grace), or all frames came.
+
+    def dead_letter_message(
+        self, tp: TopicPartition, offset: int, key: bytes | None, raw: bytes, exc: BaseException
+    ) -> DeadLetter:
+        reason = f"{tp[0]}[{tp[1]}]@{offset}: {type(exc).__name__}: {str(exc)[:300]}"
+        self.metrics.dead_letters.labels(type(exc).__name__).inc()
+        self.offsets.consumed(tp, offset, None)
+        return DeadLetter(tp[0], tp[1], offset, reason, raw, key=key, error_type=type(exc).__name__,
+                          worker_id=self.settings.worker_id)
+
+    # ---- timers --------------------------------------------------------------------------------
+    async def tick(self) -> None:
+        """Close calls whose end event's grace has passed, or that went quiet (no end event ever came).
+
+        Both are judged in stream time (producer timestamps of the audio partition the call is on), not
+        wall time: after a backlog the worker reads old audio fast, and a wall clock would close calls
+        whose frames are merely queued behind other calls' frames.
+        """
+        timeout_ms = self.settings.call_inactivity_timeout_s * 1000
+        grace_ms = self.settings.end_grace_ms
+        wall = now_ms()
+        for call in list(self.calls.values()):
+            if call.finishing:
+                continue
+            tp = call.audio_tp
+            caught_up = tp is None or self.lag(tp) <= 0
+            # Caught up, the wall clock is stream time; behind, the partition's producer time is.
+            stream_now = wall if caught_up or tp is None else self.clock.now(tp)
+            last = call.last_frame_produced_ms if tp is not None else call.last_activity_ms
+            if call.end is not None and (
+                (caught_up and wall - call.end_consumed_ms >= grace_ms)
+                or (not caught_up and stream_now >= call.end.at_ms + grace_ms)
+            ):
+                await self._finish(call, call.end.event_type)
+            elif stream_now - last >= timeout_ms:
+                log.info("call %s: no audio for %.0f s of stream time, closing it", call.call_id,
+                         (stream_now - last) / 1000)
+                await self._finish(call, "timeout")
+        self.metrics.active_calls.set(len(self.calls))
+        self.metrics.active_legs.set(sum(len(c.legs) for c in self.calls.values()))
+        self.metrics.inflight_audio_bytes.set(self.budget.used)
+
+    async def make_durable(self) -> dict[TopicPartition, int]:
+        """Wait for finished calls' outputs to be durable, release their offsets; return what may be committed."""
+        ready = [c for c in self.awaiting_release if not c.pending]
+        if ready:
+            for call in ready:
+                await asyncio.gather(*call.deliveries)
+            await self.sink.flush()
+            for call in ready:
+                self.offsets.release(call.call_id)
+                self.awaiting_release.remove(call)
+        return self.offsets.committable()
+
+    async def drain(self) -> None:
+        """Finish in-flight inference (on shutdown); calls stay open and will be replayed."""
+        tasks = [t for c in self.calls.values() for t in c.pending]
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    # ---- internals -----------------------------------------------------------------------------
+    async def _call_for(self, call_id: str) -> CallState | None:
+        call = self.calls.get(call_id)
+        if call is not None:
+            return call
+        if call_id in self.finished:
+            return None
+        if self._is_finished_elsewhere is not None and await self._is_finished_elsewhere(call_id):
+            # Tail of a call finished before a restart: its results are stored already.
+            self._remember_finished(call_id)
+            return None
+        call = self.calls[call_id] = CallState(call_id)
+        call.analyzer = CallAnalyzer(call_id, self.qa_config)
+        return call
+
+    def _leg(self, call: CallState, frame: AudioFrame) -> LegState:
+        leg = call.legs.get(frame.leg)
+        if leg is None:
+            frame_ms = max(1, round(len(frame.payload) / _bytes_per_ms(frame)))
+            leg = call.legs[frame.leg] = LegState.open(
+                call.call_id, frame.leg, self.front_ends(frame.sample_rate, frame.encoding), frame_ms,
+                self.settings.max_segment_ms, self.settings.reorder_window_frames,
+            )
+        return leg
+
+    def _count_reorder(self, leg: LegState, before: tuple[int, int, int]) -> None:
+        s = leg.reorder.stats
+        dup, late, gaps = s.duplicates - before[0], s.late - before[1], s.gaps_filled - before[2]
+        if dup:
+            self.counters.duplicates += dup
+            self.metrics.frames_dropped.labels("duplicate").inc(dup)
+        if late:
+            self.counters.late += late
+            self.metrics.frames_dropped.labels("late").inc(late)
+            log.info("call %s %s: %d frame(s) arrived after their place was filled with silence",
+                     leg.call_id, leg.leg, late)
+        if gaps:
+            self.counters.gaps += gaps
+            self.metrics.gap_frames.inc(gaps)
+
+    async def _submit(self, call: CallState, leg: LegState, seg: SpeechSegment, consumed_ms: int) -> None:
+        nbytes = seg.audio.nbytes
+        await self.budget.acquire(nbytes)  # back-pressure: the agent waits, Kafka fetching pauses
+        task = asyncio.create_task(self._transcribe(call, leg, seg, consumed_ms, nbytes))
+        call.pending.add(task)
+        task.add_done_callback(call.pending.discard)
+
+    async def _transcribe(self, call: CallState, leg: LegState, seg: SpeechSegment, consumed_ms: int,
+                          nbytes: int) -> None:
+        closed_ms = now_ms()
+        segment_id = f"{call.call_id}/{leg.leg}/{seg.start_ms:09d}"
+        try:
+            result = await self.transcriber.transcribe(seg.audio)
+        except Exception as exc:  # noqa: BLE001 - one failed segment must not stop the call
+            self.metrics.segment_failures.inc()
+            log.warning("segment %s failed: %s", segment_id, exc)
+            await self._publish(call, self.settings.topic_dead_letters, call.call_id, DeadLetter(
+                self.settings.topic_audio, -1, -1, f"segment {segment_id}: inference failed: {exc}",
+                _pcm16(seg.audio), key=call.call_id.encode(), error_type=type(exc).__name__,
+                worker_id=self.settings.worker_id,
+            ))
+            return
+        finally:
+            await self.budget.release(nbytes)
+        if result.is_silence or not result.text.strip():
+            self.metrics.segments.labels("silence").inc()
+            return
+        await self._emit_segment(call, leg, seg, segment_id, result, consumed_ms, closed_ms)
+
+    async def _emit_segment(self, call: CallState, leg: LegState, seg: SpeechSegment, segment_id: str,
+                            r: Transcription, consumed_ms: int, closed_ms: int) -> None:
+        assert call.analyzer is not None
+        analyzed = call.analyzer.process(Segment(call.call_id, leg.leg, segment_id,  # type: ignore[arg-type]
+                                                 seg.start_ms, seg.end_ms, r.text.strip()))
+        text = analyzed.redacted.text  # the analyzer redacts unless redaction is explicitly off
+        produced = now_ms()
+        last_frame_ms = leg.produced_at(seg.end_ms) or consumed_ms
+        transcript = TranscriptSegment(
+            segment_id=segment_id, call_id=call.call_id, leg=leg.leg,  # type: ignore[arg-type]
+            start_ms=seg.start_ms, end_ms=seg.end_ms, text=text, is_final=True,
+            confidence=r.confidence, avg_logprob=r.avg_logprob, no_speech_prob=r.no_speech_prob,
+            model_name=r.model_name, model_version=r.model_version,
+            redactions=sum(analyzed.redacted.counts.values()),
+            first_frame_produced_at_ms=leg.produced_at(seg.start_ms + 1), segment_closed_at_ms=closed_ms,
+            batch_size=r.batch_size, batcher_wait_ms=r.batcher_wait_ms, inference_ms=r.inference_ms,
+            produced_at_ms=produced,
+        )
+        latency = LatencyMetric(
+            segment_id=segment_id, call_id=call.call_id, leg=leg.leg, is_final=True,  # type: ignore[arg-type]
+            frame_to_consume_ms=float(max(0, consumed_ms - last_frame_ms)),
+            batcher_wait_ms=r.batcher_wait_ms, batch_size=r.batch_size, inference_ms=r.inference_ms,
+            end_to_end_ms=float(max(0, produced - last_frame_ms)), worker_id=self.settings.worker_id,
+            measured_at_ms=produced,
+        )
+        await self._publish(call, self.settings.topic_transcripts, call.call_id, transcript)
+        await self._publish(call, self.settings.topic_latency, call.call_id, latency)
+        for ev in analyzed.events:
+            self.metrics.qa_alerts.labels(ev.rule).inc()
+            await self._publish(call, self.settings.topic_qa, call.call_id, QaAlert(
+                call.call_id, ev.rule, ev.category, ev.leg, ev.kind, ev.offset_ms, ev.text, ev.severity,
+            ))
+        await self.sink.write("segments", [_segment_row(transcript)])
+        await self.sink.write("latency", [_latency_row(latency)])
+        call.segments_done += 1
+        self.metrics.segments.labels("final").inc()
+        self.metrics.final_delay.observe(latency.end_to_end_ms / 1000)
+        self.metrics.batch_size.observe(r.batch_size)
+
+    async def _finish(self, call: CallState, how: str) -> None:
+        """Flush the legs, wait for the call's segments, then emit the call's QA and row."""
+        if call.finishing:
+            return
+        call.finishing = True
+        counts = call.end.frame_counts if call.end else {}
+        for leg in call.legs.values():
+            before = _stats_tuple(leg)
+            segments = leg.finish(counts.get(leg.leg))
+            self._count_reorder(leg, before)
+            for seg in segments:
+                await self._submit(call, leg, seg, now_ms())
+        task = asyncio.create_task(self._complete(call, how))
+        call.pending.add(task)
+        task.add_done_callback(call.pending.discard)
+
+    async def _complete(self, call: CallState, how: str) -> None:
+        current = asyncio.current_task()
+        await asyncio.gather(*[t for t in call.pending if t is not current], return_exceptions=True)
+        assert call.analyzer is not None
+        audio_ms = max((leg.frames_released * leg.frame_ms for leg in call.legs.values()), default=0)
+        result = call.analyzer.finalize(audio_ms)
+        start = call.start or call.end
+        qa = CallQA(
+            call_id=call.call_id, score_pct=result.score_pct, auto_failed=result.auto_failed,
+            metrics={k: float(v) for k, v in result.metrics.items()},
+            # An item whose metric the call lacks (passed None) is not applicable: it is not scored.
+            items=[QaItem(i.question, float(i.weight), bool(i.passed), i.rationale, bool(i.auto_fail))
+                   for i in result.items if i.passed is not None],
+            events=[_event_message(e) for e in result.events],
+            tenant=start.tenant if start else "", agent_id=start.agent_id if start else "",
+            scorecard=result.scorecard,
+        )
+        await self._publish(call, self.settings.topic_qa, call.call_id, qa)
+        ended = now_ms()
+        await self.sink.write("calls", [{
+            "call_id": call.call_id, "tenant": qa.tenant, "agent_id": qa.agent_id,
+            "queue": start.queue if start else "", "direction": start.direction if start else "inbound",
+            "legs": sorted(call.legs), "started_at": _dt(call.started_at_ms), "ended_at": _dt(ended),
+            "end_reason": how, "segments": call.segments_done, "audio_ms": audio_ms, "updated_at": _dt(ended),
+        }])
+        await self.sink.write("call_qa", [_call_qa_row(qa)])
+        if result.events:
+            await self.sink.write("qa_events", [_qa_event_row(call.call_id, e) for e in result.events])
+        self.metrics.calls_finished.labels(how).inc()
+        del self.calls[call.call_id]
+        self._remember_finished(call.call_id)
+        self.awaiting_release.append(call)
+
+    async def _publish(self, call: CallState, topic: str, key: str, message: Message) -> None:
+        call.deliveries.append(await self.output.publish(topic, key, message))
+
+    def _remember_finished(self, call_id: str) -> None:
+        self.finished[call_id] = None
+        while len(self.finished) > 100_000:
+            self.finished.popitem(last=False)
+
+
+# ---- rows -----------------------------------------------------------------------------------------
+def _dt(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, tz=UTC)
+
+
+def _segment_row(t: TranscriptSegment) -> dict[str, Any]:
+    return {
+        "segment_id": t.segment_id, "call_id": t.call_id, "leg": t.leg, "start_ms": t.start_ms,
+        "end_ms": t.end_ms, "text": t.text, "confidence": t.confidence, "avg_logprob": t.avg_logprob,
+        "no_speech_prob": t.no_speech_prob, "is_final": int(t.is_final), "model_name": t.model_name,
+        "model_version": t.model_version, "redactions": t.redactions, "produced_at": _dt(t.produced_at_ms),
+    }
+
+
+def _latency_row(m: LatencyMetric) -> dict[str, Any]:
+    return {
+        "segment_id": m.segment_id, "call_id": m.call_id, "leg": m.leg, "batch_size": m.batch_size,
+        "batcher_wait_ms": m.batcher_wait_ms, "inference_ms": m.inference_ms,
+        "frame_to_consume_ms": m.frame_to_consume_ms, "end_to_end_ms": m.end_to_end_ms,
+        "worker_id": m.worker_id, "measured_at": _dt(m.measured_at_ms),
+    }
+
+
+def _call_qa_row(qa: CallQA) -> dict[str, Any]:
+    return {
+        "call_id": qa.call_id, "tenant": qa.tenant, "agent_id": qa.agent_id, "score_pct": qa.score_pct,
+        "auto_failed": int(qa.auto_failed), "metrics": qa.metrics,
+        "items.question": [i.question for i in qa.items], "items.weight": [i.weight for i in qa.items],
+        "items.passed": [int(i.passed) for i in qa.items], "items.rationale": [i.rationale for i in qa.items],
+        "computed_at": _dt(qa.computed_at_ms),
+    }
+
+
+def _qa_event_row(call_id: str, e: QaEvent) -> dict[str, Any]:
+    return {
+        "call_id": call_id, "rule": e.rule, "category": e.category, "leg": e.leg, "kind": e.kind,
+        "offset_ms": max(0, e.offset_ms), "text": e.text, "severity": e.severity, "detected_at": _dt(now_ms()),
+    }
+
+
+def _event_message(e: QaEvent) -> QaEventMessage:
+    return QaEventMessage(e.rule, e.category, e.leg, e.kind, e.offset_ms, e.text, e.severity)
+
+
+def _stats_tuple(leg: LegState) -> tuple[int, int, int]:
+    s = leg.reorder.stats
+    return s.duplicates, s.late, s.gaps_filled
+
+
+def _bytes_per_ms(frame: AudioFrame) -> float:
+    per_sample = 2 if frame.encoding == "pcm16" else 1
+    return frame.sample_rate * per_sample / 1000
+
+
+def _pcm16(audio: np.ndarray) -> bytes:
+    return (np.clip(audio, -1.0, 1.0) * 32767).astype("<i2").tobytes()

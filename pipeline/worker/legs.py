@@ -1,0 +1,74 @@
+"""One call leg inside the worker: a jitter buffer in front of the engine's leg front end."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pipeline.asr.engine import LegFrontEnd
+from pipeline.segmentation.segmenter import SpeechSegment
+from pipeline.worker.reorder import FrameReorderBuffer, ReleasedFrame
+
+
+@dataclass
+class LegState:
+    call_id: str
+    leg: str
+    front_end: LegFrontEnd  # decode -> 16 kHz -> VAD segmenter, the same path `callqa transcribe` takes
+    frame_ms: int
+    reorder: FrameReorderBuffer
+    keep_frames: int
+    frames_released: int = 0
+    # Producer time of recent frames by seq, so a segment knows when its audio was produced.
+    produced_at_ms: dict[int, int] = field(default_factory=dict)
+    finished: bool = False
+
+    @classmethod
+    def open(cls, call_id: str, leg: str, front_end: LegFrontEnd, frame_ms: int, max_segment_ms: int,
+             reorder_window: int) -> LegState:
+        return cls(
+            call_id=call_id, leg=leg, front_end=front_end, frame_ms=frame_ms,
+            reorder=FrameReorderBuffer(reorder_window),
+            keep_frames=(max_segment_ms + 2000) // frame_ms + 2 * reorder_window,
+        )
+
+    @property
+    def frame_samples(self) -> int:
+        return self.front_end.sample_rate * self.frame_ms // 1000
+
+    def accept(self, seq: int, payload: bytes, produced_at_ms: int) -> list[SpeechSegment]:
+        self.produced_at_ms[seq] = produced_at_ms
+        if seq % 256 == 0:  # keep only what the longest possible segment can still reach
+            keep_from = seq - self.keep_frames
+            for k in [k for k in self.produced_at_ms if k < keep_from]:
+                del self.produced_at_ms[k]
+        return self._feed(self.reorder.push(seq, payload))
+
+    def finish(self, total_frames: int | None) -> list[SpeechSegment]:
+        """End of the leg: release held frames (filling gaps up to ``total_frames``), close any segment."""
+        if self.finished:
+            return []
+        self.finished = True
+        return self._feed(self.reorder.flush(total_frames)) + self.front_end.finish()
+
+    def produced_at(self, at_ms: int) -> int:
+        """Producer time of the frame holding ``at_ms`` (or the nearest earlier one still known)."""
+        idx = max(0, (at_ms - 1) // self.frame_ms)
+        for k in range(idx, max(-1, idx - 50), -1):
+            if k in self.produced_at_ms:
+                return self.produced_at_ms[k]
+        return 0
+
+    def _feed(self, released: list[ReleasedFrame]) -> list[SpeechSegment]:
+        if not released:
+            return []
+        self.frames_released += len(released)
+        if all(f.payload is not None for f in released):
+            payload = b"".join(f.payload for f in released if f.payload is not None)
+            return self.front_end.accept(payload)
+        silence = np.zeros(self.frame_samples, dtype=np.float32)
+        out: list[SpeechSegment] = []
+        for f in released:  # a gap, filled with silence so the call's timing holds
+            out += self.front_end.accept(f.payload) if f.payload is not None else self.front_end.accept_samples(silence)
+        return out

@@ -1,0 +1,58 @@
+"""Prometheus metrics of the worker, served at /metrics on its web port.
+
+Names match the Operations dashboard and the alert rules in dashboards/prometheus/.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
+
+# Delays of a few tens of ms up to tens of seconds (a backlog after an overload).
+DELAY_BUCKETS = (0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0)
+
+
+class WorkerMetrics:
+    """One registry per worker so tests can run several workers' cores in one process."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        ProcessCollector(registry=r)  # process_resident_memory_bytes, for the memory alert
+        self.active_calls = Gauge("callqa_active_calls", "Calls with state in this worker.", registry=r)
+        self.active_legs = Gauge("callqa_active_legs", "Call legs with state in this worker.", registry=r)
+        self.final_delay = Histogram(
+            "callqa_final_delay_seconds", "Segment end (last frame produced) -> final transcript produced.",
+            buckets=DELAY_BUCKETS, registry=r,
+        )
+        self.partial_delay = Histogram(
+            "callqa_partial_delay_seconds", "Audio captured -> partial transcript produced.",
+            buckets=DELAY_BUCKETS, registry=r,
+        )
+        self.batch_size = Histogram(
+            "callqa_batch_size", "Segments per inference batch.", buckets=(1, 2, 4, 6, 8, 12, 16, 24, 32), registry=r,
+        )
+        self.inference_seconds = Histogram(
+            "callqa_inference_seconds", "Encoder+decoder time per batch.", buckets=DELAY_BUCKETS, registry=r,
+        )
+        self.batcher_queue_depth = Gauge("callqa_batcher_queue_depth", "Segments waiting in the batcher.", registry=r)
+        self.inflight_audio_bytes = Gauge(
+            "callqa_inflight_audio_bytes", "Decoded audio held by open legs and queued segments.", registry=r,
+        )
+        self.consumer_lag = Gauge(
+            "callqa_consumer_lag", "Messages behind the log end, per input partition.", ["topic", "partition"],
+            registry=r,
+        )
+        self.frames = Counter("callqa_frames_total", "Audio frames consumed.", registry=r)
+        self.frames_dropped = Counter(
+            "callqa_frames_dropped_total", "Frames not used, by reason.", ["reason"], registry=r,
+        )
+        self.gap_frames = Counter("callqa_gap_frames_total", "Missing frames filled with silence.", registry=r)
+        self.segments = Counter("callqa_segments_total", "Transcript segments produced.", ["kind"], registry=r)
+        self.segment_failures = Counter("callqa_segment_failures_total", "Segments whose inference failed.", registry=r)
+        self.dead_letters = Counter("callqa_dead_letters_total", "Messages sent to the dead-letter topic.", ["reason"],
+                                    registry=r)
+        self.calls_finished = Counter("callqa_calls_finished_total", "Calls finalised, by how.", ["how"], registry=r)
+        self.qa_alerts = Counter("callqa_qa_alerts_total", "Live QA alerts raised.", ["rule"], registry=r)
+        self.store_buffered_rows = Gauge("callqa_store_buffered_rows", "Rows waiting for ClickHouse.", registry=r)
+        self.store_retries = Gauge("callqa_store_retries", "ClickHouse insert retries so far.", registry=r)
+        self.commits = Counter("callqa_offset_commits_total", "Input offset commits.", registry=r)
+        self.model_version = Gauge("callqa_model_version", "Version of the model new segments use.", registry=r)
