@@ -12,7 +12,7 @@ import onnx
 
 from pipeline.asr.ct2 import find_source, load_source, load_suppress_config
 from pipeline.asr.graph import build_decoder, build_encoder
-from pipeline.asr.manifest import Manifest, model_versions, sha256_of
+from pipeline.asr.manifest import GRAPH_FORMAT, Manifest, model_versions, sha256_of
 
 SAMPLE_RATE = 16000
 VOCABULARY_FILE = "vocabulary.txt"
@@ -80,6 +80,7 @@ def build_model(name: str, models_dir: Path, version: int | None = None) -> Buil
             suppress_ids=suppress["suppress_ids"],
             suppress_ids_begin=suppress["suppress_ids_begin"],
             tools=_tool_versions(),
+            graph_format=GRAPH_FORMAT,
         )
         manifest.write(work)
         work.chmod(0o755)  # mkdtemp makes it private; a model folder is shared read-only data

@@ -21,15 +21,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pipeline.asr.onnx_model import WhisperOnnx
-from pipeline.asr.vocabulary import END_OF_TEXT, NO_SPEECH, NO_TIMESTAMPS, START_OF_TRANSCRIPT
+from pipeline.asr.onnx_model import DecoderStepInputs, WhisperOnnx
 
 FRAMES_PER_SECOND = 100
 MAX_WINDOW_FRAMES = 3000
-# Special ids that faster-whisper always suppresses beside config.json's list (transcribe, translate,
-# start-of-transcript, start-of-prev, start-of-lm, no-speech).
-_ALWAYS_SUPPRESSED = (50358, 50357, 50257, 50360, 50359, 50361)
-PROMPT = (START_OF_TRANSCRIPT, NO_TIMESTAMPS)
 
 
 @dataclass(frozen=True)
@@ -53,7 +48,7 @@ class DecodeOptions:
     token_allowance: int = 6
     max_new_tokens: int = 224
     suppress_ids: tuple[int, ...] = ()
-    suppress_ids_begin: tuple[int, ...] = (220, END_OF_TEXT)
+    suppress_ids_begin: tuple[int, ...] = (220, 50256)  # blank and <|endoftext|> (tiny.en ids)
     loop_copies: int = 3
     full_window_retry: bool = True
 
@@ -110,19 +105,15 @@ def pad_window(mel: np.ndarray, frames: int) -> np.ndarray:
     return out
 
 
-def _log_softmax_rows(logits: np.ndarray) -> np.ndarray:
-    top = logits.max(axis=-1, keepdims=True)
-    return logits - (top + np.log(np.exp(logits - top).sum(axis=-1, keepdims=True)))
-
-
 class GreedyDecoder:
     """Decodes lists of log-mel segments with one model; not thread-safe (one batch at a time)."""
 
     def __init__(self, model: WhisperOnnx, options: DecodeOptions) -> None:
         self.model = model
         self.options = options
-        vocab = int(model.decoder.get_outputs()[0].shape[2])
-        suppressed = set(options.suppress_ids) | set(_ALWAYS_SUPPRESSED)
+        self.specials = model.vocabulary.specials
+        vocab = int(model.decoder.get_inputs()[-2].shape[0])  # logit_bias [V]
+        suppressed = set(options.suppress_ids) | set(self.specials.always_suppressed)
         self._suppress = np.zeros(vocab, np.float32)
         self._suppress[sorted(i for i in suppressed if i < vocab)] = -np.inf
         self._suppress_begin = self._suppress.copy()
@@ -130,25 +121,25 @@ class GreedyDecoder:
 
     def _encode(
         self, mels: list[np.ndarray], window: WindowPolicy
-    ) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray, list[int]]:
+    ) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray, list[int]]:
         """Encode each window-length group once; return cross K/V padded to the longest, and its mask."""
         windows = [window.window_frames(m.shape[1]) for m in mels]
         groups: dict[int, list[int]] = {}
         for row, frames in enumerate(windows):
             groups.setdefault(frames, []).append(row)
         longest = max(windows) // 2
-        cross_k = cross_v = np.empty(0, np.float32)
+        cross: list[tuple[np.ndarray, np.ndarray]] = []
         mask = np.zeros((len(mels), longest), np.float32)
         for frames, rows in groups.items():
-            batch = np.stack([pad_window(mels[r], frames) for r in rows])
-            k, v = self.model.encode(batch)
-            if cross_k.size == 0:
-                shape = (k.shape[0], len(mels), k.shape[2], longest, k.shape[4])
-                cross_k, cross_v = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
-            cross_k[:, rows, :, : frames // 2] = k
-            cross_v[:, rows, :, : frames // 2] = v
+            encoded = self.model.encode(np.stack([pad_window(mels[r], frames) for r in rows]))
+            if not cross:
+                shape = (len(mels), encoded[0][0].shape[1], longest, encoded[0][0].shape[3])
+                cross = [(np.zeros(shape, np.float32), np.zeros(shape, np.float32)) for _ in encoded]
+            for (k, v), (layer_k, layer_v) in zip(cross, encoded, strict=True):
+                k[rows, :, : frames // 2] = layer_k
+                v[rows, :, : frames // 2] = layer_v
             mask[rows, : frames // 2] = 1.0
-        return (cross_k, cross_v), mask, windows
+        return cross, mask, windows
 
     def decode(
         self, mels: list[np.ndarray], durations_s: list[float]
@@ -181,32 +172,48 @@ class GreedyDecoder:
         encoded = time.perf_counter()
         caps = np.array([self.options.token_cap(d) for d in durations_s])
         rows = len(mels)
+        eot = self.specials.end_of_text
         tokens: list[list[int]] = [[] for _ in range(rows)]
         logprob_sum = np.zeros(rows)
         done = np.zeros(rows, bool)
         guarded = np.zeros(rows, bool)  # stopped by the token cap or the loop stop, not by <|endoftext|>
-        step_tokens = np.tile(np.array(PROMPT, np.int64), (rows, 1))
-        cache = self.model.empty_cache(rows)
+        step = DecoderStepInputs(
+            tokens=np.zeros((rows, 1), np.int64),
+            past=self.model.empty_cache(rows),
+            cross=cross,
+            cross_mask=mask,
+            logit_bias=self._suppress,
+            no_speech_id=self.specials.no_speech,
+        )
+        # The prompt goes in one token per step, so every step projects a single position; the step
+        # that reads <|startoftranscript|> gives the no-speech probability.
         no_speech = np.zeros(rows)
-        steps = 0
-        while not done.all():
-            logits, cache = self.model.decode_step(step_tokens, cache, cross, mask)
-            if steps == 0:
-                no_speech = np.exp(_log_softmax_rows(logits[:, 0, :])[:, NO_SPEECH])
-            scores = _log_softmax_rows(
-                logits[:, -1, :] + (self._suppress_begin if steps == 0 else self._suppress)
+        for position, prompt_token in enumerate(self.specials.prompt):
+            step.tokens = np.full((rows, 1), prompt_token, np.int64)
+            step.logit_bias = (
+                self._suppress_begin if position == len(self.specials.prompt) - 1 else self._suppress
             )
-            chosen = scores.argmax(axis=-1)
+            out = self.model.decode_step(step)
+            step.past = out.present
+            if prompt_token == self.specials.start_of_transcript:
+                no_speech = out.no_speech_prob.astype(np.float64)
+        step.logit_bias = self._suppress
+        steps = len(self.specials.prompt)
+        while True:
             for row in np.flatnonzero(~done):
-                token = int(chosen[row])
-                logprob_sum[row] += scores[row, token]
-                if token == END_OF_TEXT:
+                token = int(out.next_token[row])
+                logprob_sum[row] += float(out.next_logprob[row])
+                if token == eot:
                     done[row] = True
                     continue
                 tokens[row].append(token)
                 if len(tokens[row]) >= caps[row] or ends_in_loop(tokens[row], self.options.loop_copies):
                     done[row] = guarded[row] = True
-            step_tokens = np.where(done, END_OF_TEXT, chosen).reshape(rows, 1).astype(np.int64)
+            if done.all():
+                break
+            step.tokens = np.where(done, eot, out.next_token).reshape(rows, 1).astype(np.int64)
+            out = self.model.decode_step(step)
+            step.past = out.present
             steps += 1
         finished = time.perf_counter()
         tokens = [cut_loop(t) if guarded[r] else t for r, t in enumerate(tokens)]

@@ -22,7 +22,7 @@ import numpy as np
 
 from pipeline.asr.batcher import SegmentBatcher
 from pipeline.asr.build import build_model
-from pipeline.asr.manifest import ModelNotBuiltError, latest_model_folder
+from pipeline.asr.manifest import GRAPH_FORMAT, Manifest, ModelNotBuiltError, latest_model_folder
 from pipeline.asr.recognizer import Recognizer
 from pipeline.asr.results import SegmentAudio, TranscriptResult
 from pipeline.audio import codecs
@@ -83,12 +83,15 @@ class Engine:
 
     @classmethod
     def load(cls, name: str | None = None, *, settings: Settings | None = None, build: bool = True) -> Engine:
-        """Load the newest built version of `name` (default: settings.model), building it if missing."""
+        """Load the newest built version of `name` (default: settings.model), building it if missing or
+        built for another graph format."""
         settings = settings or get_settings()
         name = name or settings.model
         models_dir = Path(settings.models_dir)
         try:
             folder = latest_model_folder(models_dir, name)
+            if Manifest.read(folder).graph_format != GRAPH_FORMAT and build:
+                folder = build_model(name, models_dir).folder  # built by an older callqa: next version
         except ModelNotBuiltError:
             if not build:
                 raise

@@ -167,13 +167,15 @@ def _encoder_layer(g: GraphWriter, x: str, prefix: str, dims: Dims) -> str:
     return g.ffn(x, f"{prefix}/ffn")
 
 
-def _stack(g: GraphWriter, tensors: list[str], hint: str) -> str:
-    axis0 = g.const(np.array([0], np.int64))
-    return g.op("Concat", [g.op("Unsqueeze", [t, axis0]) for t in tensors], hint=hint, axis=0)
+def _heads_info(name: str, dims: Dims, length: str) -> onnx.ValueInfoProto:
+    """A [batch, heads, length, head_dim] float tensor: one layer's keys or values."""
+    return helper.make_tensor_value_info(
+        name, TensorProto.FLOAT, ["batch", dims.heads, length, dims.head_dim]
+    )
 
 
 def build_encoder(model: Ct2Model) -> onnx.ModelProto:
-    """mel [B, n_mels, T] (T even) -> cross_k, cross_v [L, B, H, T/2, Dh]."""
+    """mel [B, n_mels, T] (T even) -> cross_k_<l>, cross_v_<l> [B, H, T/2, Dh] for every decoder layer l."""
     dims = Dims.of(model)
     g = GraphWriter(model)
     n_mels = int(model.get("encoder/conv1/weight").shape[1])
@@ -207,22 +209,19 @@ def build_encoder(model: Ct2Model) -> onnx.ModelProto:
     for layer in range(dims.encoder_layers):
         x = _encoder_layer(g, x, f"encoder/layer_{layer}", dims)
     encoded = g.layer_norm(x, "encoder/layer_norm")
-    keys, values = [], []
+    outputs = []
     for layer in range(dims.decoder_layers):
         fused = f"decoder/layer_{layer}/attention/linear_1"
-        keys.append(g.split_heads(g.linear(encoded, fused, _fused_rows(dims, 0), bias=False), dims))
-        values.append(g.split_heads(g.linear(encoded, fused, _fused_rows(dims, 1)), dims))
-    g.nodes.append(helper.make_node("Identity", [_stack(g, keys, "k")], ["cross_k"]))
-    g.nodes.append(helper.make_node("Identity", [_stack(g, values, "v")], ["cross_v"]))
-    cross_shape: list[str | int | None] = [dims.decoder_layers, "batch", dims.heads, "frames", dims.head_dim]
-    return g.finish(
-        "whisper_encoder",
-        [helper.make_tensor_value_info("mel", TensorProto.FLOAT, ["batch", n_mels, "mel_frames"])],
-        [
-            helper.make_tensor_value_info("cross_k", TensorProto.FLOAT, cross_shape),
-            helper.make_tensor_value_info("cross_v", TensorProto.FLOAT, cross_shape),
-        ],
-    )
+        key = g.split_heads(g.linear(encoded, fused, _fused_rows(dims, 0), bias=False), dims)
+        value = g.split_heads(g.linear(encoded, fused, _fused_rows(dims, 1)), dims)
+        g.nodes.append(helper.make_node("Identity", [key], [f"cross_k_{layer}"]))
+        g.nodes.append(helper.make_node("Identity", [value], [f"cross_v_{layer}"]))
+        outputs += [
+            _heads_info(f"cross_k_{layer}", dims, "frames"),
+            _heads_info(f"cross_v_{layer}", dims, "frames"),
+        ]
+    mel = helper.make_tensor_value_info("mel", TensorProto.FLOAT, ["batch", n_mels, "mel_frames"])
+    return g.finish("whisper_encoder", [mel], outputs)
 
 
 def _causal_bias(g: GraphWriter, offset: str, new_len: str) -> str:
@@ -237,45 +236,61 @@ def _causal_bias(g: GraphWriter, offset: str, new_len: str) -> str:
     return g.op("Where", [hidden, g.const(np.array(_NEG, np.float32)), g.const(np.array(0.0, np.float32))])
 
 
-def _decoder_layer(
-    g: GraphWriter, x: str, layer: int, dims: Dims, masks: tuple[str, str]
-) -> tuple[str, str, str]:
+def _decoder_layer(g: GraphWriter, x: str, layer: int, dims: Dims, masks: tuple[str, str]) -> str:
     prefix = f"decoder/layer_{layer}"
     causal, cross_bias = masks
-    index = g.const(np.array(layer, np.int64))
     normed = g.layer_norm(x, f"{prefix}/self_attention/layer_norm")
     fused = f"{prefix}/self_attention/linear_0"
     q = g.split_heads(g.linear(normed, fused, _fused_rows(dims, 0)), dims)
     k_new = g.split_heads(g.linear(normed, fused, _fused_rows(dims, 1), bias=False), dims)
     v_new = g.split_heads(g.linear(normed, fused, _fused_rows(dims, 2)), dims)
-    k = g.op("Concat", [g.op("Gather", ["past_k", index], axis=0), k_new], axis=2)
-    v = g.op("Concat", [g.op("Gather", ["past_v", index], axis=0), v_new], axis=2)
-    context = g.merge_heads(g.attention(q, k, v, dims, causal), dims)
+    g.nodes.append(helper.make_node("Concat", [f"past_k_{layer}", k_new], [f"present_k_{layer}"], axis=2))
+    g.nodes.append(helper.make_node("Concat", [f"past_v_{layer}", v_new], [f"present_v_{layer}"], axis=2))
+    context = g.merge_heads(g.attention(q, f"present_k_{layer}", f"present_v_{layer}", dims, causal), dims)
     x = g.op("Add", [x, g.linear(context, f"{prefix}/self_attention/linear_1")])
     normed = g.layer_norm(x, f"{prefix}/attention/layer_norm")
     q = g.split_heads(g.linear(normed, f"{prefix}/attention/linear_0"), dims)
-    cross_k = g.op("Gather", ["cross_k", index], axis=0)
-    cross_v = g.op("Gather", ["cross_v", index], axis=0)
-    context = g.merge_heads(g.attention(q, cross_k, cross_v, dims, cross_bias), dims)
+    context = g.merge_heads(g.attention(q, f"cross_k_{layer}", f"cross_v_{layer}", dims, cross_bias), dims)
     x = g.op("Add", [x, g.linear(context, f"{prefix}/attention/linear_2")])
-    return g.ffn(x, f"{prefix}/ffn"), k, v
+    return g.ffn(x, f"{prefix}/ffn")
+
+
+def _select_token(g: GraphWriter, logits: str) -> None:
+    """Greedy choice in the graph, so only three numbers per row leave it: the argmax of the biased
+    logits (`logit_bias` holds 0 or -inf per token: suppression), its log-probability under the
+    biased distribution, and the unbiased probability of the no-speech token."""
+    axis = g.const(np.array([1], np.int64))
+    biased = g.op("Add", [logits, "logit_bias"])
+    chosen = g.op("ArgMax", [biased], axis=1, keepdims=1)
+    chosen_logprob = g.op(
+        "Sub",
+        [
+            g.op("GatherElements", [biased, chosen], axis=1),
+            g.op("ReduceLogSumExp", [biased], axes=[1], keepdims=1),
+        ],
+    )
+    no_speech_logit = g.op("Gather", [logits, "no_speech_id"], axis=1)
+    no_speech_logprob = g.op(
+        "Sub", [no_speech_logit, g.op("ReduceLogSumExp", [logits], axes=[1], keepdims=1)]
+    )
+    g.nodes.append(helper.make_node("Squeeze", [chosen, axis], ["next_token"]))
+    g.nodes.append(helper.make_node("Squeeze", [chosen_logprob, axis], ["next_logprob"]))
+    g.nodes.append(helper.make_node("Squeeze", [g.op("Exp", [no_speech_logprob]), axis], ["no_speech_prob"]))
 
 
 def build_decoder(model: Ct2Model) -> onnx.ModelProto:
-    """tokens [B, N], past_k/v [L, B, H, P, Dh], cross_k/v [L, B, H, S, Dh], cross_mask [B, S] (1 = audio)
-    -> logits [B, N, vocab], present_k/v [L, B, H, P+N, Dh]."""
+    """One step for the batch. In: tokens [B, N]; per layer l past_k_<l>/past_v_<l> [B, H, P, Dh] and
+    cross_k_<l>/cross_v_<l> [B, H, S, Dh]; cross_mask [B, S] (1 = audio, 0 = padding); logit_bias [V];
+    no_speech_id [1]. Out, for the last new token: next_token [B], next_logprob [B], no_speech_prob [B];
+    present_k_<l>/present_v_<l> [B, H, P+N, Dh]."""
     dims = Dims.of(model)
     g = GraphWriter(model)
     embeddings = g.weight("decoder/embeddings/weight")
-    offset = g.shape_dim("past_k", 3)
+    offset = g.shape_dim("past_k_0", 2)
     new_len = g.shape_dim("tokens", 1)
+    one = g.const(np.array(1, np.int64))
     positions = g.op(
-        "Range",
-        [
-            g.op("Squeeze", [offset]),
-            g.op("Squeeze", [g.op("Add", [offset, new_len])]),
-            g.const(np.array(1, np.int64)),
-        ],
+        "Range", [g.op("Squeeze", [offset]), g.op("Squeeze", [g.op("Add", [offset, new_len])]), one]
     )
     pos_table = g.const(g.weight("decoder/position_encodings/encodings"), "dec_pos")
     x = g.op(
@@ -295,35 +310,39 @@ def build_decoder(model: Ct2Model) -> onnx.ModelProto:
     )
     cross_bias = g.op("Unsqueeze", [cross_bias, g.const(np.array([1, 2], np.int64))])
     masks = (_causal_bias(g, offset, new_len), cross_bias)
-    keys, values = [], []
     for layer in range(dims.decoder_layers):
-        x, k, v = _decoder_layer(g, x, layer, dims, masks)
-        keys.append(k)
-        values.append(v)
-    x = g.layer_norm(x, "decoder/layer_norm")
+        x = _decoder_layer(g, x, layer, dims, masks)
+    last = g.op(
+        "Gather",
+        [g.layer_norm(x, "decoder/layer_norm"), g.op("Squeeze", [g.op("Sub", [new_len, one])])],
+        axis=1,
+    )
     # The output projection is the token embedding (tied); a separate transposed copy lets int8
     # quantization treat it as a plain MatMul.
-    g.nodes.append(
-        helper.make_node("MatMul", [x, g.const(np.ascontiguousarray(embeddings.T), "proj")], ["logits"])
-    )
-    g.nodes.append(helper.make_node("Identity", [_stack(g, keys, "k")], ["present_k"]))
-    g.nodes.append(helper.make_node("Identity", [_stack(g, values, "v")], ["present_v"]))
-    kv = lambda name, length: helper.make_tensor_value_info(  # noqa: E731
-        name, TensorProto.FLOAT, [dims.decoder_layers, "batch", dims.heads, length, dims.head_dim]
-    )
-    return g.finish(
-        "whisper_decoder_step",
-        [
-            helper.make_tensor_value_info("tokens", TensorProto.INT64, ["batch", "new"]),
-            kv("past_k", "past"),
-            kv("past_v", "past"),
-            kv("cross_k", "frames"),
-            kv("cross_v", "frames"),
-            helper.make_tensor_value_info("cross_mask", TensorProto.FLOAT, ["batch", "frames"]),
-        ],
-        [
-            helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "new", dims.vocab]),
-            kv("present_k", "total"),
-            kv("present_v", "total"),
-        ],
-    )
+    _select_token(g, g.op("MatMul", [last, g.const(np.ascontiguousarray(embeddings.T), "proj")]))
+    inputs = [helper.make_tensor_value_info("tokens", TensorProto.INT64, ["batch", "new"])]
+    outputs = [
+        helper.make_tensor_value_info("next_token", TensorProto.INT64, ["batch"]),
+        helper.make_tensor_value_info("next_logprob", TensorProto.FLOAT, ["batch"]),
+        helper.make_tensor_value_info("no_speech_prob", TensorProto.FLOAT, ["batch"]),
+    ]
+    for layer in range(dims.decoder_layers):
+        inputs += [
+            _heads_info(f"{kind}_{layer}", dims, length)
+            for kind, length in (
+                ("past_k", "past"),
+                ("past_v", "past"),
+                ("cross_k", "frames"),
+                ("cross_v", "frames"),
+            )
+        ]
+        outputs += [
+            _heads_info(f"present_k_{layer}", dims, "total"),
+            _heads_info(f"present_v_{layer}", dims, "total"),
+        ]
+    inputs += [
+        helper.make_tensor_value_info("cross_mask", TensorProto.FLOAT, ["batch", "frames"]),
+        helper.make_tensor_value_info("logit_bias", TensorProto.FLOAT, [dims.vocab]),
+        helper.make_tensor_value_info("no_speech_id", TensorProto.INT64, [1]),
+    ]
+    return g.finish("whisper_decoder_step", inputs, outputs)

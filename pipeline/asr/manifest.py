@@ -8,6 +8,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 MANIFEST_FILE = "manifest.json"
+# Bumped whenever the graphs' inputs/outputs change: a folder built with another format is rebuilt.
+GRAPH_FORMAT = 2
 
 
 class ModelIntegrityError(RuntimeError):
@@ -16,6 +18,10 @@ class ModelIntegrityError(RuntimeError):
 
 class ModelNotBuiltError(RuntimeError):
     """No built model of that name exists in the models folder."""
+
+
+class ModelFormatError(ModelIntegrityError):
+    """A model folder was built for other graph inputs/outputs than this code runs (rebuild it)."""
 
 
 def sha256_of(path: Path) -> str:
@@ -43,6 +49,7 @@ class Manifest:
     suppress_ids: list[int]
     suppress_ids_begin: list[int]
     tools: dict[str, str] = field(default_factory=dict)
+    graph_format: int = 0
 
     def write(self, folder: Path) -> None:
         (folder / MANIFEST_FILE).write_text(json.dumps(asdict(self), indent=2) + "\n")
@@ -58,7 +65,13 @@ class Manifest:
             raise ModelIntegrityError(f"{path}: manifest unreadable ({exc})") from exc
 
     def verify(self, folder: Path, names: list[str]) -> None:
-        """Refuse the folder unless each named file exists and has the sha256 the manifest records."""
+        """Refuse the folder unless its graph format is this code's and each named file exists and has
+        the sha256 the manifest records."""
+        if self.graph_format != GRAPH_FORMAT:
+            raise ModelFormatError(
+                f"{folder}: graph format {self.graph_format}, this callqa needs {GRAPH_FORMAT} "
+                f"(run: callqa models build {self.name})"
+            )
         for name in names:
             expected = self.files.get(name)
             path = folder / name

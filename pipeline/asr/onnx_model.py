@@ -57,33 +57,60 @@ class WhisperOnnx:
     ) -> WhisperOnnx:
         return cls.load(latest_model_folder(models_dir, name), quantization, intra_op_threads)
 
-    def encode(self, mel: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """mel [B, n_mels, T] -> cross keys and values [L, B, H, T/2, Dh]."""
-        cross_k, cross_v = self.encoder.run(None, {"mel": np.ascontiguousarray(mel, dtype=np.float32)})
-        return cross_k, cross_v
+    @property
+    def decoder_layers(self) -> int:
+        return sum(1 for i in self.encoder.get_outputs() if i.name.startswith("cross_k_"))
 
-    def decode_step(
-        self,
-        tokens: np.ndarray,
-        past: tuple[np.ndarray, np.ndarray],
-        cross: tuple[np.ndarray, np.ndarray],
-        cross_mask: np.ndarray,
-    ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
-        """One decoder step for the whole batch: logits [B, N, vocab] and the grown self-attention cache."""
-        logits, present_k, present_v = self.decoder.run(
-            None,
-            {
-                "tokens": tokens.astype(np.int64),
-                "past_k": past[0],
-                "past_v": past[1],
-                "cross_k": cross[0],
-                "cross_v": cross[1],
-                "cross_mask": cross_mask,
-            },
+    def encode(self, mel: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+        """mel [B, n_mels, T] -> per decoder layer, cross-attention keys and values [B, H, T/2, Dh]."""
+        outputs = self.encoder.run(None, {"mel": np.ascontiguousarray(mel, dtype=np.float32)})
+        named = dict(zip((o.name for o in self.encoder.get_outputs()), outputs, strict=True))
+        return [
+            (named[f"cross_k_{layer}"], named[f"cross_v_{layer}"]) for layer in range(self.decoder_layers)
+        ]
+
+    def decode_step(self, inputs: DecoderStepInputs) -> DecoderStepOutputs:
+        """One decoder step for the whole batch: the greedy token per row and the grown cache."""
+        feed: dict[str, np.ndarray] = {
+            "tokens": inputs.tokens.astype(np.int64),
+            "cross_mask": inputs.cross_mask,
+            "logit_bias": inputs.logit_bias,
+            "no_speech_id": np.array([inputs.no_speech_id], np.int64),
+        }
+        for layer, ((past_k, past_v), (cross_k, cross_v)) in enumerate(
+            zip(inputs.past, inputs.cross, strict=True)
+        ):
+            feed |= {f"past_k_{layer}": past_k, f"past_v_{layer}": past_v}
+            feed |= {f"cross_k_{layer}": cross_k, f"cross_v_{layer}": cross_v}
+        outputs = dict(zip(self._decoder_outputs, self.decoder.run(self._decoder_outputs, feed), strict=True))
+        present = [(outputs[f"present_k_{i}"], outputs[f"present_v_{i}"]) for i in range(len(inputs.past))]
+        return DecoderStepOutputs(
+            outputs["next_token"], outputs["next_logprob"], outputs["no_speech_prob"], present
         )
-        return logits, (present_k, present_v)
 
-    def empty_cache(self, batch: int) -> tuple[np.ndarray, np.ndarray]:
-        shape = self.decoder.get_inputs()[1].shape
-        empty = np.zeros((int(shape[0]), batch, int(shape[2]), 0, int(shape[4])), np.float32)
-        return empty, empty
+    @property
+    def _decoder_outputs(self) -> list[str]:
+        return [o.name for o in self.decoder.get_outputs()]
+
+    def empty_cache(self, batch: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        shape = self.decoder.get_inputs()[1].shape  # past_k_0: [batch, heads, past, head_dim]
+        empty = np.zeros((batch, int(shape[1]), 0, int(shape[3])), np.float32)
+        return [(empty, empty) for _ in range(self.decoder_layers)]
+
+
+@dataclass
+class DecoderStepInputs:
+    tokens: np.ndarray  # [B, N] int64
+    past: list[tuple[np.ndarray, np.ndarray]]  # per layer [B, H, P, Dh]
+    cross: list[tuple[np.ndarray, np.ndarray]]  # per layer [B, H, S, Dh]
+    cross_mask: np.ndarray  # [B, S] float32, 1 = audio
+    logit_bias: np.ndarray  # [V] float32, 0 or -inf
+    no_speech_id: int
+
+
+@dataclass
+class DecoderStepOutputs:
+    next_token: np.ndarray  # [B] int64
+    next_logprob: np.ndarray  # [B] float32
+    no_speech_prob: np.ndarray  # [B] float32
+    present: list[tuple[np.ndarray, np.ndarray]]

@@ -10,11 +10,6 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-END_OF_TEXT = 50256
-START_OF_TRANSCRIPT = 50257
-NO_SPEECH = 50361
-NO_TIMESTAMPS = 50362
-
 
 @lru_cache(maxsize=1)
 def _unicode_to_byte() -> dict[str, int]:
@@ -35,20 +30,49 @@ def _unicode_to_byte() -> dict[str, int]:
 
 
 @dataclass(frozen=True)
+class SpecialTokens:
+    """Ids of Whisper's control tokens, looked up by name: English-only and multilingual vocabularies
+    number them differently (tiny.en's <|endoftext|> is 50256, base's 50257)."""
+
+    end_of_text: int
+    start_of_transcript: int
+    no_timestamps: int
+    no_speech: int
+    prompt: tuple[int, ...]
+    always_suppressed: tuple[int, ...]
+
+
+def special_tokens(tokens: tuple[str, ...]) -> SpecialTokens:
+    ids = {t: i for i, t in enumerate(tokens) if t.startswith("<|") and t.endswith("|>")}
+    no_speech = ids.get("<|nospeech|>", ids.get("<|nocaptions|>"))
+    if no_speech is None:
+        raise KeyError("vocabulary has neither <|nospeech|> nor <|nocaptions|>")
+    sot, no_ts = ids["<|startoftranscript|>"], ids["<|notimestamps|>"]
+    multilingual = "<|en|>" in ids and "<|transcribe|>" in ids and len(tokens) >= 51865
+    prompt = (sot, ids["<|en|>"], ids["<|transcribe|>"], no_ts) if multilingual else (sot, no_ts)
+    # faster-whisper always suppresses these control tokens beside config.json's list.
+    names = ("<|transcribe|>", "<|translate|>", "<|startoftranscript|>", "<|startofprev|>", "<|startoflm|>")
+    suppressed = tuple(sorted({ids[n] for n in names if n in ids} | {no_speech}))
+    return SpecialTokens(ids["<|endoftext|>"], sot, no_ts, no_speech, prompt, suppressed)
+
+
+@dataclass(frozen=True)
 class Vocabulary:
     """Token strings by id, as in CTranslate2's vocabulary.txt (one token per line)."""
 
     tokens: tuple[str, ...]
+    specials: SpecialTokens
 
     @classmethod
     def load(cls, path: Path) -> Vocabulary:
-        return cls(tuple(path.read_text(encoding="utf-8").split("\n")[:-1]))
+        tokens = tuple(path.read_text(encoding="utf-8").split("\n")[:-1])
+        return cls(tokens, special_tokens(tokens))
 
     def __len__(self) -> int:
         return len(self.tokens)
 
     def is_special(self, token_id: int) -> bool:
-        return token_id >= END_OF_TEXT
+        return token_id >= self.specials.end_of_text
 
     def decode(self, token_ids: list[int]) -> str:
         """Text of the ordinary (non-special) tokens, leading/trailing space removed."""

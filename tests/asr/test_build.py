@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +13,13 @@ import pytest
 
 from pipeline.asr.build import BuildResult, build_model
 from pipeline.asr.ct2 import ModelSourceError, SourcePackage, find_source, parse_model_bin
-from pipeline.asr.manifest import Manifest, ModelIntegrityError, ModelNotBuiltError, latest_model_folder
+from pipeline.asr.manifest import (
+    Manifest,
+    ModelFormatError,
+    ModelIntegrityError,
+    ModelNotBuiltError,
+    latest_model_folder,
+)
 from pipeline.asr.onnx_model import WhisperOnnx
 
 
@@ -37,8 +44,9 @@ def test_encoder_window_is_dynamic(built: BuildResult) -> None:
     assert mel_dims[2].dim_param  # a named (dynamic) frame axis, not a fixed 3000
     model = WhisperOnnx.load(built.folder, "int8", 2)
     for frames in (200, 1000):
-        cross_k, cross_v = model.encode(np.zeros((2, 80, frames), np.float32))
-        assert cross_k.shape == cross_v.shape == (4, 2, 6, frames // 2, 64)
+        layers = model.encode(np.zeros((2, 80, frames), np.float32))
+        assert len(layers) == 4
+        assert {k.shape for k, _ in layers} == {v.shape for _, v in layers} == {(2, 6, frames // 2, 64)}
 
 
 def test_split_model_bin_parts_are_concatenated(tmp_path: Path) -> None:
@@ -71,6 +79,15 @@ def test_tampered_graph_is_refused(built: BuildResult, tmp_path: Path) -> None:
         f.seek(5_000_000)
         f.write(bytes([byte[0] ^ 0xFF]))
     with pytest.raises(ModelIntegrityError, match=r"decoder\.int8\.onnx: sha256 .* does not match"):
+        WhisperOnnx.load(copy, "int8", 1)
+
+
+def test_other_graph_format_is_refused(built: BuildResult, tmp_path: Path) -> None:
+    copy = tmp_path / "tiny.en" / "1"
+    copy.mkdir(parents=True)
+    old = replace(built.manifest, graph_format=built.manifest.graph_format - 1)
+    old.write(copy)
+    with pytest.raises(ModelFormatError, match="callqa models build tiny.en"):
         WhisperOnnx.load(copy, "int8", 1)
 
 

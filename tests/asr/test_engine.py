@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import wave
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +14,7 @@ from typer.testing import CliRunner
 
 from pipeline.asr.cli import models_app, transcribe
 from pipeline.asr.engine import Engine
+from pipeline.asr.manifest import GRAPH_FORMAT, Manifest
 from pipeline.audio import codecs
 from pipeline.audio.resample import resample
 from pipeline.config import Settings, get_settings
@@ -71,11 +73,15 @@ def test_stereo_file_is_transcribed_per_channel(
     assert word_error_rate([customer.reference], [results[1].text]) <= 0.5
 
 
-def test_load_builds_a_missing_model(tmp_path: Path, asr_settings: Settings) -> None:
-    settings = asr_settings.model_copy(update={"models_dir": str(tmp_path)})
-    engine = Engine.load("tiny.en", settings=settings)
-    assert engine.model_label == "tiny.en@1/int8"
-    assert (tmp_path / "tiny.en" / "1" / "manifest.json").exists()
+def test_load_builds_when_only_an_outdated_build_exists(tmp_path: Path, asr_settings: Settings) -> None:
+    """A folder from an older graph format is not loaded: the next version is built and used."""
+    built_folder = Path(asr_settings.models_dir) / "tiny.en" / "1"
+    outdated = tmp_path / "tiny.en" / "1"
+    outdated.mkdir(parents=True)
+    replace(Manifest.read(built_folder), graph_format=0).write(outdated)
+    engine = Engine.load("tiny.en", settings=asr_settings.model_copy(update={"models_dir": str(tmp_path)}))
+    assert engine.model_label == "tiny.en@2/int8"
+    assert Manifest.read(tmp_path / "tiny.en" / "2").graph_format == GRAPH_FORMAT
 
 
 @pytest.fixture
