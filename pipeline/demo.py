@@ -1,34 +1,100 @@
-"""`make demo`: the sample calls through the real broker, shown as they arrive.
+"""`make demo`: the sample calls through the whole pipeline, live.
 
-Run with the broker started (the Makefile does that). Later stages of the pipeline extend this demo.
+Starts a worker, replays the sample calls in real time, prints transcripts as they arrive on the
+transcripts topic, then the per-call QA summary read back from ClickHouse (through the worker's API),
+and stops the worker it started. Run with the broker up (the Makefile starts it).
 """
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 import sys
-from collections import Counter
+import threading
+import time
+from dataclasses import replace
 from pathlib import Path
 
 from confluent_kafka import Consumer, TopicPartition
 from rich.console import Console
-from rich.table import Table
 
 from pipeline.broker.producer import ContractProducer
 from pipeline.broker.topics import ensure_topics
-from pipeline.config import get_settings
-from pipeline.contracts import AudioFrame, CallEvent, Serde
+from pipeline.config import Settings, get_settings
+from pipeline.contracts import QaAlert, Serde, TranscriptSegment
 from pipeline.ingest.replay import ReplayOptions, TelephonyReplay, load_recording
+from pipeline.report import WorkerApiSource, render_report
 
 SAMPLES = Path(__file__).resolve().parents[1] / "samples" / "calls"
 console = Console()
 
 
-def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "callqa-demo-offsets"})
-    md = consumer.list_topics(topic, timeout=10).topics[topic]
-    out = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in md.partitions}
+def start_worker(settings: Settings) -> subprocess.Popen[bytes]:
+    log_dir = settings.state_dir / "demo"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log = open(log_dir / "worker.log", "ab")  # noqa: SIM115 - handed to the child
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "worker", "--loglevel", "info"],
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    api = WorkerApiSource(f"http://{settings.web_host}:{settings.web_port}")
+    with console.status("starting the worker (model, VAD, ClickHouse, Kafka group)..."):
+        while not api.available():
+            if proc.poll() is not None:
+                raise RuntimeError(f"worker exited with {proc.returncode}; see {log_dir / 'worker.log'}")
+            time.sleep(0.5)
+    console.print(f"worker up (pid {proc.pid}), log in {log_dir / 'worker.log'}")
+    return proc
+
+
+def stop_worker(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def tail_outputs(settings: Settings, serde: Serde, prefix: str, stop: threading.Event) -> None:
+    """Print each final transcript and live QA alert of the demo's calls as it arrives."""
+    consumer = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": f"callqa-demo-{os.getpid()}",
+                         "enable.auto.commit": False})
+    parts = []
+    for topic in (settings.topic_transcripts, settings.topic_qa):
+        md = consumer.list_topics(topic, timeout=10).topics[topic]
+        for p in md.partitions:
+            high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+            parts.append(TopicPartition(topic, p, high))
+    consumer.assign(parts)
+    start = time.monotonic()
+    while not stop.is_set():
+        msg = consumer.poll(0.3)
+        value = None if msg is None or msg.error() else msg.value()
+        if not value:
+            continue
+        m = serde.decode_any(value)
+        if isinstance(m, TranscriptSegment) and m.call_id.startswith(prefix):
+            colour = "cyan" if m.leg == "agent" else "magenta"
+            # The segment's last frame was produced about (end - start) after its first one.
+            delay = m.produced_at_ms - m.first_frame_produced_at_ms - (m.end_ms - m.start_ms)
+            console.print(f"[dim]{time.monotonic() - start:5.1f}s[/dim] {m.call_id} "
+                          f"[{colour}]{m.leg:8s}[/{colour}] {m.start_ms / 1000:5.1f}-{m.end_ms / 1000:5.1f}  {m.text}"
+                          f"  [dim](after speech end: {delay} ms, batch {m.batch_size})[/dim]")
+        elif isinstance(m, QaAlert) and m.call_id.startswith(prefix):
+            console.print(f"      [yellow]QA alert[/yellow] {m.call_id} {m.rule} ({m.leg}, "
+                          f"{m.offset_ms / 1000:.1f} s): {m.text}")
     consumer.close()
-    return out
+
+
+def wait_finished(api: WorkerApiSource, call_ids: list[str], timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        done = api.rows("SELECT count() AS n FROM calls FINAL WHERE has(splitByChar(',', {ids:String}), call_id)"
+                        " AND end_reason != ''", {"ids": ",".join(call_ids)})
+        if done and done[0]["n"] == len(call_ids):
+            return
+        time.sleep(1)
+    raise RuntimeError(f"calls not finalised within {timeout_s:.0f} s")
 
 
 def main() -> int:
@@ -39,45 +105,30 @@ def main() -> int:
         return 1
     ensure_topics(settings)
     serde = Serde.from_settings(settings.schema_registry_url)
-    start = {t: end_offsets(settings.bootstrap, t) for t in (settings.topic_audio, settings.topic_call_events)}
-    options = ReplayOptions(encoding="mulaw", realtime=False)
+    options = ReplayOptions(encoding="mulaw", realtime=True)
     recordings = [load_recording(f, options) for f in files]
-    console.print(f"replaying {len(files)} sample calls into {settings.bootstrap} ...")
-    report = TelephonyReplay(ContractProducer(settings.bootstrap, serde), settings.topic_audio,
-                             settings.topic_call_events).run(recordings, options)
-    console.print(f"sent {report.frames_sent} frames in {report.elapsed_s:.2f} s ({report.frames_per_s:,.0f} frames/s)")
-
-    frames: Counter[tuple[str, str]] = Counter()
-    events: Counter[tuple[str, str]] = Counter()
-    partitions: dict[str, int] = {}
-    consumer = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": "callqa-demo",
-                         "enable.auto.commit": False})
-    consumer.assign([TopicPartition(t, p, o) for t, offs in start.items() for p, o in offs.items()])
-    expected = report.frames_sent + report.events_sent
-    got = 0
-    while got < expected:
-        msg = consumer.poll(5.0)
-        if msg is None:
-            break
-        value = msg.value()
-        if msg.error() or value is None:
-            continue
-        got += 1
-        decoded = serde.decode_any(value)
-        if isinstance(decoded, AudioFrame):
-            frames[(decoded.call_id, decoded.leg)] += 1
-            partitions[decoded.call_id] = msg.partition() or 0
-        elif isinstance(decoded, CallEvent):
-            events[(decoded.call_id, decoded.event_type)] += 1
-    consumer.close()
-
-    table = Table("call", "partition", "agent frames", "customer frames", "start", "end", title="arrived in Kafka")
-    for call_id in report.call_ids:
-        table.add_row(call_id, str(partitions.get(call_id, "-")), str(frames[(call_id, "agent")]),
-                      str(frames[(call_id, "customer")]), str(events[(call_id, "start")]), str(events[(call_id, "end")]))
-    console.print(table)
-    console.print(f"{got} of {expected} messages read back")
-    return 0 if got == expected else 1
+    worker = start_worker(settings)
+    stop = threading.Event()
+    prefix = f"demo{int(time.time())}"
+    try:
+        player = TelephonyReplay(ContractProducer(settings.bootstrap, serde), settings.topic_audio,
+                                 settings.topic_call_events)
+        tail = threading.Thread(target=tail_outputs, args=(settings, serde, prefix, stop), daemon=True)
+        tail.start()
+        time.sleep(2)  # the tail holds its start offsets before the first call begins
+        console.print(f"replaying {len(files)} sample calls in real time (μ-law, 20 ms frames)...")
+        report = player.run(recordings, replace(options, call_id_prefix=prefix))
+        api = WorkerApiSource(f"http://{settings.web_host}:{settings.web_port}")
+        with console.status("waiting for the calls to be finalised..."):
+            wait_finished(api, report.call_ids)
+            time.sleep(2)  # let the tail print the last QA messages
+        stop.set()
+        tail.join(timeout=5)
+        for call_id in report.call_ids:
+            render_report(api, settings.clickhouse_database, console, call_id=call_id)
+        return 0
+    finally:
+        stop_worker(worker)
 
 
 if __name__ == "__main__":

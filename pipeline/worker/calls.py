@@ -118,6 +118,7 @@ class InflightBudget:
     def __init__(self, limit_bytes: int) -> None:
         self.limit = limit_bytes
         self.used = 0
+        self.peak = 0
         self._cond = asyncio.Condition()
 
     async def acquire(self, n: int) -> None:
@@ -125,6 +126,7 @@ class InflightBudget:
             # A single segment larger than the budget still goes through once nothing else is in flight.
             await self._cond.wait_for(lambda: self.used == 0 or self.used + n <= self.limit)
             self.used += n
+            self.peak = max(self.peak, self.used)
 
     async def release(self, n: int) -> None:
         async with self._cond:
@@ -257,6 +259,7 @@ class CallProcessor:
         self.metrics.active_calls.set(len(self.calls))
         self.metrics.active_legs.set(sum(len(c.legs) for c in self.calls.values()))
         self.metrics.inflight_audio_bytes.set(self.budget.used)
+        self.metrics.inflight_audio_peak_bytes.set(self.budget.peak)
 
     async def make_durable(self) -> dict[TopicPartition, int]:
         """Wait for finished calls' outputs to be durable, release their offsets; return what may be committed."""
@@ -287,8 +290,12 @@ class CallProcessor:
             # Tail of a call finished before a restart: its results are stored already.
             self._remember_finished(call_id)
             return None
-        call = self.calls[call_id] = CallState(call_id)
-        call.analyzer = CallAnalyzer(call_id, self.qa_config)
+        # The audio and the events agent both run this; the other may have opened the call while
+        # this one awaited the store, so look again before opening it (no await from here on).
+        call = self.calls.get(call_id)
+        if call is None and call_id not in self.finished:
+            call = self.calls[call_id] = CallState(call_id)
+            call.analyzer = CallAnalyzer(call_id, self.qa_config)
         return call
 
     def _leg(self, call: CallState, frame: AudioFrame) -> LegState:

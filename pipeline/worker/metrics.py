@@ -37,6 +37,9 @@ class WorkerMetrics:
         self.inflight_audio_bytes = Gauge(
             "callqa_inflight_audio_bytes", "Decoded audio held by open legs and queued segments.", registry=r,
         )
+        self.inflight_audio_peak_bytes = Gauge(
+            "callqa_inflight_audio_peak_bytes", "Most audio ever in flight at once (checks the bound).", registry=r,
+        )
         self.consumer_lag = Gauge(
             "callqa_consumer_lag", "Messages behind the log end, per input partition.", ["topic", "partition"],
             registry=r,

@@ -117,7 +117,13 @@ class WorkerProcess:
                 " AND end_reason != ''", ids=",".join(call_ids),
             )
             if len(rows) == len(call_ids):
-                return rows
+                # The call row can land before its segments (separate inserts): wait for those too.
+                stored = self.query(
+                    "SELECT count() AS n FROM segments FINAL WHERE has(splitByChar(',', {ids:String}), call_id)",
+                    ids=",".join(call_ids),
+                )[0]["n"]
+                if stored >= sum(int(r["segments"]) for r in rows):
+                    return rows
             if self.proc is not None and self.proc.poll() is not None:
                 raise AssertionError(f"worker died: {self.log_tail()}")
             time.sleep(1.0)
@@ -140,6 +146,7 @@ def worker_env(kafka_settings: Settings, tmp_path: Path) -> Iterator[dict[str, s
         "CALLQA_WEB_PORT": str(free_port()),
         "CALLQA_COMMIT_INTERVAL_S": "1.0",
         "CALLQA_MODEL_WATCH_INTERVAL_S": "0",
+        "CALLQA_QUANTIZATION": "fp32",
     })
     yield env
 

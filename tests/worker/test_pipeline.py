@@ -1,0 +1,184 @@
+"""The whole streaming pipeline: real broker, real worker process, real embedded ClickHouse."""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipeline.asr.engine import Engine
+from pipeline.broker.producer import ContractProducer
+from pipeline.config import Settings
+from pipeline.contracts import AudioFrame, CallEvent, DeadLetter, Serde
+from pipeline.ingest.replay import CallRecording, ReplayOptions, TelephonyReplay, load_recording
+
+pytestmark = [pytest.mark.broker, pytest.mark.slow]
+
+SAMPLES = Path(__file__).resolve().parents[2] / "samples" / "calls"
+OPTIONS = ReplayOptions(encoding="mulaw", frame_ms=20)
+SEGMENTS_SQL = (
+    "SELECT call_id, leg, start_ms, end_ms, text, segment_id FROM segments FINAL "
+    "WHERE has(splitByChar(',', {ids:String}), call_id) ORDER BY call_id, leg, start_ms"
+)
+
+
+@pytest.fixture(scope="module")
+def recordings() -> list[CallRecording]:
+    return [load_recording(p, OPTIONS) for p in sorted(SAMPLES.glob("*.wav"))]
+
+
+@pytest.fixture(scope="module")
+def offline(recordings: list[CallRecording], tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[tuple]]:  # type: ignore[type-arg]
+    """`callqa transcribe`'s engine path on exactly the μ-law audio the replay sends, per recording and leg."""
+    engine = Engine.load(settings=Settings(quantization="fp32"))
+    folder = tmp_path_factory.mktemp("ulaw")
+    out: dict[str, list[tuple]] = {}  # type: ignore[type-arg]
+    for rec in recordings:
+        rows = []
+        for leg, payload in rec.encoded.items():
+            path = folder / f"{Path(rec.source).stem}-{leg}.ulaw"
+            path.write_bytes(payload)
+            rows += [(leg, r.start_ms, r.end_ms, r.text.strip()) for r in engine.transcribe_file(path)]
+        out[rec.source] = sorted(rows)
+    return out
+
+
+def replay(settings: Any, recordings: list[CallRecording], calls: int = 0, realtime: bool = False) -> list[str]:
+    player = TelephonyReplay(ContractProducer(settings.bootstrap, Serde.from_settings()),
+                             settings.topic_audio, settings.topic_call_events)
+    report = player.run(recordings, ReplayOptions(encoding="mulaw", calls=calls, realtime=realtime))
+    return report.call_ids
+
+
+def by_call(rows: list[dict[str, Any]]) -> dict[str, list[tuple]]:  # type: ignore[type-arg]
+    out: dict[str, list[tuple]] = {}  # type: ignore[type-arg]
+    for r in rows:
+        out.setdefault(r["call_id"], []).append((r["leg"], r["start_ms"], r["end_ms"], r["text"]))
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def test_streamed_calls_equal_offline_transcription_segment_for_segment(
+    kafka_settings, start_worker, recordings, offline  # type: ignore[no-untyped-def]
+) -> None:
+    worker = start_worker()
+    call_ids = replay(kafka_settings, recordings)
+    rows = worker.wait_for_calls(call_ids)
+    assert {r["end_reason"] for r in rows} == {"end"}
+    stored = by_call(worker.query(SEGMENTS_SQL, ids=",".join(call_ids)))
+    for i, call_id in enumerate(call_ids):
+        expected = offline[recordings[i].source]
+        assert len(expected) >= 5
+        assert stored[call_id] == expected
+    # every segment once, with the id derived from call/leg/start
+    ids = worker.query("SELECT segment_id, count() AS n FROM segments FINAL WHERE has(splitByChar(',', {ids:String}),"
+                       " call_id) GROUP BY segment_id HAVING n > 1", ids=",".join(call_ids))
+    assert ids == []
+    qa = worker.query("SELECT call_id, score_pct FROM call_qa FINAL WHERE has(splitByChar(',', {ids:String}), call_id)",
+                      ids=",".join(call_ids))
+    assert len(qa) == len(call_ids)
+    latency = worker.query("SELECT count() AS n, min(end_to_end_ms) AS lo FROM latency FINAL "
+                           "WHERE has(splitByChar(',', {ids:String}), call_id)", ids=",".join(call_ids))
+    assert latency[0]["n"] == sum(len(v) for v in stored.values())
+    assert latency[0]["lo"] >= 0
+
+
+def test_reordered_duplicated_and_missing_frames_and_a_call_without_end(
+    kafka_settings, start_worker, recordings, offline  # type: ignore[no-untyped-def]
+) -> None:
+    worker = start_worker(call_inactivity_timeout_s="3", reorder_window_frames="10")
+    serde = Serde.from_settings()
+    producer = ContractProducer(kafka_settings.bootstrap, serde)
+    rec = recordings[0]
+    call_id = f"messy-{time.time_ns()}"
+    rng = random.Random(7)
+    producer.send(kafka_settings.topic_call_events, call_id, CallEvent(call_id, "start", legs=list(rec.legs)))
+    frames = []
+    for leg, payload in rec.encoded.items():
+        for seq in range(-(-len(payload) // 160)):
+            frames.append(AudioFrame(call_id, leg, seq, seq * 20, 8000, "mulaw", payload[seq * 160:(seq + 1) * 160]))  # type: ignore[arg-type]
+    # shuffle within windows of 4 frames (jitter), duplicate ~2 %, drop 3 isolated frames
+    for i in range(0, len(frames) - 4, 4):
+        chunk = frames[i:i + 4]
+        rng.shuffle(chunk)
+        frames[i:i + 4] = chunk
+    dropped = {frames[500].seq, frames[1200].seq, frames[1700].seq}
+    sent_dups = 0
+    for f in frames:
+        if f.seq in dropped and f.leg == frames[500].leg:
+            continue
+        producer.send(kafka_settings.topic_audio, call_id, f)
+        if rng.random() < 0.02:
+            producer.send(kafka_settings.topic_audio, call_id, f)
+            sent_dups += 1
+    producer.send_raw(kafka_settings.topic_audio, call_id.encode(), b"\x00\x00\x00\x00\x01garbage")
+    producer.flush()  # no end event: the worker must close the call by itself
+
+    rows = worker.wait_for_calls([call_id], timeout_s=120)
+    assert rows[0]["end_reason"] == "timeout"
+    assert worker.metric("callqa_frames_dropped_total", reason="duplicate") == sent_dups
+    assert worker.metric("callqa_gap_frames_total") >= 3
+    assert worker.metric("callqa_dead_letters_total") == 1
+    stored = by_call(worker.query(SEGMENTS_SQL, ids=call_id))[call_id]
+    expected = offline[rec.source]
+    # three missing 20 ms frames barely change the audio: the same segments come out
+    assert [(leg, start) for leg, start, _, _ in stored] == [(leg, start) for leg, start, _, _ in expected]
+    letters = _read_all(kafka_settings, kafka_settings.topic_dead_letters, serde)
+    assert len(letters) == 1 and isinstance(letters[0], DeadLetter)
+    assert letters[0].raw.endswith(b"garbage") and kafka_settings.topic_audio in letters[0].reason
+
+
+def test_kill_9_mid_call_then_restart_stores_every_segment_exactly_once(
+    kafka_settings, start_worker, recordings, offline  # type: ignore[no-untyped-def]
+) -> None:
+    worker = start_worker()
+    import threading
+
+    ids: list[str] = []
+    player = threading.Thread(target=lambda: ids.extend(replay(kafka_settings, recordings, realtime=True)))
+    player.start()
+    time.sleep(9)  # mid-call: some segments are stored, calls are open
+    before = worker.query("SELECT count() AS n FROM segments")[0]["n"]
+    worker.kill9()
+    player.join()
+    worker.start()  # same consumer group, same store: resumes from the committed offsets
+    worker.wait_for_calls(ids)
+    stored = by_call(worker.query(SEGMENTS_SQL, ids=",".join(ids)))
+    for i, call_id in enumerate(ids):
+        assert stored[call_id] == offline[recordings[i].source]
+    raw = worker.query("SELECT count() AS n FROM segments")[0]["n"]
+    assert before > 0  # the crash really happened mid-stream
+    assert raw >= sum(len(v) for v in stored.values())
+
+
+def test_overload_holds_the_inflight_bound_and_the_lag_drains(
+    kafka_settings, start_worker, recordings  # type: ignore[no-untyped-def]
+) -> None:
+    limit_mb = 1
+    worker = start_worker(max_inflight_audio_mb=str(limit_mb), stream_buffer_maxsize="64", max_poll_records="50")
+    ids = replay(kafka_settings, recordings, calls=6)  # 2 minutes of audio at once
+    worker.wait_for_calls(ids, timeout_s=400)
+    largest_segment = 15 * 16000 * 4
+    assert 0 < worker.metric("callqa_inflight_audio_peak_bytes") <= limit_mb * 1024 * 1024 + largest_segment
+    deadline = time.monotonic() + 30
+    while worker.metric("callqa_consumer_lag") > 0 and time.monotonic() < deadline:
+        time.sleep(1)
+    assert worker.metric("callqa_consumer_lag") == 0
+
+
+def _read_all(settings: Any, topic: str, serde: Serde) -> list[Any]:
+    from confluent_kafka import Consumer
+
+    consumer = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": f"read-{time.time_ns()}",
+                         "auto.offset.reset": "earliest"})
+    consumer.subscribe([topic])
+    out, last = [], time.monotonic()
+    while time.monotonic() - last < 3:
+        msg = consumer.poll(0.3)
+        if msg is not None and not msg.error() and msg.value():
+            out.append(serde.decode_any(msg.value()))  # type: ignore[arg-type]
+            last = time.monotonic()
+    consumer.close()
+    return out
