@@ -33,8 +33,11 @@ class WorkerApiSource:
     def rows(self, sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:
         query = {"sql": sql, **{f"param_{k}": str(v) for k, v in params.items()}}
         url = f"{self.base_url}/api/query?{urllib.parse.urlencode(query)}"
-        with urllib.request.urlopen(url, timeout=30) as resp:  # noqa: S310 - our own worker on loopback
-            body = json.loads(resp.read())
+        try:
+            with urllib.request.urlopen(url, timeout=30) as resp:  # noqa: S310 - our own worker on loopback
+                body = json.loads(resp.read())
+        except urllib.error.HTTPError as exc:  # the worker says why in the body
+            body = json.loads(exc.read() or b"{}") or {"error": str(exc)}
         if "error" in body:
             raise RuntimeError(body["error"])
         return [dict(zip(body["columns"], r, strict=True)) for r in body["rows"]]
@@ -69,8 +72,8 @@ def source_for(settings: Settings) -> RowSource:
 CALLS_SQL = """
 SELECT c.call_id AS call_id, c.agent_id AS agent_id, c.started_at AS started_at, c.end_reason AS end_reason,
        c.audio_ms AS audio_ms, c.segments AS segments, q.score_pct AS score_pct, q.auto_failed AS auto_failed,
-       arrayStringConcat(arrayFilter((x, p) -> p = 0, q.`items.question`, q.`items.passed`), '; ') AS failed
-FROM {db}.calls FINAL AS c
+       length(arrayFilter(p -> p = 0, q.`items.passed`)) AS failed, length(q.`items.passed`) AS items
+FROM {db}.calls AS c FINAL
 LEFT JOIN (SELECT * FROM {db}.call_qa FINAL) AS q ON q.call_id = c.call_id
 WHERE {where}
 ORDER BY c.started_at DESC
@@ -105,12 +108,14 @@ def render_report(
         where.append("c.started_at >= {since:DateTime64(3, 'UTC')}")
         params["since"] = since.strftime("%Y-%m-%d %H:%M:%S")
     calls = source.rows(CALLS_SQL.format(db=db, where=" AND ".join(where)), params)
-    table = Table("call", "agent", "started", "ended", "audio s", "segments", "score %", "failed items",
+    table = Table("call", "agent", "started", "ended", "audio s", "segments", "score %", "failed",
                   title="calls")
+    table.columns[0].no_wrap = True
     for c in calls:
         score = "-" if c["score_pct"] is None else f"{c['score_pct']:.1f}" + (" AUTO-FAIL" if c["auto_failed"] else "")
         table.add_row(c["call_id"], c["agent_id"], str(c["started_at"])[:19], c["end_reason"] or "open",
-                      f"{c['audio_ms'] / 1000:.1f}", str(c["segments"]), score, c["failed"] or "")
+                      f"{c['audio_ms'] / 1000:.1f}", str(c["segments"]), score,
+                      f"{c['failed']}/{c['items']}" if c["items"] else "-")
     console.print(table)
     if call_id and calls:
         _render_call(source, db, console, call_id)
