@@ -41,6 +41,9 @@ class WhisperOnnx:
         options.intra_op_num_threads = intra_op_threads
         options.inter_op_num_threads = 1
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        # Batch and window shapes vary on every call, so the arena keeps growing to the largest seen:
+        # measured 965 MB peak RSS with it, 645 MB without, at the same CPU time (batch 16, tiny.en int8).
+        options.enable_cpu_mem_arena = False
         providers = ["CPUExecutionProvider"]
         return cls(
             manifest=manifest,
