@@ -8,8 +8,6 @@ and stops the worker it started. Run with the broker up (the Makefile starts it)
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import sys
 import threading
 import time
@@ -25,34 +23,19 @@ from pipeline.config import Settings, get_settings
 from pipeline.contracts import QaAlert, Serde, TranscriptSegment
 from pipeline.ingest.replay import ReplayOptions, TelephonyReplay, load_recording
 from pipeline.report import WorkerApiSource, render_report
+from pipeline.worker.process import WorkerProcess, worker_env
 
 SAMPLES = Path(__file__).resolve().parents[1] / "samples" / "calls"
 console = Console()
 
 
-def start_worker(settings: Settings) -> subprocess.Popen[bytes]:
-    log_dir = settings.state_dir / "demo"
-    log_dir.mkdir(parents=True, exist_ok=True)
-    log = open(log_dir / "worker.log", "ab")  # noqa: SIM115 - handed to the child
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "worker", "--loglevel", "info"],
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    api = WorkerApiSource(f"http://{settings.web_host}:{settings.web_port}")
+def start_worker(settings: Settings) -> WorkerProcess:
+    worker = WorkerProcess(worker_env({}), settings.web_port, settings.state_dir / "demo" / "worker.log")
     with console.status("starting the worker (model, VAD, ClickHouse, Kafka group)..."):
-        while not api.available():
-            if proc.poll() is not None:
-                raise RuntimeError(f"worker exited with {proc.returncode}; see {log_dir / 'worker.log'}")
-            time.sleep(0.5)
-    console.print(f"worker up (pid {proc.pid}), log in {log_dir / 'worker.log'}")
-    return proc
-
-
-def stop_worker(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+        worker.start()
+    assert worker.proc is not None
+    console.print(f"worker up (pid {worker.proc.pid}), log in {worker.log_path}")
+    return worker
 
 
 def tail_outputs(settings: Settings, serde: Serde, prefix: str, stop: threading.Event) -> None:
@@ -86,17 +69,6 @@ def tail_outputs(settings: Settings, serde: Serde, prefix: str, stop: threading.
     consumer.close()
 
 
-def wait_finished(api: WorkerApiSource, call_ids: list[str], timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        done = api.rows("SELECT count() AS n FROM calls FINAL WHERE has(splitByChar(',', {ids:String}), call_id)"
-                        " AND end_reason != ''", {"ids": ",".join(call_ids)})
-        if done and done[0]["n"] == len(call_ids):
-            return
-        time.sleep(1)
-    raise RuntimeError(f"calls not finalised within {timeout_s:.0f} s")
-
-
 def main() -> int:
     settings = get_settings()
     files = sorted(SAMPLES.glob("*.wav"))
@@ -120,7 +92,7 @@ def main() -> int:
         report = player.run(recordings, replace(options, call_id_prefix=prefix))
         api = WorkerApiSource(f"http://{settings.web_host}:{settings.web_port}")
         with console.status("waiting for the calls to be finalised..."):
-            wait_finished(api, report.call_ids)
+            worker.wait_for_calls(report.call_ids, timeout_s=120)
             time.sleep(2)  # let the tail print the last QA messages
         stop.set()
         tail.join(timeout=5)
@@ -128,7 +100,8 @@ def main() -> int:
             render_report(api, settings.clickhouse_database, console, call_id=call_id)
         return 0
     finally:
-        stop_worker(worker)
+        stop.set()
+        worker.stop()
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ arrive; ``QaConfig`` (rules, scorecard, settings) is loaded once per worker and 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections import Counter
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from pipeline.config.qa import QaSettings
@@ -69,6 +70,16 @@ class CallAnalyzer:
         if not self.config.redaction_enabled:
             return RedactedText(segment, {})
         return self._redactor.redact(segment)
+
+    def redact_partial(self, segment: Segment) -> RedactedText:
+        """Redact a partial (still growing) segment without advancing the call's redaction context.
+
+        The final version of the segment goes through ``process`` later; a partial must not count
+        as one of the segments the agent's question keeps the CVV/expiry context open for.
+        """
+        if not self.config.redaction_enabled:
+            return RedactedText(segment, {})
+        return replace(self._redactor, _context=Counter(self._redactor._context)).redact(segment)
 
     def process(self, segment: Segment) -> AnalyzedSegment:
         """Redact, keep and match one segment: the text to store and publish, and the alerts to raise now."""

@@ -86,6 +86,11 @@ class Segmenter:
     def samples_received(self) -> int:
         return self._audio.end
 
+    @property
+    def open_segment_start_ms(self) -> int | None:
+        """Start of the open segment (pre-roll included), as its SpeechSegment will have it."""
+        return None if self._open is None else self._open.start // SAMPLES_PER_MS
+
     def open_segment_audio(self) -> np.ndarray | None:
         """The audio of the open segment so far (for partial transcripts), or None."""
         return None if self._open is None else self._audio.slice(self._open.start, self._audio.end)

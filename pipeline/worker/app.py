@@ -95,9 +95,14 @@ def build_worker(settings: Settings) -> Worker:
         QaConfig.from_settings(settings), metrics, is_finished_elsewhere=finished_in_store,
     )
     def lag(tp: tuple[str, int]) -> int:
+        """Messages of ``tp`` not processed yet; -1 while unknown (not fetched, or nothing read)."""
         highwater = app.consumer.highwater(TP(*tp))
         consumed = processor.offsets.consumed_up_to(tp)
-        return 0 if highwater is None or consumed is None else max(0, highwater - consumed)
+        if highwater is None:
+            return -1
+        if consumed is None:
+            return 0 if highwater == 0 else -1
+        return max(0, highwater - consumed)
 
     processor.lag = lag
     # acks=False: faust neither acks nor commits these topics; commit_durable does.
@@ -136,7 +141,7 @@ def build_worker(settings: Settings) -> Worker:
         metrics.store_buffered_rows.set(stats.buffered_rows)
         metrics.store_retries.set(stats.retries)
         for topic, partition in processor.offsets.partitions():
-            metrics.consumer_lag.labels(topic, str(partition)).set(lag((topic, partition)))
+            metrics.consumer_lag.labels(topic, str(partition)).set(max(0, lag((topic, partition))))
 
     @app.timer(interval=settings.commit_interval_s)
     async def commit_durable() -> None:

@@ -89,7 +89,8 @@ class CallState:
     segments_done: int = 0
     audio_tp: TopicPartition | None = None
     last_frame_produced_ms: int = 0  # producer time of the newest frame seen (stream time)
-    last_activity_ms: int = field(default_factory=now_ms)  # wall time, for calls with no audio at all
+    last_activity_ms: int = field(default_factory=now_ms)  # wall time of the last frame or event
+    opened_at_ms: int = field(default_factory=now_ms)
     end_consumed_ms: int = 0
     started_at_ms: int = field(default_factory=now_ms)
     finishing: bool = False
@@ -168,7 +169,8 @@ class CallProcessor:
         self.metrics = metrics or WorkerMetrics()
         self.offsets = OffsetTracker()
         self.clock = StreamClock()
-        # Messages not yet consumed on a partition (the app asks Kafka; without Kafka: caught up).
+        # Messages not yet consumed on a partition, -1 when unknown (the app asks Kafka; without
+        # Kafka: caught up).
         self.lag: Callable[[TopicPartition], int] = lambda tp: 0
         self.budget = InflightBudget(settings.max_inflight_audio_mb * 1024 * 1024)
         self.calls: dict[str, CallState] = {}
@@ -198,6 +200,8 @@ class CallProcessor:
         self._count_reorder(leg, before)
         for seg in segments:
             await self._submit(call, leg, seg, consumed_ms)
+        if self.settings.partial_interval_ms > 0:
+            self._maybe_partial(call, leg)
         if call.end is not None and call.frames_complete():
             await self._finish(call, call.end.event_type)
 
@@ -208,6 +212,10 @@ class CallProcessor:
             return
         self.offsets.consumed(tp, offset, call.call_id)
         call.last_activity_ms = now_ms()
+        if call.audio_tp is None:
+            # Audio and events are co-partitioned (same key, same partition count): the call's frames
+            # are on the audio partition with this number, even before the first of them is read.
+            call.audio_tp = (self.settings.topic_audio, tp[1])
         if event.event_type == "start":
             call.start = event
             call.started_at_ms = event.at_ms
@@ -242,24 +250,35 @@ class CallProcessor:
         for call in list(self.calls.values()):
             if call.finishing:
                 continue
-            tp = call.audio_tp
-            caught_up = tp is None or self.lag(tp) <= 0
-            # Caught up, the wall clock is stream time; behind, the partition's producer time is.
-            stream_now = wall if caught_up or tp is None else self.clock.now(tp)
-            last = call.last_frame_produced_ms if tp is not None else call.last_activity_ms
-            if call.end is not None and (
-                (caught_up and wall - call.end_consumed_ms >= grace_ms)
-                or (not caught_up and stream_now >= call.end.at_ms + grace_ms)
-            ):
-                await self._finish(call, call.end.event_type)
-            elif stream_now - last >= timeout_ms:
-                log.info("call %s: no audio for %.0f s of stream time, closing it", call.call_id,
-                         (stream_now - last) / 1000)
-                await self._finish(call, "timeout")
+            how = self._due(call, wall, timeout_ms, grace_ms)
+            if how == "timeout":
+                log.info("call %s: no audio for %.0f s of stream time, closing it", call.call_id, timeout_ms / 1000)
+            if how is not None:
+                await self._finish(call, how)
         self.metrics.active_calls.set(len(self.calls))
         self.metrics.active_legs.set(sum(len(c.legs) for c in self.calls.values()))
         self.metrics.inflight_audio_bytes.set(self.budget.used)
         self.metrics.inflight_audio_peak_bytes.set(self.budget.peak)
+
+    def _due(self, call: CallState, wall: int, timeout_ms: float, grace_ms: int) -> str | None:
+        """How the call should be closed now ("end", "abort", "timeout"), or None to keep it open."""
+        tp = call.audio_tp
+        assert tp is not None  # set by the first frame or event
+        caught_up = self.lag(tp) == 0
+        # Caught up, the wall clock is stream time; behind, the partition's newest producer time is.
+        stream_now = wall if caught_up else self.clock.now(tp)
+        if call.end is not None and (
+            (caught_up and wall - call.end_consumed_ms >= grace_ms)
+            or stream_now >= call.end.at_ms + grace_ms  # frames sent after the end event were read
+        ):
+            return call.end.event_type
+        last = call.last_frame_produced_ms or call.opened_at_ms
+        if stream_now - last >= timeout_ms:
+            return "timeout"
+        # Last resort for a partition whose position is unknown: a call cannot stay open forever.
+        if wall - call.last_activity_ms >= 10 * timeout_ms:
+            return "timeout"
+        return None
 
     async def make_durable(self) -> dict[TopicPartition, int]:
         """Wait for finished calls' outputs to be durable, release their offsets; return what may be committed."""
@@ -390,6 +409,59 @@ class CallProcessor:
         self.metrics.segments.labels("final").inc()
         self.metrics.final_delay.observe(latency.end_to_end_ms / 1000)
         self.metrics.batch_size.observe(r.batch_size)
+
+    def _maybe_partial(self, call: CallState, leg: LegState) -> None:
+        """Transcribe the open segment again once it has grown by the partial interval."""
+        segmenter = leg.front_end.segmenter
+        start = segmenter.open_segment_start_ms
+        audio = segmenter.open_segment_audio()
+        if start is None or audio is None or leg.partial_inflight:
+            return
+        length_ms = len(audio) // 16
+        grown = length_ms - (leg.partial_len_ms if leg.partial_start_ms == start else 0)
+        if grown < self.settings.partial_interval_ms:
+            return
+        leg.partial_start_ms, leg.partial_len_ms, leg.partial_inflight = start, length_ms, True
+        task = asyncio.create_task(self._partial(call, leg, start, audio.copy()))
+        call.pending.add(task)
+        task.add_done_callback(call.pending.discard)
+
+    async def _partial(self, call: CallState, leg: LegState, start_ms: int, audio: np.ndarray) -> None:
+        try:
+            await self.budget.acquire(audio.nbytes)
+            try:
+                r = await self.transcriber.transcribe(audio)
+            finally:
+                await self.budget.release(audio.nbytes)
+        except Exception as exc:  # noqa: BLE001 - a partial is a preview: the final will be tried again
+            log.info("partial of %s/%s failed: %s", call.call_id, leg.leg, exc)
+            return
+        finally:
+            leg.partial_inflight = False
+        # Closed meanwhile: its final is on its way and supersedes this partial.
+        if leg.front_end.segmenter.open_segment_start_ms != start_ms or r.is_silence or not r.text.strip():
+            return
+        assert call.analyzer is not None
+        end_ms = start_ms + len(audio) // 16
+        redacted = call.analyzer.redact_partial(
+            Segment(call.call_id, leg.leg, f"{call.call_id}/{leg.leg}/{start_ms:09d}", start_ms, end_ms,  # type: ignore[arg-type]
+                    r.text.strip())
+        )
+        produced = now_ms()
+        partial = TranscriptSegment(
+            segment_id=redacted.segment.segment_id, call_id=call.call_id, leg=leg.leg,  # type: ignore[arg-type]
+            start_ms=start_ms, end_ms=end_ms, text=redacted.text, is_final=False, confidence=r.confidence,
+            avg_logprob=r.avg_logprob, no_speech_prob=r.no_speech_prob, model_name=r.model_name,
+            model_version=r.model_version, redactions=sum(redacted.counts.values()),
+            first_frame_produced_at_ms=leg.produced_at(start_ms + 1), batch_size=r.batch_size,
+            batcher_wait_ms=r.batcher_wait_ms, inference_ms=r.inference_ms, produced_at_ms=produced,
+        )
+        await self._publish(call, self.settings.topic_transcripts, call.call_id, partial)
+        await self.sink.write("segments", [_segment_row(partial)])
+        self.metrics.segments.labels("partial").inc()
+        captured = leg.produced_at(end_ms)
+        if captured:
+            self.metrics.partial_delay.observe(max(0, produced - captured) / 1000)
 
     async def _finish(self, call: CallState, how: str) -> None:
         """Flush the legs, wait for the call's segments, then emit the call's QA and row."""

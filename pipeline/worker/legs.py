@@ -23,6 +23,11 @@ class LegState:
     # Producer time of recent frames by seq, so a segment knows when its audio was produced.
     produced_at_ms: dict[int, int] = field(default_factory=dict)
     finished: bool = False
+    # Partial transcripts: the open segment (by start) last transcribed, at what length, and whether
+    # a partial is in flight (one at a time per leg, so partials never pile up in the batcher).
+    partial_start_ms: int | None = None
+    partial_len_ms: int = 0
+    partial_inflight: bool = False
 
     @classmethod
     def open(cls, call_id: str, leg: str, front_end: LegFrontEnd, frame_ms: int, max_segment_ms: int,

@@ -182,3 +182,18 @@ def _read_all(settings: Any, topic: str, serde: Serde) -> list[Any]:
             last = time.monotonic()
     consumer.close()
     return out
+
+
+def test_partials_precede_finals_and_readers_see_only_finals(
+    kafka_settings, start_worker, recordings  # type: ignore[no-untyped-def]
+) -> None:
+    worker = start_worker(partial_interval_ms="1000")
+    ids = replay(kafka_settings, recordings[:1], realtime=True)
+    worker.wait_for_calls(ids)
+    raw = worker.query("SELECT segment_id, is_final, text FROM segments WHERE call_id = {c:String}", c=ids[0])
+    partial_ids = {r["segment_id"] for r in raw if not r["is_final"]}
+    final_ids = {r["segment_id"] for r in raw if r["is_final"]}
+    assert partial_ids and partial_ids <= final_ids  # a partial carries its final's id
+    deduped = worker.query("SELECT segment_id, is_final FROM segments FINAL WHERE call_id = {c:String}", c=ids[0])
+    assert all(r["is_final"] for r in deduped) and len(deduped) == len(final_ids)
+    assert worker.metric("callqa_partial_delay_seconds_count") >= 1
