@@ -2,7 +2,7 @@
 
 Each segment is encoded in its own window (its length rounded up to a bucket, not Whisper's fixed 30 s),
 so a batch may mix window lengths: cross-attention keys are padded to the longest and masked. Greedy
-decoding then runs all rows in lockstep; rows that have ended keep feeding <|endoftext|> until all end.
+decoding then runs all rows in lockstep, and a row that has ended leaves the batch.
 
 Short windows make Whisper prone to never emitting <|endoftext|> and repeating a phrase. Two guards:
 a cap on new tokens proportional to the audio duration (tokens per second plus a small allowance), and
@@ -199,10 +199,11 @@ class GreedyDecoder:
                 no_speech = out.no_speech_prob.astype(np.float64)
         step.logit_bias = self._suppress
         steps = len(self.specials.prompt)
+        active = np.arange(rows)  # original row of each batch position still decoding
         while True:
-            for row in np.flatnonzero(~done):
-                token = int(out.next_token[row])
-                logprob_sum[row] += float(out.next_logprob[row])
+            for position, row in enumerate(active):
+                token = int(out.next_token[position])
+                logprob_sum[row] += float(out.next_logprob[position])
                 if token == eot:
                     done[row] = True
                     continue
@@ -211,9 +212,16 @@ class GreedyDecoder:
                     done[row] = guarded[row] = True
             if done.all():
                 break
-            step.tokens = np.where(done, eot, out.next_token).reshape(rows, 1).astype(np.int64)
-            out = self.model.decode_step(step)
+            keep = ~done[active]
+            step.tokens = out.next_token[keep].reshape(-1, 1).astype(np.int64)
             step.past = out.present
+            if not keep.all():
+                # Finished rows leave the batch, so later steps cost only what is still decoding.
+                active = active[keep]
+                step.past = [(k[keep], v[keep]) for k, v in step.past]
+                step.cross = [(k[keep], v[keep]) for k, v in step.cross]
+                step.cross_mask = step.cross_mask[keep]
+            out = self.model.decode_step(step)
             steps += 1
         finished = time.perf_counter()
         tokens = [cut_loop(t) if guarded[r] else t for r, t in enumerate(tokens)]
