@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import wave
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -85,7 +86,7 @@ def test_load_builds_when_only_an_outdated_build_exists(tmp_path: Path, asr_sett
 
 
 @pytest.fixture
-def cli(asr_settings: Settings, monkeypatch: pytest.MonkeyPatch) -> typer.Typer:
+def cli(asr_settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Iterator[typer.Typer]:
     monkeypatch.setenv("CALLQA_MODELS_DIR", asr_settings.models_dir)
     get_settings.cache_clear()
     app = typer.Typer()
