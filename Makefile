@@ -53,7 +53,7 @@ kafka: venv
 	$(CALLQA) broker install
 
 models: venv
-	@if $(CALLQA) models --help >/dev/null 2>&1; then $(CALLQA) models build; fi
+	$(CALLQA) models build --if-needed
 
 lint: venv
 	$(BIN)/ruff check pipeline tests bench

@@ -35,11 +35,23 @@ err_console = Console(stderr=True, soft_wrap=True)
 def build(
     name: Annotated[str, typer.Argument(help="tiny.en or base")] = "tiny.en",
     version: Annotated[int | None, typer.Option(help="Version number (default: next free).")] = None,
+    if_needed: Annotated[bool, typer.Option(
+        "--if-needed", help="Only build when no version of this graph format exists (what make runs).",
+    )] = False,
 ) -> None:
     """Build fp32 and int8 ONNX graphs of a Whisper model into models_dir/<name>/<version>/."""
     from pipeline.asr.build import build_model  # onnx is imported only when building
+    from pipeline.asr.manifest import GRAPH_FORMAT, Manifest, ModelNotBuiltError, latest_model_folder
 
     models_dir = Path(get_settings().models_dir)
+    if if_needed:
+        try:
+            folder = latest_model_folder(models_dir, name)
+            if Manifest.read(folder).graph_format == GRAPH_FORMAT:
+                console.print(f"{name}: version {folder.name} is built ({folder})")
+                return
+        except ModelNotBuiltError:
+            pass
     started = time.perf_counter()
     with console.status(f"building {name} from its CTranslate2 weights..."):
         result = build_model(name, models_dir, version)

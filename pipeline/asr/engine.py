@@ -55,7 +55,12 @@ class LegFrontEnd:
 
     def accept_samples(self, samples: np.ndarray) -> list[SpeechSegment]:
         """Take float samples at the leg's rate; the segments that closed."""
-        return self._segmenter.accept(self._resampler.process(samples))
+        return self._segmenter.accept(self.to_16k(samples))
+
+    def to_16k(self, samples: np.ndarray) -> np.ndarray:
+        """The resampling half of ``accept_samples``: callers that batch the VAD over many legs
+        (``segmentation.accept_many``) feed the segmenter themselves."""
+        return self._resampler.process(samples)
 
     def finish(self) -> list[SpeechSegment]:
         """End of the leg: the last segments."""

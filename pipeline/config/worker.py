@@ -27,6 +27,12 @@ class WorkerSettings(BaseModel):
     stream_buffer_maxsize: int = Field(
         1024, description="Faust per-partition buffer; when full, fetching from that partition pauses.",
     )
+    frame_batch_max: int = Field(
+        256, description="Most frames the audio agent takes at once (one VAD run scores every leg among them).",
+    )
+    frame_batch_within_ms: float = Field(
+        10.0, description="Longest the audio agent waits to fill a frame batch (ms); bounds the added delay.",
+    )
     max_poll_records: int = Field(500, description="Most records one Kafka fetch returns to the worker.")
     model_watch_interval_s: float = Field(
         5.0, description="How often the worker looks for a newer model version to hot-reload (0: never).",

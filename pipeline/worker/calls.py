@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -40,7 +40,7 @@ from pipeline.contracts.messages import QaEvent as QaEventMessage
 from pipeline.qa.call import CallAnalyzer, QaConfig
 from pipeline.qa.rules import QaEvent
 from pipeline.qa.segment import Segment
-from pipeline.segmentation.segmenter import SpeechSegment
+from pipeline.segmentation.segmenter import SpeechSegment, accept_many
 from pipeline.store.base import RowSink
 from pipeline.worker.legs import LegState
 from pipeline.worker.metrics import WorkerMetrics
@@ -181,29 +181,42 @@ class CallProcessor:
 
     # ---- input ---------------------------------------------------------------------------------
     async def on_frame(self, tp: TopicPartition, offset: int, frame: AudioFrame) -> None:
+        await self.on_frames([(tp, offset, frame)])
+
+    async def on_frames(self, frames: Sequence[tuple[TopicPartition, int, AudioFrame]]) -> None:
+        """A batch of frames, in consumption order: the VAD scores every leg that got audio in one run."""
         consumed_ms = now_ms()
-        call = await self._call_for(frame.call_id)
-        if call is None or call.finishing:
-            self.offsets.consumed(tp, offset, None)
-            self.counters.after_finish += 1
-            self.metrics.frames_dropped.labels("after_call_end").inc()
-            return
-        self.offsets.consumed(tp, offset, call.call_id)
-        self.clock.advance(tp, frame.produced_at_ms)
-        self.metrics.frames.inc()
-        call.audio_tp = tp
-        call.last_frame_produced_ms = max(call.last_frame_produced_ms, frame.produced_at_ms)
-        call.last_activity_ms = consumed_ms
-        leg = self._leg(call, frame)
-        before = _stats_tuple(leg)
-        segments = leg.accept(frame.seq, frame.payload, frame.produced_at_ms)
-        self._count_reorder(leg, before)
-        for seg in segments:
-            await self._submit(call, leg, seg, consumed_ms)
-        if self.settings.partial_interval_ms > 0:
-            self._maybe_partial(call, leg)
-        if call.end is not None and call.frames_complete():
-            await self._finish(call, call.end.event_type)
+        touched: dict[tuple[str, str], tuple[CallState, LegState, list[np.ndarray]]] = {}
+        for tp, offset, frame in frames:
+            call = await self._call_for(frame.call_id)
+            if call is None or call.finishing:
+                self.offsets.consumed(tp, offset, None)
+                self.counters.after_finish += 1
+                self.metrics.frames_dropped.labels("after_call_end").inc()
+                continue
+            self.offsets.consumed(tp, offset, call.call_id)
+            self.clock.advance(tp, frame.produced_at_ms)
+            call.audio_tp = tp
+            call.last_frame_produced_ms = max(call.last_frame_produced_ms, frame.produced_at_ms)
+            call.last_activity_ms = consumed_ms
+            leg = self._leg(call, frame)
+            before = _stats_tuple(leg)
+            samples = leg.release(frame.seq, frame.payload, frame.produced_at_ms)
+            self._count_reorder(leg, before)
+            entry = touched.setdefault((call.call_id, leg.leg), (call, leg, []))
+            if samples is not None and len(samples):
+                entry[2].append(samples)
+        self.metrics.frames.inc(len(frames))
+        fed = [(call, leg, np.concatenate(chunks)) for call, leg, chunks in touched.values() if chunks]
+        closed = accept_many([leg.front_end.segmenter for _, leg, _ in fed], [audio for _, _, audio in fed])
+        for (call, leg, _), segments in zip(fed, closed, strict=True):
+            for seg in segments:
+                await self._submit(call, leg, seg, consumed_ms)
+        for call, leg, _ in touched.values():
+            if self.settings.partial_interval_ms > 0:
+                self._maybe_partial(call, leg)
+            if call.end is not None and not call.finishing and call.frames_complete():
+                await self._finish(call, call.end.event_type)
 
     async def on_event(self, tp: TopicPartition, offset: int, event: CallEvent) -> None:
         call = await self._call_for(event.call_id)

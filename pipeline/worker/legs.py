@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pipeline.asr.engine import LegFrontEnd
+from pipeline.audio import codecs
 from pipeline.segmentation.segmenter import SpeechSegment
 from pipeline.worker.reorder import FrameReorderBuffer, ReleasedFrame
 
@@ -42,13 +43,22 @@ class LegState:
     def frame_samples(self) -> int:
         return self.front_end.sample_rate * self.frame_ms // 1000
 
-    def accept(self, seq: int, payload: bytes, produced_at_ms: int) -> list[SpeechSegment]:
+    def release(self, seq: int, payload: bytes, produced_at_ms: int) -> np.ndarray | None:
+        """Take one frame; the 16 kHz samples it lets through (None while it waits in the jitter buffer).
+
+        The samples still have to go through the leg's segmenter: the processor does that for many
+        legs at once (one VAD run for all of them).
+        """
         self.produced_at_ms[seq] = produced_at_ms
         if seq % 256 == 0:  # keep only what the longest possible segment can still reach
             keep_from = seq - self.keep_frames
             for k in [k for k in self.produced_at_ms if k < keep_from]:
                 del self.produced_at_ms[k]
-        return self._feed(self.reorder.push(seq, payload))
+        released = self.reorder.push(seq, payload)
+        if not released:
+            return None
+        self.frames_released += len(released)
+        return self.front_end.to_16k(np.concatenate([self._decode(f) for f in released]))
 
     def finish(self, total_frames: int | None) -> list[SpeechSegment]:
         """End of the leg: release held frames (filling gaps up to ``total_frames``), close any segment."""
@@ -69,11 +79,9 @@ class LegState:
         if not released:
             return []
         self.frames_released += len(released)
-        if all(f.payload is not None for f in released):
-            payload = b"".join(f.payload for f in released if f.payload is not None)
-            return self.front_end.accept(payload)
-        silence = np.zeros(self.frame_samples, dtype=np.float32)
-        out: list[SpeechSegment] = []
-        for f in released:  # a gap, filled with silence so the call's timing holds
-            out += self.front_end.accept(f.payload) if f.payload is not None else self.front_end.accept_samples(silence)
-        return out
+        return self.front_end.accept_samples(np.concatenate([self._decode(f) for f in released]))
+
+    def _decode(self, frame: ReleasedFrame) -> np.ndarray:
+        if frame.payload is None:  # a gap, filled with silence so the call's timing holds
+            return np.zeros(self.frame_samples, dtype=np.float32)
+        return codecs.decode(frame.payload, self.front_end.encoding)

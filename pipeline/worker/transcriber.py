@@ -9,7 +9,7 @@ import numpy as np
 
 from pipeline.asr.batcher import ModelVersionError, SegmentBatcher
 from pipeline.asr.engine import Engine
-from pipeline.asr.manifest import model_versions
+from pipeline.asr.manifest import ModelIntegrityError, model_versions
 from pipeline.asr.results import AudioSegment
 from pipeline.config import Settings
 from pipeline.worker.calls import Transcription
@@ -58,7 +58,7 @@ class BatcherTranscriber:
         folder = Path(settings.models_dir) / running.name / str(versions[-1])
         try:
             recognizer = await self.batcher.reload(folder, settings)
-        except ModelVersionError as exc:
+        except (ModelVersionError, ModelIntegrityError) as exc:  # lower version, tampered, old format
             self._refused.add(versions[-1])  # said once, not at every look
             log.warning("model reload refused: %s", exc)
             return False

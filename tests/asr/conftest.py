@@ -30,7 +30,7 @@ def asr_settings(models_dir: Path, built: BuildResult) -> Settings:
 
 @pytest.fixture(scope="session")
 def recognizer(built: BuildResult, asr_settings: Settings) -> Recognizer:
-    """The default configuration: int8 graphs, bucketed windows."""
+    """The default configuration (graph variant and window buckets from the settings defaults)."""
     return Recognizer.load(built.folder, asr_settings)
 
 

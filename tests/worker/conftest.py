@@ -34,7 +34,6 @@ def start_worker(kafka_settings: Settings, tmp_path: Path) -> Iterator[Callable[
         "clickhouse_url": f"chdb://{(tmp_path / 'chdb').resolve()}",
         "commit_interval_s": "1.0",
         "model_watch_interval_s": "0",
-        "quantization": "fp32",
     }
 
     def start(**overrides: str) -> WorkerProcess:

@@ -11,7 +11,6 @@ import pytest
 
 from pipeline.asr.engine import Engine
 from pipeline.broker.producer import ContractProducer
-from pipeline.config import Settings
 from pipeline.contracts import AudioFrame, CallEvent, DeadLetter, Serde
 from pipeline.ingest.replay import CallRecording, ReplayOptions, TelephonyReplay, load_recording
 
@@ -33,7 +32,7 @@ def recordings() -> list[CallRecording]:
 @pytest.fixture(scope="module")
 def offline(recordings: list[CallRecording], tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[tuple]]:  # type: ignore[type-arg]
     """`callqa transcribe`'s engine path on exactly the μ-law audio the replay sends, per recording and leg."""
-    engine = Engine.load(settings=Settings(quantization="fp32"))
+    engine = Engine.load()
     folder = tmp_path_factory.mktemp("ulaw")
     out: dict[str, list[tuple]] = {}  # type: ignore[type-arg]
     for rec in recordings:
