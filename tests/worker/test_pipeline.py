@@ -196,3 +196,49 @@ def test_partials_precede_finals_and_readers_see_only_finals(
     deduped = worker.query("SELECT segment_id, is_final FROM segments FINAL WHERE call_id = {c:String}", c=ids[0])
     assert all(r["is_final"] for r in deduped) and len(deduped) == len(final_ids)
     assert worker.metric("callqa_partial_delay_seconds_count") >= 1
+
+
+def test_hot_model_reload_takes_a_higher_version_and_refuses_an_equal_one(
+    kafka_settings, start_worker, recordings, offline, tmp_path  # type: ignore[no-untyped-def]
+) -> None:
+    import shutil
+    import threading
+    from dataclasses import replace
+
+    from pipeline.asr.manifest import Manifest, latest_model_folder
+    from pipeline.config import get_settings
+
+    source = latest_model_folder(Path(get_settings().models_dir), "tiny.en")
+    models = tmp_path / "models"
+
+    def place(folder_name: str, manifest_version: int) -> None:
+        target = models / "tiny.en" / folder_name
+        shutil.copytree(source, target)
+        replace(Manifest.read(target), version=manifest_version).write(target)
+
+    place("1", 1)
+    worker = start_worker(models_dir=str(models), model_watch_interval_s="1")
+    assert worker.metric("callqa_model_version") == 1
+    ids: list[str] = []
+    player = threading.Thread(target=lambda: ids.extend(replay(kafka_settings, recordings[:1], realtime=True)))
+    player.start()
+    place("2", 1)  # claims to be version 1 again: refused
+    time.sleep(4)
+    assert worker.metric("callqa_model_version") == 1
+    place("3", 3)
+    deadline = time.monotonic() + 30
+    while worker.metric("callqa_model_version") != 3 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert worker.metric("callqa_model_version") == 3
+    player.join()
+    worker.wait_for_calls(ids)  # the call running across the swap lost nothing
+    rows = worker.query("SELECT leg, start_ms, end_ms, text, model_version FROM segments FINAL "
+                        "WHERE call_id = {c:String} ORDER BY leg, start_ms", c=ids[0])
+    assert sorted((r["leg"], r["start_ms"], r["end_ms"], r["text"]) for r in rows) == offline[recordings[0].source]
+    assert {r["model_version"] for r in rows} <= {1, 3}
+    after = replay(kafka_settings, recordings[:1])
+    worker.wait_for_calls(after)
+    versions = worker.query("SELECT DISTINCT model_version AS v FROM segments FINAL WHERE call_id = {c:String}",
+                            c=after[0])
+    assert versions == [{"v": 3}]
+    assert "model reload refused" in worker.log_path.read_text()
