@@ -54,3 +54,37 @@ def kafka_settings(broker: str, unique_name: str):  # type: ignore[no-untyped-de
     )
     ensure_topics(settings)
     return settings
+
+
+def _read_topic(bootstrap: str, topic: str, expected: int | None = None, idle_s: float = 3.0,
+                timeout_s: float = 60.0) -> list:  # type: ignore[type-arg]
+    """Every message of ``topic`` from the beginning, in a fresh consumer group: until ``expected``
+    messages arrived, or nothing new came for ``idle_s``."""
+    import time
+
+    from confluent_kafka import Consumer
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"read-{uuid.uuid4().hex}",
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    consumer.subscribe([topic])
+    out: list = []  # type: ignore[type-arg]
+    began = last = time.monotonic()
+    try:
+        while time.monotonic() - began < timeout_s:
+            if expected is not None and len(out) >= expected:
+                break
+            if expected is None and time.monotonic() - last >= idle_s:
+                break
+            msg = consumer.poll(0.3)
+            if msg is not None and not msg.error():
+                out.append(msg)
+                last = time.monotonic()
+    finally:
+        consumer.close()
+    return out
+
+
+@pytest.fixture
+def read_topic():  # type: ignore[no-untyped-def]
+    """``read_topic(bootstrap, topic, expected=None, idle_s=3.0)``: the messages of a topic, from its start."""
+    return _read_topic

@@ -286,6 +286,15 @@ def _is_our_broker(pid: int, root: Path) -> bool:
     return f"-Dcallqa.broker.root={root}".encode() in cmdline
 
 
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now (for tests and benchmarks)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def _port_in_use(port: int) -> bool:
     import socket
 

@@ -105,14 +105,6 @@ class CallState:
         )
 
 
-@dataclass
-class ProcessorCounters:
-    duplicates: int = 0
-    late: int = 0
-    gaps: int = 0
-    after_finish: int = 0
-
-
 class InflightBudget:
     """Bounds decoded audio submitted for inference and not yet transcribed (bytes)."""
 
@@ -176,7 +168,6 @@ class CallProcessor:
         self.calls: dict[str, CallState] = {}
         self.finished: OrderedDict[str, None] = OrderedDict()  # recently finished calls (bounded)
         self.awaiting_release: list[CallState] = []
-        self.counters = ProcessorCounters()
         self._is_finished_elsewhere = is_finished_elsewhere
 
     # ---- input ---------------------------------------------------------------------------------
@@ -191,7 +182,6 @@ class CallProcessor:
             call = await self._call_for(frame.call_id)
             if call is None or call.finishing:
                 self.offsets.consumed(tp, offset, None)
-                self.counters.after_finish += 1
                 self.metrics.frames_dropped.labels("after_call_end").inc()
                 continue
             self.offsets.consumed(tp, offset, call.call_id)
@@ -344,15 +334,12 @@ class CallProcessor:
         s = leg.reorder.stats
         dup, late, gaps = s.duplicates - before[0], s.late - before[1], s.gaps_filled - before[2]
         if dup:
-            self.counters.duplicates += dup
             self.metrics.frames_dropped.labels("duplicate").inc(dup)
         if late:
-            self.counters.late += late
             self.metrics.frames_dropped.labels("late").inc(late)
             log.info("call %s %s: %d frame(s) arrived after their place was filled with silence",
                      leg.call_id, leg.leg, late)
         if gaps:
-            self.counters.gaps += gaps
             self.metrics.gap_frames.inc(gaps)
 
     async def _submit(self, call: CallState, leg: LegState, seg: SpeechSegment, consumed_ms: int) -> None:
@@ -366,23 +353,26 @@ class CallProcessor:
                           nbytes: int) -> None:
         closed_ms = now_ms()
         segment_id = f"{call.call_id}/{leg.leg}/{seg.start_ms:09d}"
+        # The budget is held until the segment's rows are in the sink's buffer: while ClickHouse is
+        # down the sink's write() waits, so does this, and the agents stop taking frames.
         try:
-            result = await self.transcriber.transcribe(seg.audio)
-        except Exception as exc:  # noqa: BLE001 - one failed segment must not stop the call
-            self.metrics.segment_failures.inc()
-            log.warning("segment %s failed: %s", segment_id, exc)
-            await self._publish(call, self.settings.topic_dead_letters, call.call_id, DeadLetter(
-                self.settings.topic_audio, -1, -1, f"segment {segment_id}: inference failed: {exc}",
-                _pcm16(seg.audio), key=call.call_id.encode(), error_type=type(exc).__name__,
-                worker_id=self.settings.worker_id,
-            ))
-            return
+            try:
+                result = await self.transcriber.transcribe(seg.audio)
+            except Exception as exc:  # noqa: BLE001 - one failed segment must not stop the call
+                self.metrics.segment_failures.inc()
+                log.warning("segment %s failed: %s", segment_id, exc)
+                await self._publish(call, self.settings.topic_dead_letters, call.call_id, DeadLetter(
+                    self.settings.topic_audio, -1, -1, f"segment {segment_id}: inference failed: {exc}",
+                    _pcm16(seg.audio), key=call.call_id.encode(), error_type=type(exc).__name__,
+                    worker_id=self.settings.worker_id,
+                ))
+                return
+            if result.is_silence or not result.text.strip():
+                self.metrics.segments.labels("silence").inc()
+                return
+            await self._emit_segment(call, leg, seg, segment_id, result, consumed_ms, closed_ms)
         finally:
             await self.budget.release(nbytes)
-        if result.is_silence or not result.text.strip():
-            self.metrics.segments.labels("silence").inc()
-            return
-        await self._emit_segment(call, leg, seg, segment_id, result, consumed_ms, closed_ms)
 
     async def _emit_segment(self, call: CallState, leg: LegState, seg: SpeechSegment, segment_id: str,
                             r: Transcription, consumed_ms: int, closed_ms: int) -> None:
@@ -521,6 +511,7 @@ class CallProcessor:
         if result.events:
             await self.sink.write("qa_events", [_qa_event_row(call.call_id, e) for e in result.events])
         self.metrics.calls_finished.labels(how).inc()
+        call.legs.clear()  # audio buffers and VAD state are not needed while the call awaits release
         del self.calls[call.call_id]
         self._remember_finished(call.call_id)
         self.awaiting_release.append(call)

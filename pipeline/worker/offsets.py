@@ -46,19 +46,9 @@ class OffsetTracker:
         for tp, offset in offsets.items():
             self._committed[tp] = max(offset, self._committed.get(tp, -1))
 
-    def forget(self, tps: set[TopicPartition]) -> None:
-        """Partitions revoked in a rebalance: their calls will be replayed by whoever gets them."""
-        for tp in tps:
-            self._consumed.pop(tp, None)
-            self._held.pop(tp, None)
-            self._committed.pop(tp, None)
-
     def consumed_up_to(self, tp: TopicPartition) -> int | None:
         """One past the last offset consumed on ``tp`` (None before the first)."""
         return self._consumed.get(tp)
 
     def partitions(self) -> list[TopicPartition]:
         return sorted(self._consumed)
-
-    def holders(self, tp: TopicPartition) -> int:
-        return len(self._held.get(tp, {}))

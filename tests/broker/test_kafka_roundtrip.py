@@ -8,7 +8,6 @@ import subprocess
 from collections import defaultdict
 
 import pytest
-from confluent_kafka import Consumer
 
 from pipeline.broker.producer import ContractProducer
 from pipeline.contracts import AudioFrame, Serde
@@ -16,28 +15,7 @@ from pipeline.contracts import AudioFrame, Serde
 pytestmark = pytest.mark.broker
 
 
-def consume_all(bootstrap: str, topic: str, expected: int, group: str, timeout_s: float = 30.0) -> list:  # type: ignore[type-arg]
-    consumer = Consumer({
-        "bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest",
-        "enable.auto.commit": False,
-    })
-    consumer.subscribe([topic])
-    out = []
-    import time
-
-    deadline = time.monotonic() + timeout_s
-    try:
-        while len(out) < expected and time.monotonic() < deadline:
-            msg = consumer.poll(0.5)
-            if msg is None or msg.error():
-                continue
-            out.append(msg)
-    finally:
-        consumer.close()
-    return out
-
-
-def test_frames_of_a_call_share_a_partition_and_legs_stay_in_order(kafka_settings, unique_name) -> None:  # type: ignore[no-untyped-def]
+def test_frames_of_a_call_share_a_partition_and_legs_stay_in_order(kafka_settings, read_topic) -> None:  # type: ignore[no-untyped-def]
     serde = Serde.from_settings()
     producer = ContractProducer(kafka_settings.bootstrap, serde)
     calls = [f"call-{i}" for i in range(8)]
@@ -51,7 +29,7 @@ def test_frames_of_a_call_share_a_partition_and_legs_stay_in_order(kafka_setting
     producer.flush()
     assert producer.delivered == sent
 
-    msgs = consume_all(kafka_settings.bootstrap, kafka_settings.topic_audio, sent, unique_name)
+    msgs = read_topic(kafka_settings.bootstrap, kafka_settings.topic_audio, expected=sent)
     assert len(msgs) == sent
     partitions: dict[str, set[int]] = defaultdict(set)
     seqs: dict[tuple[str, str], list[int]] = defaultdict(list)

@@ -3,21 +3,15 @@
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 import pytest
 
-from pipeline.broker.local import LocalKafka
+from pipeline.broker.local import LocalKafka, free_port
 from pipeline.config import Settings
 
 pytestmark = pytest.mark.broker
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def processes_naming(root: Path) -> list[int]:

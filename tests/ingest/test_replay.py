@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import time
 import wave
 from collections import Counter, defaultdict
 from pathlib import Path
 
 import numpy as np
 import pytest
-from confluent_kafka import Consumer
 
 from pipeline.audio import codecs
 from pipeline.audio.files import AudioFileError, load_audio
@@ -45,23 +43,8 @@ def stereo_call(tmp_path: Path) -> Path:
     return path
 
 
-def read_topic(bootstrap: str, topic: str, group: str, idle_s: float = 3.0) -> list:  # type: ignore[type-arg]
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest"})
-    consumer.subscribe([topic])
-    out, last = [], time.monotonic()
-    try:
-        while time.monotonic() - last < idle_s:
-            msg = consumer.poll(0.3)
-            if msg is not None and not msg.error():
-                out.append(msg)
-                last = time.monotonic()
-    finally:
-        consumer.close()
-    return out
-
-
 def test_stereo_file_yields_every_frame_of_both_legs_and_one_start_and_end(
-    kafka_settings, stereo_call: Path, unique_name: str  # type: ignore[no-untyped-def]
+    kafka_settings, stereo_call: Path, read_topic  # type: ignore[no-untyped-def]
 ) -> None:
     serde = Serde.from_settings()
     options = ReplayOptions(frame_ms=20, encoding="mulaw", calls=3)
@@ -74,7 +57,7 @@ def test_stereo_file_yields_every_frame_of_both_legs_and_one_start_and_end(
     report = player.run([rec], options)
     assert len(report.call_ids) == 3 and len(set(report.call_ids)) == 3
 
-    frames = read_topic(kafka_settings.bootstrap, kafka_settings.topic_audio, unique_name + "a")
+    frames = read_topic(kafka_settings.bootstrap, kafka_settings.topic_audio)
     per_leg: Counter[tuple[str, str]] = Counter()
     seqs: dict[tuple[str, str], list[int]] = defaultdict(list)
     for m in frames:
@@ -89,7 +72,7 @@ def test_stereo_file_yields_every_frame_of_both_legs_and_one_start_and_end(
     assert report.frames_sent == 3 * 2 * expected
 
     events = [serde.decode(m.value(), CallEvent) for m in
-              read_topic(kafka_settings.bootstrap, kafka_settings.topic_call_events, unique_name + "e")]
+              read_topic(kafka_settings.bootstrap, kafka_settings.topic_call_events)]
     kinds = Counter((e.call_id, e.event_type) for e in events)
     for call_id in report.call_ids:
         assert kinds[(call_id, "start")] == 1 and kinds[(call_id, "end")] == 1
@@ -98,7 +81,7 @@ def test_stereo_file_yields_every_frame_of_both_legs_and_one_start_and_end(
     assert end.legs == ["agent", "customer"]
 
 
-def test_a_failure_mid_replay_still_closes_every_started_call(kafka_settings, stereo_call, unique_name) -> None:  # type: ignore[no-untyped-def]
+def test_a_failure_mid_replay_still_closes_every_started_call(kafka_settings, stereo_call, read_topic) -> None:  # type: ignore[no-untyped-def]
     serde = Serde.from_settings()
     options = ReplayOptions(calls=4)
     player = TelephonyReplay(ContractProducer(kafka_settings.bootstrap, serde),
@@ -114,7 +97,7 @@ def test_a_failure_mid_replay_still_closes_every_started_call(kafka_settings, st
     with pytest.raises(RuntimeError, match="gateway lost"):
         player.run([load_recording(stereo_call, options)], options, on_frames=fail_after_some)
     events = [serde.decode(m.value(), CallEvent) for m in
-              read_topic(kafka_settings.bootstrap, kafka_settings.topic_call_events, unique_name)]
+              read_topic(kafka_settings.bootstrap, kafka_settings.topic_call_events)]
     started = {e.call_id for e in events if e.event_type == "start"}
     closed = {e.call_id for e in events if e.event_type in ("end", "abort")}
     assert len(started) == 4

@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from pipeline.broker.local import free_port
 from pipeline.config import Settings
 from pipeline.worker.process import WorkerProcess, worker_env
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture

@@ -85,7 +85,7 @@ def test_streamed_calls_equal_offline_transcription_segment_for_segment(
 
 
 def test_reordered_duplicated_and_missing_frames_and_a_call_without_end(
-    kafka_settings, start_worker, recordings, offline  # type: ignore[no-untyped-def]
+    kafka_settings, start_worker, recordings, offline, read_topic  # type: ignore[no-untyped-def]
 ) -> None:
     worker = start_worker(call_inactivity_timeout_s="3", reorder_window_frames="10")
     serde = Serde.from_settings()
@@ -124,7 +124,8 @@ def test_reordered_duplicated_and_missing_frames_and_a_call_without_end(
     expected = offline[rec.source]
     # three missing 20 ms frames barely change the audio: the same segments come out
     assert [(leg, start) for leg, start, _, _ in stored] == [(leg, start) for leg, start, _, _ in expected]
-    letters = _read_all(kafka_settings, kafka_settings.topic_dead_letters, serde)
+    letters = [serde.decode_any(m.value()) for m in read_topic(kafka_settings.bootstrap,
+                                                               kafka_settings.topic_dead_letters)]
     assert len(letters) == 1 and isinstance(letters[0], DeadLetter)
     assert letters[0].raw.endswith(b"garbage") and kafka_settings.topic_audio in letters[0].reason
 
@@ -165,22 +166,6 @@ def test_overload_holds_the_inflight_bound_and_the_lag_drains(
     while worker.metric("callqa_consumer_lag") > 0 and time.monotonic() < deadline:
         time.sleep(1)
     assert worker.metric("callqa_consumer_lag") == 0
-
-
-def _read_all(settings: Any, topic: str, serde: Serde) -> list[Any]:
-    from confluent_kafka import Consumer
-
-    consumer = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": f"read-{time.time_ns()}",
-                         "auto.offset.reset": "earliest"})
-    consumer.subscribe([topic])
-    out, last = [], time.monotonic()
-    while time.monotonic() - last < 3:
-        msg = consumer.poll(0.3)
-        if msg is not None and not msg.error() and msg.value():
-            out.append(serde.decode_any(msg.value()))  # type: ignore[arg-type]
-            last = time.monotonic()
-    consumer.close()
-    return out
 
 
 def test_partials_precede_finals_and_readers_see_only_finals(
