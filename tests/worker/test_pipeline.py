@@ -197,9 +197,13 @@ def test_hot_model_reload_takes_a_higher_version_and_refuses_an_equal_one(
     models = tmp_path / "models"
 
     def place(folder_name: str, manifest_version: int) -> None:
-        target = models / "tiny.en" / folder_name
-        shutil.copytree(source, target)
-        replace(Manifest.read(target), version=manifest_version).write(target)
+        # Prepared aside and renamed into place, as `callqa models build` does: the watcher must never
+        # see a half-written version.
+        staging = tmp_path / f"staging-{folder_name}"
+        shutil.copytree(source, staging)
+        replace(Manifest.read(staging), version=manifest_version).write(staging)
+        (models / "tiny.en").mkdir(parents=True, exist_ok=True)
+        staging.rename(models / "tiny.en" / folder_name)
 
     place("1", 1)
     worker = start_worker(models_dir=str(models), model_watch_interval_s="1")
