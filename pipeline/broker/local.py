@@ -287,12 +287,23 @@ def _is_our_broker(pid: int, root: Path) -> bool:
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now (for tests and benchmarks)."""
+    """A TCP port on 127.0.0.1 that nothing uses right now (for tests and benchmarks).
+
+    Taken below Linux's ephemeral range (32768+): a port the OS hands out for port 0 can be given
+    again as the local port of an outgoing client connection before our server binds it.
+    """
+    import random
     import socket
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    for _ in range(200):
+        port = random.randint(20000, 32000)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port found between 20000 and 32000")
 
 
 def _port_in_use(port: int) -> bool:

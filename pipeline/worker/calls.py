@@ -382,16 +382,8 @@ class CallProcessor:
         text = analyzed.redacted.text  # the analyzer redacts unless redaction is explicitly off
         produced = now_ms()
         last_frame_ms = leg.produced_at(seg.end_ms) or consumed_ms
-        transcript = TranscriptSegment(
-            segment_id=segment_id, call_id=call.call_id, leg=leg.leg,  # type: ignore[arg-type]
-            start_ms=seg.start_ms, end_ms=seg.end_ms, text=text, is_final=True,
-            confidence=r.confidence, avg_logprob=r.avg_logprob, no_speech_prob=r.no_speech_prob,
-            model_name=r.model_name, model_version=r.model_version,
-            redactions=sum(analyzed.redacted.counts.values()),
-            first_frame_produced_at_ms=leg.produced_at(seg.start_ms + 1), segment_closed_at_ms=closed_ms,
-            batch_size=r.batch_size, batcher_wait_ms=r.batcher_wait_ms, inference_ms=r.inference_ms,
-            produced_at_ms=produced,
-        )
+        transcript = _transcript(call.call_id, leg, segment_id, seg.start_ms, seg.end_ms, text, r, True,
+                                 sum(analyzed.redacted.counts.values()), closed_ms, produced)
         latency = LatencyMetric(
             segment_id=segment_id, call_id=call.call_id, leg=leg.leg, is_final=True,  # type: ignore[arg-type]
             frame_to_consume_ms=float(max(0, consumed_ms - last_frame_ms)),
@@ -451,14 +443,8 @@ class CallProcessor:
                     r.text.strip())
         )
         produced = now_ms()
-        partial = TranscriptSegment(
-            segment_id=redacted.segment.segment_id, call_id=call.call_id, leg=leg.leg,  # type: ignore[arg-type]
-            start_ms=start_ms, end_ms=end_ms, text=redacted.text, is_final=False, confidence=r.confidence,
-            avg_logprob=r.avg_logprob, no_speech_prob=r.no_speech_prob, model_name=r.model_name,
-            model_version=r.model_version, redactions=sum(redacted.counts.values()),
-            first_frame_produced_at_ms=leg.produced_at(start_ms + 1), batch_size=r.batch_size,
-            batcher_wait_ms=r.batcher_wait_ms, inference_ms=r.inference_ms, produced_at_ms=produced,
-        )
+        partial = _transcript(call.call_id, leg, redacted.segment.segment_id, start_ms, end_ms, redacted.text, r,
+                              False, sum(redacted.counts.values()), 0, produced)
         await self._publish(call, self.settings.topic_transcripts, call.call_id, partial)
         await self.sink.write("segments", [_segment_row(partial)])
         self.metrics.segments.labels("partial").inc()
@@ -525,7 +511,21 @@ class CallProcessor:
             self.finished.popitem(last=False)
 
 
-# ---- rows -----------------------------------------------------------------------------------------
+# ---- messages and rows ----------------------------------------------------------------------------
+def _transcript(call_id: str, leg: LegState, segment_id: str, start_ms: int, end_ms: int, text: str,
+                r: Transcription, is_final: bool, redactions: int, closed_ms: int, produced_ms: int) -> TranscriptSegment:
+    """The TranscriptSegment of a final or partial result (a partial has no closing time)."""
+    return TranscriptSegment(
+        segment_id=segment_id, call_id=call_id, leg=leg.leg,  # type: ignore[arg-type]
+        start_ms=start_ms, end_ms=end_ms, text=text, is_final=is_final, confidence=r.confidence,
+        avg_logprob=r.avg_logprob, no_speech_prob=r.no_speech_prob, model_name=r.model_name,
+        model_version=r.model_version, redactions=redactions,
+        first_frame_produced_at_ms=leg.produced_at(start_ms + 1), segment_closed_at_ms=closed_ms,
+        batch_size=r.batch_size, batcher_wait_ms=r.batcher_wait_ms, inference_ms=r.inference_ms,
+        produced_at_ms=produced_ms,
+    )
+
+
 def _dt(ms: int) -> datetime:
     return datetime.fromtimestamp(ms / 1000, tz=UTC)
 

@@ -6,18 +6,18 @@ started it reads results through its /api/query, as `callqa report` does.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
 import time
 import urllib.error
-import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from pipeline.report import WorkerApiSource
 
 
 @dataclass
@@ -84,14 +84,7 @@ class WorkerProcess:
         return total
 
     def query(self, sql: str, **params: Any) -> list[dict[str, Any]]:
-        args = {"sql": sql, **{f"param_{k}": str(v) for k, v in params.items()}}
-        url = f"{self.base_url}/api/query?{urllib.parse.urlencode(args)}"
-        try:
-            with urllib.request.urlopen(url, timeout=60) as r:  # noqa: S310 - loopback
-                body = json.loads(r.read())
-        except urllib.error.HTTPError as exc:
-            raise RuntimeError(exc.read().decode()) from exc
-        return [dict(zip(body["columns"], row, strict=True)) for row in body["rows"]]
+        return WorkerApiSource(self.base_url).rows(sql, params)
 
     def wait_for_calls(self, call_ids: list[str], timeout_s: float = 180.0) -> list[dict[str, Any]]:
         """Wait until every call is finished in the store with all its segments; returns the call rows."""
