@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 CALLQA := $(BIN)/callqa
 STATE := .callqa
-SYSTEM_PACKAGES := kcat pocketsphinx-testdata alsa-utils default-jre-headless maven
+SYSTEM_PACKAGES := kcat pocketsphinx-testdata alsa-utils default-jre-headless maven prometheus openssl
 
 .PHONY: demo test setup system venv kafka models lint broker-stop clean
 
@@ -27,17 +27,24 @@ test: setup
 
 setup: system venv kafka models
 
-# Debian packages: the evaluation recordings, kcat (an independent Kafka client for tests), Java + Maven.
-system: $(STATE)/.system
-$(STATE)/.system:
+# Debian packages: the evaluation recordings, kcat (an independent Kafka client for tests), Java + Maven,
+# Prometheus + promtool (the dashboards' PromQL and the alert rules are run by tests; it is not started
+# as a service), openssl (it makes the local SASL_SSL broker's certificates). The stamp holds the package
+# list it was made for, so adding a package to the list installs it on a machine that already has a
+# stamp. None of these needs its recommended packages.
+system:
 	@mkdir -p $(STATE)
-	@missing=$$(for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
-	if [ -n "$$missing" ]; then \
-	  echo "installing Debian packages: $$missing"; \
-	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
-	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
+	@if [ "$$(cat $(STATE)/.system 2>/dev/null)" != "$(SYSTEM_PACKAGES)" ]; then \
+	  missing=$$(for p in $(SYSTEM_PACKAGES); do \
+	    dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
+	  if [ -n "$$missing" ]; then \
+	    echo "installing Debian packages:" $$missing; \
+	    SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	    $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	      $$SUDO apt-get install -y -qq --no-install-recommends $$missing >/dev/null || exit 1; \
+	  fi; \
+	  echo "$(SYSTEM_PACKAGES)" > $(STATE)/.system; \
 	fi
-	@touch $@
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml

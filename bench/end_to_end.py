@@ -51,7 +51,7 @@ def run_scenario(name: str, calls: int, realtime: bool, overrides: dict[str, str
     try:
         options = ReplayOptions(encoding="mulaw", realtime=realtime, calls=calls)
         recordings = [load_recording(p, options) for p in sorted((ROOT / "samples" / "calls").glob("*.wav"))]
-        player = TelephonyReplay(ContractProducer(settings.bootstrap, Serde.from_settings()),
+        player = TelephonyReplay(ContractProducer.from_settings(settings, Serde.from_settings()),
                                  settings.topic_audio, settings.topic_call_events)
         began = time.monotonic()
         report = player.run(recordings, options)

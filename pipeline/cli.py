@@ -11,8 +11,10 @@ from pathlib import Path
 from typing import Annotated
 
 import click
+import pydantic
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -48,19 +50,27 @@ def broker_install() -> None:
 
 
 @broker_app.command("start")
-def broker_start() -> None:
+def broker_start(
+    sasl_ssl: Annotated[bool, typer.Option(
+        "--sasl-ssl", help="SASL_SSL client listener (own CA; PLAIN and SCRAM users from CALLQA_KAFKA_SASL_*).")] = False,
+) -> None:
     """Start the broker; returns once it answers metadata requests."""
     from pipeline.broker.local import LocalKafka
 
-    kafka = LocalKafka(get_settings())
+    settings = get_settings()
+    if sasl_ssl:
+        settings = settings.model_copy(update={"kafka_local_listener": "SASL_SSL"})
+    kafka = LocalKafka(settings)
     with console.status("starting Kafka (KRaft) on 127.0.0.1..."):
         result = kafka.start()
+    where = f"127.0.0.1:{settings.kafka_port} ({kafka.listener})"
     if result.already_running:
-        console.print(f"broker already running (pid {result.pid}) at {kafka.settings.bootstrap}; not starting another")
-        return
-    console.print(
-        f"broker ready at {kafka.settings.bootstrap} (pid {result.pid}) in [bold]{result.ready_after_s:.1f} s[/bold]"
-    )
+        console.print(f"broker already running (pid {result.pid}) at {where}; not starting another")
+    else:
+        console.print(f"broker ready at {where} (pid {result.pid}) in [bold]{result.ready_after_s:.1f} s[/bold]")
+    if kafka.sasl_ssl:
+        console.print(f"clients: CALLQA_KAFKA_SECURITY_PROTOCOL=SASL_SSL CALLQA_KAFKA_SSL_CA_FILE={kafka.tls.ca_cert} "
+                      f"and user {settings.kafka_sasl_username!r} (PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512)")
 
 
 @broker_app.command("stop")
@@ -139,7 +149,7 @@ def replay(
     options = ReplayOptions(frame_ms=frame_ms, encoding=encoding, realtime=realtime, calls=calls)  # type: ignore[arg-type]
     recordings = [load_recording(p, options) for p in paths]
     ensure_topics(settings)
-    producer = ContractProducer(settings.bootstrap, Serde.from_settings(settings.schema_registry_url))
+    producer = ContractProducer.from_settings(settings, Serde.from_settings(settings.schema_registry_url))
     player = TelephonyReplay(producer, settings.topic_audio, settings.topic_call_events)
     n_calls = options.calls or len(recordings)
     frame_samples = {r.source: r.sample_rate * frame_ms // 1000 for r in recordings}
@@ -166,9 +176,11 @@ def worker(
 ) -> None:
     """Run the streaming worker: audio frames in; transcripts, latency and QA out (Kafka and ClickHouse)."""
     from pipeline.broker.topics import ensure_topics
+    from pipeline.worker.api import check_api_settings
     from pipeline.worker.app import run_worker
 
     settings = get_settings()
+    check_api_settings(settings)  # before anything starts: an exposed /api/* is refused in one line
     ensure_topics(settings)
     console.print(f"worker {settings.worker_id}: Kafka {settings.bootstrap}, web http://{settings.web_host}:{settings.web_port}")
     run_worker(settings, loglevel=loglevel)
@@ -215,6 +227,16 @@ def _register_optional_commands() -> None:
 _register_optional_commands()
 
 
+def _describe_validation(exc: pydantic.ValidationError) -> str:
+    """``CALLQA_FIELD: message`` per error, on one line; the inputs are left out (they may be secrets)."""
+    parts = []
+    for error in exc.errors(include_input=False, include_url=False):
+        field = ".".join(str(p) for p in error["loc"])
+        message = error["msg"].removeprefix("Value error, ")
+        parts.append(f"CALLQA_{field.upper()}: {message}" if field else message)
+    return "; ".join(parts)
+
+
 def main() -> None:
     began = time.monotonic()
     try:
@@ -224,6 +246,9 @@ def main() -> None:
     except click.ClickException as exc:  # usage errors: click's own one-line message
         exc.show()
         sys.exit(exc.exit_code)
+    except pydantic.ValidationError as exc:  # bad settings: which ones and why, never the values given
+        err_console.print(f"[red]error:[/red] invalid settings: {escape(_describe_validation(exc))}")
+        sys.exit(2)
     except (typer.Abort, KeyboardInterrupt):
         err_console.print("aborted")
         sys.exit(130)

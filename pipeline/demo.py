@@ -18,11 +18,12 @@ from confluent_kafka import Consumer, TopicPartition
 from rich.console import Console
 
 from pipeline.broker.producer import ContractProducer
+from pipeline.broker.security import kafka_config
 from pipeline.broker.topics import ensure_topics
 from pipeline.config import Settings, get_settings
 from pipeline.contracts import QaAlert, Serde, TranscriptSegment
 from pipeline.ingest.replay import ReplayOptions, TelephonyReplay, load_recording
-from pipeline.report import WorkerApiSource, render_report
+from pipeline.report import render_report
 from pipeline.worker.process import WorkerProcess, worker_env
 
 SAMPLES = Path(__file__).resolve().parents[1] / "samples" / "calls"
@@ -40,7 +41,7 @@ def start_worker(settings: Settings) -> WorkerProcess:
 
 def tail_outputs(settings: Settings, serde: Serde, prefix: str, stop: threading.Event) -> None:
     """Print each final transcript and live QA alert of the demo's calls as it arrives."""
-    consumer = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": f"callqa-demo-{os.getpid()}",
+    consumer = Consumer({**kafka_config(settings), "group.id": f"callqa-demo-{os.getpid()}",
                          "enable.auto.commit": False})
     parts = []
     for topic in (settings.topic_transcripts, settings.topic_qa):
@@ -83,14 +84,14 @@ def main() -> int:
     stop = threading.Event()
     prefix = f"demo{int(time.time())}"
     try:
-        player = TelephonyReplay(ContractProducer(settings.bootstrap, serde), settings.topic_audio,
+        player = TelephonyReplay(ContractProducer.from_settings(settings, serde), settings.topic_audio,
                                  settings.topic_call_events)
         tail = threading.Thread(target=tail_outputs, args=(settings, serde, prefix, stop), daemon=True)
         tail.start()
         time.sleep(2)  # the tail holds its start offsets before the first call begins
         console.print(f"replaying {len(files)} sample calls in real time (μ-law, 20 ms frames)...")
         report = player.run(recordings, replace(options, call_id_prefix=prefix))
-        api = WorkerApiSource(f"http://{settings.web_host}:{settings.web_port}")
+        api = worker.api()  # with the random API token worker_env gave the worker
         with console.status("waiting for the calls to be finalised..."):
             worker.wait_for_calls(report.call_ids, timeout_s=120)
             time.sleep(2)  # let the tail print the last QA messages

@@ -1,7 +1,9 @@
 """`callqa report`: calls, QA scores, failed items, metrics and redacted transcripts as rich tables.
 
 The embedded store (chdb) admits one process per data folder; while a worker runs it holds the
-store, so the report asks the worker's web API (read-only SQL) instead of opening the store itself.
+store, so the report asks the worker's web API (read-only SQL, with the bearer token CALLQA_API_TOKEN)
+instead of opening the store itself. Without a worker it reads the store through the read-only
+account (CALLQA_CLICKHOUSE_READONLY_URL), under the same statement check and limits.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import json
 import urllib.error
 import urllib.parse
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -29,15 +31,18 @@ class WorkerApiSource:
     """Read-only SQL through a running worker's /api/query."""
 
     base_url: str
+    token: str = field(default="", repr=False)  # the worker's CALLQA_API_TOKEN
 
     def rows(self, sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:
         query = {"sql": sql, **{f"param_{k}": str(v) for k, v in params.items()}}
-        url = f"{self.base_url}/api/query?{urllib.parse.urlencode(query)}"
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        request = urllib.request.Request(f"{self.base_url}/api/query?{urllib.parse.urlencode(query)}",
+                                         headers=headers)
         try:
-            with urllib.request.urlopen(url, timeout=30) as resp:  # noqa: S310 - our own worker on loopback
+            with urllib.request.urlopen(request, timeout=60) as resp:  # noqa: S310 - our own worker
                 body = json.loads(resp.read())
         except urllib.error.HTTPError as exc:  # the worker says why in the body
-            body = json.loads(exc.read() or b"{}") or {"error": str(exc)}
+            body = _error_body(exc)
         if "error" in body:
             raise RuntimeError(body["error"])
         return [dict(zip(body["columns"], r, strict=True)) for r in body["rows"]]
@@ -50,6 +55,16 @@ class WorkerApiSource:
             return False
 
 
+def _error_body(exc: urllib.error.HTTPError) -> dict[str, Any]:
+    try:
+        body = json.loads(exc.read() or b"{}")
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and "error" in body:
+        return {"error": f"worker API answered {exc.code}: {body['error']}"}
+    return {"error": f"worker API answered {exc.code} {exc.reason}"}
+
+
 @dataclass
 class StoreSource:
     """Read-only SQL straight on the store (no worker running)."""
@@ -57,15 +72,17 @@ class StoreSource:
     settings: Settings
 
     def rows(self, sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:
-        from pipeline.store.queries import run_readonly_query
+        from pipeline.store.queries import QueryLimits, run_readonly_query
 
-        result = run_readonly_query(sql, params, url=self.settings.clickhouse_url or None,
-                                    database=self.settings.clickhouse_database)
+        result = run_readonly_query(sql, params, url=self.settings.reader_url,
+                                    database=self.settings.clickhouse_database,
+                                    limits=QueryLimits.from_settings(self.settings))
         return [dict(zip(result.columns, r, strict=True)) for r in result.rows]
 
 
 def source_for(settings: Settings) -> RowSource:
-    api = WorkerApiSource(f"http://{settings.web_host}:{settings.web_port}")
+    api = WorkerApiSource(f"http://{settings.web_host}:{settings.web_port}",
+                          settings.api_token.get_secret_value().strip())
     return api if api.available() else StoreSource(settings)
 
 

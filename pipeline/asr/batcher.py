@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.asr.canary import load_checked
 from pipeline.asr.decoding import WindowPolicy
 from pipeline.asr.manifest import Manifest
 from pipeline.asr.recognizer import Recognizer
@@ -108,9 +109,10 @@ class SegmentBatcher:
         self._recognizer = recognizer
 
     async def reload(self, folder: Path, settings: AsrSettings) -> Recognizer:
-        """Load a model folder in a thread (refusing a version that is not newer) and swap to it."""
+        """Load a model folder in a thread and swap to it, refusing (before any batch sees it) a version
+        that is not newer, a file or signature that does not check out, or a failed canary."""
         check_newer(Manifest.read(folder).version, self._recognizer.version, folder.parent.name)
-        recognizer = await asyncio.to_thread(Recognizer.load, folder, settings)
+        recognizer = await asyncio.to_thread(load_checked, folder, settings)
         self.swap(recognizer)
         return recognizer
 

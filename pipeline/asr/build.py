@@ -9,10 +9,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from pipeline.asr.ct2 import find_source, load_source, load_suppress_config
 from pipeline.asr.graph import build_decoder, build_encoder
 from pipeline.asr.manifest import GRAPH_FORMAT, Manifest, model_versions, sha256_of
+from pipeline.asr.signing import sign_model
 
 SAMPLE_RATE = 16000
 VOCABULARY_FILE = "vocabulary.txt"
@@ -50,8 +52,11 @@ def _write_graphs(folder: Path, name: str) -> tuple[dict[str, dict[str, str]], o
     return graphs, weights.sha256
 
 
-def build_model(name: str, models_dir: Path, version: int | None = None) -> BuildResult:
-    """Write models_dir/<name>/<version>/ (next free version by default) and return its manifest."""
+def build_model(
+    name: str, models_dir: Path, version: int | None = None, sign_key: Ed25519PrivateKey | None = None
+) -> BuildResult:
+    """Write models_dir/<name>/<version>/ (next free version by default) and return its manifest;
+    signed with `sign_key` before it appears, so a watching worker never sees it unsigned."""
     existing = model_versions(models_dir, name)
     version = version if version is not None else (existing[-1] + 1 if existing else 1)
     final = models_dir / name / str(version)
@@ -83,6 +88,8 @@ def build_model(name: str, models_dir: Path, version: int | None = None) -> Buil
             graph_format=GRAPH_FORMAT,
         )
         manifest.write(work)
+        if sign_key is not None:
+            sign_model(work, sign_key)
         work.chmod(0o755)  # mkdtemp makes it private; a model folder is shared read-only data
         work.rename(final)
     return BuildResult(final, manifest)

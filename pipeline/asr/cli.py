@@ -1,4 +1,4 @@
-"""ASR commands: `callqa models build|list` and `callqa transcribe` (wired into pipeline/cli.py)."""
+"""ASR commands: `callqa models build|list|keygen|sign` and `callqa transcribe` (wired into pipeline/cli.py)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,14 @@ from rich.table import Table
 
 from pipeline.asr.manifest import Manifest, model_versions
 from pipeline.asr.results import TranscriptResult
+from pipeline.asr.signing import (
+    generate_key,
+    key_id,
+    load_private_key,
+    public_key_text,
+    sign_model,
+    signer_id,
+)
 from pipeline.config import get_settings
 
 if TYPE_CHECKING:
@@ -25,7 +33,7 @@ if TYPE_CHECKING:
     from pipeline.segmentation import SpeechSegment
 
 models_app = typer.Typer(
-    no_args_is_help=True, help="Whisper models: build ONNX graphs from packaged weights."
+    no_args_is_help=True, help="Whisper models: build ONNX graphs from packaged weights, sign them."
 )
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
@@ -38,6 +46,9 @@ def build(
     if_needed: Annotated[bool, typer.Option(
         "--if-needed", help="Only build when no version of this graph format exists (what make runs).",
     )] = False,
+    key: Annotated[Path | None, typer.Option(
+        help="Ed25519 private key (callqa models keygen): sign the version before it appears.",
+    )] = None,
 ) -> None:
     """Build fp32 and int8 ONNX graphs of a Whisper model into models_dir/<name>/<version>/."""
     from pipeline.asr.build import build_model  # onnx is imported only when building
@@ -52,14 +63,49 @@ def build(
                 return
         except ModelNotBuiltError:
             pass
+    sign_key = load_private_key(key) if key is not None else None  # a bad key fails before the build
     started = time.perf_counter()
     with console.status(f"building {name} from its CTranslate2 weights..."):
-        result = build_model(name, models_dir, version)
+        result = build_model(name, models_dir, version, sign_key)
     m = result.manifest
     console.print(
         f"built {m.name} version {m.version} in {result.folder} "
         f"({time.perf_counter() - started:.1f} s, from {m.source_package} {m.source_version})"
     )
+
+
+@models_app.command("keygen")
+def keygen(
+    key: Annotated[Path, typer.Option(help="Where to write the private key (PEM, mode 0600; never overwritten).")],
+) -> None:
+    """Make an Ed25519 key pair for signing models: the private key to --key, the public key to KEY.pub."""
+    public = generate_key(key)
+    public_path = key.with_name(key.name + ".pub")
+    public_path.write_text(public_key_text(public) + "\n")
+    # soft_wrap: lines meant to be copied must not be broken at the terminal's width
+    console.print(f"private key: {key} (keep it where models are built, not where workers run)", soft_wrap=True)
+    console.print(f"public key:  {public_path} (key id {key_id(public)})", soft_wrap=True)
+    console.print(f"workers trust it with: CALLQA_MODEL_PUBLIC_KEY={public_key_text(public)}", soft_wrap=True)
+
+
+@models_app.command("sign")
+def sign(
+    name: Annotated[str, typer.Argument(help="Model name, e.g. tiny.en.")],
+    key: Annotated[Path, typer.Option(help="Ed25519 private key file (callqa models keygen).")],
+    version: Annotated[int | None, typer.Option(help="Version to sign (default: the newest).")] = None,
+) -> None:
+    """Sign a built version's manifest (after checking every file against it): writes manifest.json.sig."""
+    from pipeline.asr.manifest import latest_model_folder
+
+    models_dir = Path(get_settings().models_dir)
+    folder = latest_model_folder(models_dir, name) if version is None else models_dir / name / str(version)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder}: no such model version (callqa models list)")
+    private = load_private_key(key)
+    if key.stat().st_mode & 0o077:
+        err_console.print(f"[yellow]warning[/yellow] {key}: readable by others (chmod 600 {key})")
+    target = sign_model(folder, private)
+    console.print(f"signed {folder} with key {key_id(private.public_key())}: {target.name}")
 
 
 @models_app.command("list")
@@ -72,8 +118,10 @@ def list_models() -> None:
         for version in model_versions(models_dir, name):
             m = Manifest.read(models_dir / name / str(version))
             tools = ", ".join(f"{k} {v}" for k, v in m.tools.items())
+            signer = signer_id(models_dir / name / str(version))  # claimed key id; loading verifies it
+            label = f"{version}\nsigned\n{signer[:8]}" if signer else f"{version}\nunsigned"
             table.add_row(
-                name, str(version), f"{m.source_package} {m.source_version}", ", ".join(m.graphs), tools
+                name, label, f"{m.source_package} {m.source_version}", ", ".join(m.graphs), tools
             )
     if not table.rows:
         console.print(f"no model built in {models_dir} (run: callqa models build tiny.en)")

@@ -22,6 +22,7 @@ import numpy as np
 
 from pipeline.asr.batcher import SegmentBatcher
 from pipeline.asr.build import build_model
+from pipeline.asr.canary import load_checked
 from pipeline.asr.manifest import GRAPH_FORMAT, Manifest, ModelNotBuiltError, latest_model_folder
 from pipeline.asr.recognizer import Recognizer
 from pipeline.asr.results import SegmentAudio, TranscriptResult
@@ -89,7 +90,8 @@ class Engine:
     @classmethod
     def load(cls, name: str | None = None, *, settings: Settings | None = None, build: bool = True) -> Engine:
         """Load the newest built version of `name` (default: settings.model), building it if missing or
-        built for another graph format."""
+        built for another graph format. Refuses it (ModelIntegrityError, one line naming the folder)
+        when a file or, with a trusted key set, the signature does not check out, or the canary fails."""
         settings = settings or get_settings()
         name = name or settings.model
         models_dir = Path(settings.models_dir)
@@ -101,7 +103,7 @@ class Engine:
             if not build:
                 raise
             folder = build_model(name, models_dir).folder
-        return cls(Recognizer.load(folder, settings), settings)
+        return cls(load_checked(folder, settings), settings)
 
     @property
     def model_label(self) -> str:

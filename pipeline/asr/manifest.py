@@ -56,11 +56,13 @@ class Manifest:
 
     @classmethod
     def read(cls, folder: Path) -> Manifest:
-        path = folder / MANIFEST_FILE
+        return cls.parse(read_manifest_bytes(folder), folder / MANIFEST_FILE)
+
+    @classmethod
+    def parse(cls, data: bytes, path: Path) -> Manifest:
+        """The manifest from bytes already read (the very bytes a signature was checked against)."""
         try:
-            return cls(**json.loads(path.read_text()))
-        except FileNotFoundError as exc:
-            raise ModelIntegrityError(f"{path}: manifest missing") from exc
+            return cls(**json.loads(data))
         except (TypeError, ValueError) as exc:
             raise ModelIntegrityError(f"{path}: manifest unreadable ({exc})") from exc
 
@@ -84,6 +86,16 @@ class Manifest:
                 raise ModelIntegrityError(
                     f"{path}: sha256 {actual[:12]}… does not match manifest {expected[:12]}… (file altered?)"
                 )
+
+
+def read_manifest_bytes(folder: Path) -> bytes:
+    path = folder / MANIFEST_FILE
+    try:
+        return path.read_bytes()
+    except FileNotFoundError as exc:
+        raise ModelIntegrityError(f"{path}: manifest missing") from exc
+    except OSError as exc:
+        raise ModelIntegrityError(f"{path}: manifest unreadable ({exc.strerror})") from exc
 
 
 def model_versions(models_dir: Path, name: str) -> list[int]:

@@ -7,8 +7,16 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from pipeline.asr.manifest import Manifest, ModelIntegrityError, latest_model_folder
+from pipeline.asr.manifest import (
+    MANIFEST_FILE,
+    Manifest,
+    ModelIntegrityError,
+    latest_model_folder,
+    read_manifest_bytes,
+)
+from pipeline.asr.signing import verify_signature
 from pipeline.asr.vocabulary import Vocabulary
 
 
@@ -28,9 +36,26 @@ class WhisperOnnx:
         return f"{self.manifest.name}@{self.manifest.version}/{self.quantization}"
 
     @classmethod
-    def load(cls, folder: Path, quantization: str = "int8", intra_op_threads: int = 0) -> WhisperOnnx:
-        """Load a model folder after checking every file it needs against the manifest's sha256."""
-        manifest = Manifest.read(folder)
+    def load(
+        cls,
+        folder: Path,
+        quantization: str = "int8",
+        intra_op_threads: int = 0,
+        trusted_key: Ed25519PublicKey | None = None,
+    ) -> WhisperOnnx:
+        """Load a model folder after checking every file it needs against the manifest's sha256, and,
+        when `trusted_key` is given, the manifest's signature by that key."""
+        data = read_manifest_bytes(folder)
+        if trusted_key is not None:
+            verify_signature(folder, data, trusted_key)
+        # Parsed from the bytes just verified: re-reading the file would let it change in between.
+        manifest = Manifest.parse(data, folder / MANIFEST_FILE)
+        if folder.name.isdigit() and int(folder.name) != manifest.version:
+            # Versions are found by folder name: an old (even validly signed) version copied under a
+            # newer name would otherwise be loaded as the newest at the next start.
+            raise ModelIntegrityError(
+                f"{folder}: refused: the folder says version {folder.name}, its manifest {manifest.version}"
+            )
         graphs = manifest.graphs.get(quantization)
         if graphs is None:
             raise ModelIntegrityError(
@@ -56,9 +81,14 @@ class WhisperOnnx:
 
     @classmethod
     def load_latest(
-        cls, models_dir: Path, name: str, quantization: str, intra_op_threads: int = 0
+        cls,
+        models_dir: Path,
+        name: str,
+        quantization: str,
+        intra_op_threads: int = 0,
+        trusted_key: Ed25519PublicKey | None = None,
     ) -> WhisperOnnx:
-        return cls.load(latest_model_folder(models_dir, name), quantization, intra_op_threads)
+        return cls.load(latest_model_folder(models_dir, name), quantization, intra_op_threads, trusted_key)
 
     @property
     def decoder_layers(self) -> int:

@@ -16,6 +16,7 @@ import numpy as np
 from pipeline.asr.decoding import DecodedSegment, DecodeOptions, GreedyDecoder, WindowPolicy
 from pipeline.asr.onnx_model import WhisperOnnx
 from pipeline.asr.results import SegmentAudio, SegmentTimings, TranscriptResult
+from pipeline.asr.signing import trusted_key
 from pipeline.audio.mel import SAMPLE_RATE, log_mel_spectrogram
 from pipeline.config.asr import AsrSettings
 
@@ -61,7 +62,8 @@ class Recognizer:
 
     @classmethod
     def load(cls, folder: Path, settings: AsrSettings) -> Recognizer:
-        model = WhisperOnnx.load(folder, settings.quantization, settings.intra_op_threads)
+        """Load a model version; signed by the trusted key when settings name one."""
+        model = WhisperOnnx.load(folder, settings.quantization, settings.intra_op_threads, trusted_key(settings))
         return cls(model, decode_options(settings, model))
 
     @property

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 from confluent_kafka import KafkaError, Message, Producer
 
+from pipeline.broker.security import ClientErrors, kafka_config
+from pipeline.config.broker import BrokerSettings
 from pipeline.contracts import Message as ContractMessage
 from pipeline.contracts import Serde
 
@@ -18,7 +21,7 @@ class DeliveryError(RuntimeError):
 class ContractProducer:
     """Produces contract messages keyed by call ID; delivery failures are counted and raised on flush."""
 
-    def __init__(self, bootstrap: str, serde: Serde, **overrides: Any) -> None:
+    def __init__(self, bootstrap: str, serde: Serde, errors: ClientErrors | None = None, **overrides: Any) -> None:
         config = {
             "bootstrap.servers": bootstrap,
             # Idempotence gives exactly-once writes per partition across the producer's retries.
@@ -31,9 +34,18 @@ class ContractProducer:
         }
         self._producer = Producer(config)
         self.serde = serde
+        self.errors = errors
         self._lock = threading.Lock()
         self.delivered = 0
         self.failures: list[str] = []
+
+    @classmethod
+    def from_settings(cls, settings: BrokerSettings, serde: Serde, **overrides: Any) -> ContractProducer:
+        """A producer with the settings' bootstrap servers and security (SASL, TLS)."""
+        errors = ClientErrors(settings)
+        config = kafka_config(settings, errors)
+        bootstrap = config.pop("bootstrap.servers")
+        return cls(bootstrap, serde, errors, **config, **overrides)
 
     def send(self, topic: str, key: str, message: ContractMessage) -> None:
         self.send_raw(topic, key.encode(), self.serde.encode(message))
@@ -46,14 +58,25 @@ class ContractProducer:
             except BufferError:
                 # Local queue full: let librdkafka send some, then retry (back-pressure, not loss).
                 self._producer.poll(0.05)
+                self._raise_if_refused()
         self._producer.poll(0)
 
     def flush(self, timeout_s: float = 60.0) -> None:
-        remaining = self._producer.flush(timeout_s)
+        # In short steps, so a refused login or TLS handshake ends the wait at once.
+        deadline = time.monotonic() + timeout_s
+        remaining = self._producer.flush(min(1.0, timeout_s))
+        while remaining and time.monotonic() < deadline:
+            self._raise_if_refused()
+            remaining = self._producer.flush(min(1.0, max(0.0, deadline - time.monotonic())))
         if remaining:
+            self._raise_if_refused()
             raise DeliveryError(f"{remaining} messages still undelivered after {timeout_s:.0f} s")
         if self.failures:
             raise DeliveryError(f"{len(self.failures)} messages failed: {self.failures[0]}")
+
+    def _raise_if_refused(self) -> None:
+        if self.errors is not None:
+            self.errors.raise_if_failed()
 
     def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
         with self._lock:

@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import NewTopic
 
+from pipeline.broker.security import ClientErrors, admin_client, cluster_metadata
 from pipeline.config import Settings
 
 
@@ -38,10 +39,15 @@ def topic_specs(s: Settings) -> list[TopicSpec]:
 
 
 def ensure_topics(settings: Settings, specs: list[TopicSpec] | None = None, timeout_s: float = 30.0) -> list[str]:
-    """Create the topics that do not exist yet; return the names created (empty when all existed)."""
+    """Create the topics that do not exist yet; return the names created (empty when all existed).
+
+    Also the first contact of most commands with Kafka: a refused login or TLS handshake raises
+    KafkaSecurityError at once, no answer at all KafkaUnavailableError.
+    """
     specs = specs if specs is not None else topic_specs(settings)
-    admin = AdminClient({"bootstrap.servers": settings.bootstrap})
-    existing = set(admin.list_topics(timeout=timeout_s).topics)
+    errors = ClientErrors(settings)
+    admin = admin_client(settings, errors)
+    existing = set(cluster_metadata(admin, errors, timeout_s).topics)
     missing = [t for t in specs if t.name not in existing]
     if not missing:
         return []

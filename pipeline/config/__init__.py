@@ -48,6 +48,8 @@ class Settings(
         env_file=".env",
         extra="ignore",
         validate_default=True,
+        # A validation error must not echo what it was given: the input holds the secrets too.
+        hide_input_in_errors=True,
     )
 
     @classmethod

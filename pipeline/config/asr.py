@@ -33,3 +33,13 @@ class AsrSettings(BaseModel):
     intra_op_threads: int = Field(
         1, description="ONNX Runtime intra-op threads per session (0 = all cores); 1 leaves a core to the agents.",
     )
+    # Not a secret (it only verifies), so a plain string: the key itself, or where to read it.
+    model_public_key: str = Field(
+        "", description="Ed25519 key trusted to sign model manifests (file path or base64); set = signatures required.",
+    )
+    model_canary: bool = Field(
+        True, description="Transcribe the shipped canary utterance before a model takes traffic (start, hot swap).",
+    )
+    model_canary_max_wer: float = Field(
+        0.2, ge=0.0, description="Highest WER on the canary utterance a model may show and still be used.",
+    )

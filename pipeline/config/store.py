@@ -2,15 +2,32 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, SecretStr
 
 
 class StoreSettings(BaseModel):
-    clickhouse_url: str = Field(
-        "",
-        description="chdb:///abs/path (embedded engine) or http(s)://host:8123; empty means chdb under state_dir.",
+    # URLs are secrets: an http(s) URL carries the account's password.
+    clickhouse_url: SecretStr = Field(
+        SecretStr(""),
+        description="Writer account (migrations, the sink): chdb:///abs/path (embedded engine) or "
+        "http(s)://user:pass@host:8123; empty means chdb under state_dir.",
+    )
+    clickhouse_readonly_url: SecretStr = Field(
+        SecretStr(""),
+        description="Read-only account for /api/query and `callqa report` (http(s)://reader:pass@host:8123); "
+        "empty means clickhouse_url.",
     )
     clickhouse_database: str = Field("callqa", description="ClickHouse database for callqa tables.")
+    clickhouse_ca_cert: str = Field(
+        "", description="PEM CA file that signed the ClickHouse server's https certificate; empty: the system CAs."
+    )
+    clickhouse_verify: bool = Field(
+        True, description="Verify the ClickHouse server's https certificate and host name (off only to debug)."
+    )
+    clickhouse_client_cert: str = Field(
+        "", description="PEM client certificate for a ClickHouse server that requires TLS client authentication."
+    )
+    clickhouse_client_key: str = Field("", description="PEM private key of clickhouse_client_cert.")
     store_batch_rows: int = Field(
         1000, ge=1, description="The sink flushes a table's buffer once it holds this many rows."
     )
@@ -34,3 +51,13 @@ class StoreSettings(BaseModel):
     store_connect_timeout_s: float = Field(
         5.0, gt=0, description="Connect timeout to a ClickHouse HTTP server (seconds)."
     )
+
+    @property
+    def writer_url(self) -> str | None:
+        """The writer account's URL; None means the embedded store under state_dir."""
+        return self.clickhouse_url.get_secret_value().strip() or None
+
+    @property
+    def reader_url(self) -> str | None:
+        """The read-only account's URL (falls back to the writer's)."""
+        return self.clickhouse_readonly_url.get_secret_value().strip() or self.writer_url

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, SecretStr, field_validator
 
 
 class WorkerSettings(BaseModel):
@@ -40,3 +42,39 @@ class WorkerSettings(BaseModel):
     partial_interval_ms: int = Field(
         0, description="Emit partial transcripts of open segments this often (ms); 0 turns partials off.",
     )
+    # Off by default: dead letters are kept for weeks (dead_letter_retention_ms), far longer than the
+    # audio topic, and a call's audio is personal data; on, the worker warns once at start.
+    debug_raw_audio: bool = Field(
+        False, description="Debugging only: dead letters carry the raw message bytes or the failed segment's audio.",
+    )
+    # --- the web API (/api/*): see pipeline/worker/api.py --------------------------------------------
+    api_token: SecretStr = Field(
+        SecretStr(""),
+        description="Bearer token every /api/* request must send (secret, 16+ characters); empty: /api/* answers 503.",
+    )
+    api_auth: Literal["on", "off"] = Field(
+        "on", description="off: /api/* needs no token; allowed only while web_host is a loopback address.",
+    )
+    api_query_threads: int = Field(
+        2, ge=1, description="Threads of the /api/* pool, apart from the worker's own (ingestion never waits on it).",
+    )
+    api_query_max_waiting: int = Field(
+        8, ge=0, description="/api/* requests that may wait for a pool thread; more are answered 503 at once.",
+    )
+    api_query_timeout_s: float = Field(
+        30.0, gt=0, description="ClickHouse max_execution_time of one /api/query statement (seconds).",
+    )
+    api_query_max_rows: int = Field(
+        10_000, ge=1, description="Rows /api/query returns at most; the answer says truncated when more matched.",
+    )
+    api_query_max_result_mb: int = Field(
+        64, ge=1, description="ClickHouse max_result_bytes of one /api/query (MB); a larger result is refused.",
+    )
+    api_query_max_memory_mb: int = Field(
+        512, ge=16, description="ClickHouse max_memory_usage of one /api/query (MB).",
+    )
+
+    @field_validator("api_auth", mode="before")
+    @classmethod
+    def _lower_case(cls, value: Any) -> Any:
+        return value.strip().lower() if isinstance(value, str) else value

@@ -161,16 +161,28 @@ class QaAlert(Message):
 
 @dataclass
 class DeadLetter(Message):
+    """A reference to what failed (where, which call, leg and time range, why), not the data itself.
+
+    ``raw`` and ``key`` stay None unless the worker runs with ``debug_raw_audio``: a dead letter is kept
+    far longer than the audio topic, so by default it must hold neither audio nor message bytes.
+    """
+
     SCHEMA: ClassVar[str] = "io.callqa.DeadLetter"
     original_topic: str
     original_partition: int
     original_offset: int
     reason: str
-    raw: bytes
+    raw: bytes | None = None
     key: bytes | None = None
     error_type: str = ""
     worker_id: str = ""
     failed_at_ms: int = field(default_factory=now_ms)
+    call_id: str = ""
+    leg: str = ""
+    segment_id: str = ""
+    start_ms: int = -1
+    end_ms: int = -1
+    raw_kind: str = ""  # "message", "pcm16le_16k" or "" (see schemas/DeadLetter.avsc)
 
 
 ALL_MESSAGES: tuple[type[Message], ...] = (

@@ -5,8 +5,13 @@ talks to a ClickHouse server. The rest of the store only sees a clickhouse-conne
 
 chdb allows one data path per process (the engine is a process-wide singleton), so this module
 remembers the first chdb path it opened and refuses a different one with a clear error instead of
-chdb's own. Clients are cached per (url, database): one engine handle per database is enough, and a
-clickhouse-connect client may be used from several threads.
+chdb's own. Clients are cached per (url, database, TLS options): one engine handle per database is
+enough, and a clickhouse-connect client may be used from several threads.
+
+An https URL is checked against ``clickhouse_ca_cert`` (or the system CAs) unless ``clickhouse_verify``
+is off; a server that wants a client certificate gets ``clickhouse_client_cert``/``_key``. A URL's
+password never reaches an error message or a log line: errors name the store by ``StoreTarget.display``
+and failures while connecting are re-raised with the password scrubbed (``StoreConnectionError``).
 """
 
 from __future__ import annotations
@@ -14,15 +19,16 @@ from __future__ import annotations
 import os
 import re
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
-from urllib.parse import urlsplit, urlunsplit
+from typing import Any, Literal
+from urllib.parse import unquote
 
 import clickhouse_connect
 from clickhouse_connect.driver.client import Client
+from clickhouse_connect.driver.exceptions import OperationalError
 
-from pipeline.config import get_settings
+from pipeline.config import Settings, get_settings
 
 IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -35,22 +41,84 @@ class ChdbPathConflictError(StoreError):
     """A second, different chdb data path was requested in a process that already opened one."""
 
 
+class StoreConnectionError(OperationalError):
+    """The store could not be reached or refused the account; the message holds no password."""
+
+
+class StoreTlsError(StoreConnectionError):
+    """The server's TLS certificate was not trusted (or TLS failed); the message says which setting to fix."""
+
+
 @dataclass(frozen=True)
 class StoreTarget:
     """Where the store lives, parsed from its URL."""
 
     kind: Literal["chdb", "http"]
-    url: str
+    url: str = field(repr=False)  # may hold a password: repr() must not print it
     chdb_path: str | None = None
 
     @property
     def display(self) -> str:
         """The URL without its password, for logs and errors."""
-        parts = urlsplit(self.url)
-        if parts.password is None:
-            return self.url
-        netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-        return urlunsplit(parts._replace(netloc=netloc))
+        return redact_url(self.url)
+
+    def scrub(self, text: str) -> str:
+        """``text`` with this target's password (as written in the URL, and decoded) masked."""
+        return _scrub(text, self.url)
+
+
+def redact_url(url: str) -> str:
+    """``url`` with the password of its userinfo replaced by ``***`` (any scheme, also malformed ones)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    authority, slash, path = rest.partition("/")
+    userinfo, at, host = authority.rpartition("@")
+    if not at or ":" not in userinfo:
+        return url
+    user = userinfo.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{host}{slash}{path}"
+
+
+def _scrub(text: str, url: str) -> str:
+    # The password as written (percent-encoded or not) and decoded: libraries may print either.
+    raw = url.partition("://")[2].partition("/")[0].rpartition("@")[0].partition(":")[2]
+    for secret in sorted({raw, unquote(raw)}, key=len, reverse=True):
+        if secret:
+            text = text.replace(secret, "***")
+    return text
+
+
+@dataclass(frozen=True)
+class TlsOptions:
+    """How an https client checks the server and, optionally, proves who it is."""
+
+    ca_cert: str = ""
+    verify: bool = True
+    client_cert: str = ""
+    client_key: str = ""
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> TlsOptions:
+        return cls(settings.clickhouse_ca_cert.strip(), settings.clickhouse_verify,
+                   settings.clickhouse_client_cert.strip(), settings.clickhouse_client_key.strip())
+
+    def client_kwargs(self) -> dict[str, Any]:
+        """clickhouse-connect's arguments; a configured file that is missing is a clear error."""
+        for env, path in (("CLICKHOUSE_CA_CERT", self.ca_cert), ("CLICKHOUSE_CLIENT_CERT", self.client_cert),
+                          ("CLICKHOUSE_CLIENT_KEY", self.client_key)):
+            if path and not Path(path).is_file():
+                raise StoreError(f"CALLQA_{env}: no such file {path!r}")
+        if self.client_key and not self.client_cert:
+            raise StoreError("CALLQA_CLICKHOUSE_CLIENT_KEY is set without CALLQA_CLICKHOUSE_CLIENT_CERT")
+        kwargs: dict[str, Any] = {"verify": self.verify}
+        if self.ca_cert:
+            kwargs["ca_cert"] = self.ca_cert
+        if self.client_cert:
+            kwargs["client_cert"] = self.client_cert
+        if self.client_key:
+            kwargs["client_cert_key"] = self.client_key
+        return kwargs
 
 
 def default_chdb_url(state_dir: Path | None = None) -> str:
@@ -60,8 +128,8 @@ def default_chdb_url(state_dir: Path | None = None) -> str:
 
 
 def parse_store_url(url: str | None = None, state_dir: Path | None = None) -> StoreTarget:
-    """Parse a store URL; empty or None means the configured URL, else chdb under the state dir."""
-    raw = (url if url is not None else get_settings().clickhouse_url).strip()
+    """Parse a store URL; empty or None means the configured (writer) URL, else chdb under the state dir."""
+    raw = (url if url is not None else get_settings().writer_url or "").strip()
     if not raw:
         raw = default_chdb_url(state_dir)
     scheme = raw.split("://", 1)[0].lower() if "://" in raw else ""
@@ -69,13 +137,15 @@ def parse_store_url(url: str | None = None, state_dir: Path | None = None) -> St
         return _parse_chdb(raw)
     if scheme in ("http", "https"):
         return StoreTarget(kind="http", url=raw)
-    raise StoreError(f"unsupported ClickHouse URL {raw!r}: use chdb:///abs/path or http(s)://host:8123")
+    raise StoreError(
+        f"unsupported ClickHouse URL {redact_url(raw)!r}: use chdb:///abs/path or http(s)://user:pass@host:8123"
+    )
 
 
 def _parse_chdb(raw: str) -> StoreTarget:
     path = raw[len("chdb://") :]
     if not path.startswith("/"):
-        raise StoreError(f"chdb URL {raw!r} needs an absolute path: chdb:///abs/path")
+        raise StoreError(f"chdb URL {redact_url(raw)!r} needs an absolute path: chdb:///abs/path")
     real = os.path.realpath(path)
     return StoreTarget(kind="chdb", url=f"chdb://{real}", chdb_path=real)
 
@@ -89,7 +159,7 @@ def check_identifier(name: str) -> str:
 
 _lock = threading.Lock()
 _chdb_path: str | None = None
-_clients: dict[tuple[str, str | None], Client] = {}
+_clients: dict[tuple[str, str | None, TlsOptions], Client] = {}
 
 
 def _claim_chdb_path(path: str) -> None:
@@ -102,19 +172,46 @@ def _claim_chdb_path(path: str) -> None:
     _chdb_path = path
 
 
-def _open(target: StoreTarget) -> Client:
+def _open(target: StoreTarget, tls: TlsOptions) -> Client:
     if target.kind == "chdb":
         assert target.chdb_path is not None
         _claim_chdb_path(target.chdb_path)
         Path(target.chdb_path).mkdir(parents=True, exist_ok=True)
         return clickhouse_connect.get_client(dsn=target.url)
     settings = get_settings()
+    secure = target.url.lower().startswith("https://")
     return clickhouse_connect.get_client(
         dsn=target.url,
+        # Explicit: clickhouse-connect takes TLS from the port (443/8443), not from the DSN's scheme, so
+        # https://host:9440 would otherwise go out as plain http, password included.
+        interface="https" if secure else "http",
         connect_timeout=settings.store_connect_timeout_s,
         send_receive_timeout=settings.store_insert_timeout_s,
         query_retries=0,
+        **(tls.client_kwargs() if secure else {}),
     )
+
+
+_CERT_REASON = re.compile(r"certificate verify failed: ([^(\]'\"]+)")
+
+
+def _connection_error(exc: Exception, target: StoreTarget) -> Exception:
+    """One line naming the store by its display URL, with no password in it (the cause is dropped)."""
+    text = target.scrub(str(exc)).strip()
+    if "CERTIFICATE_VERIFY_FAILED" in text or "certificate verify failed" in text:
+        found = _CERT_REASON.search(text)
+        reason = found.group(1).strip() if found else "certificate verify failed"
+        return StoreTlsError(
+            f"TLS certificate of ClickHouse at {target.display} is not trusted ({reason}): set "
+            "CALLQA_CLICKHOUSE_CA_CERT to the PEM CA that signed it"
+        )
+    if "SSLError" in text or "SSL:" in text:
+        detail = re.search(r"\[SSL[^\]]*\][^)'\"]*", text)
+        return StoreTlsError(f"TLS with ClickHouse at {target.display} failed: "
+                             f"{detail.group(0).strip() if detail else 'handshake error'}")
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return StoreConnectionError(f"cannot use ClickHouse at {target.display}: "
+                                f"{' '.join(lines[:2]) if lines else type(exc).__name__}")
 
 
 def _use_database(client: Client, database: str, create: bool) -> None:
@@ -122,9 +219,8 @@ def _use_database(client: Client, database: str, create: bool) -> None:
     if create:
         client.command(f"CREATE DATABASE IF NOT EXISTS {database}")
     else:
-        exists = client.query(
-            "SELECT count() FROM system.databases WHERE name = {db:String}", parameters={"db": database}
-        ).result_rows[0][0]
+        # EXISTS, not system.databases: a read-only account granted only callqa.* may not read system tables.
+        exists = client.query(f"EXISTS DATABASE {database}").result_rows[0][0]
         if not exists:
             raise StoreError(f"database {database!r} does not exist; run the store migrations first")
     client.database = database
@@ -136,30 +232,48 @@ def connect(
     *,
     create_database: bool = True,
     fresh: bool = False,
+    tls: TlsOptions | None = None,
 ) -> Client:
     """A clickhouse-connect client on the store at ``url`` using ``database``.
 
     ``url`` None means the configured ``clickhouse_url`` (empty: chdb under the state dir);
-    ``database`` None means the configured ``clickhouse_database``. ``create_database=False`` suits a
+    ``database`` None means the configured ``clickhouse_database``; ``tls`` None means the configured
+    CA, verification and client certificate (used for https only). ``create_database=False`` suits a
     read-only server account. The client is cached per process; ``fresh=True`` returns a new,
-    uncached one (for a caller that closes it). Connection failures raise clickhouse-connect's
-    ``OperationalError``; a second chdb path raises ``ChdbPathConflictError``.
+    uncached one (for a caller that closes it). Connection failures raise ``StoreConnectionError``
+    (an ``OperationalError``; ``StoreTlsError`` for certificates), a second chdb path
+    ``ChdbPathConflictError``, a missing CA or client file ``StoreError``.
     """
     target = parse_store_url(url)
-    db = check_identifier(database or get_settings().clickhouse_database)
-    key = (target.url, db)
+    settings = get_settings()
+    db = check_identifier(database or settings.clickhouse_database)
+    options = tls if tls is not None else TlsOptions.from_settings(settings)
+    key = (target.url, db, options)
     with _lock:
         if not fresh and key in _clients:
             return _clients[key]
-        client = _open(target)
-        try:
-            _use_database(client, db, create_database)
-        except Exception:
-            client.close()
-            raise
+        client = _open_database(target, options, db, create_database)
         if not fresh:
             _clients[key] = client
         return client
+
+
+def _open_database(target: StoreTarget, tls: TlsOptions, database: str, create: bool) -> Client:
+    try:
+        client = _open(target, tls)
+    except StoreError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - re-raised without the password
+        raise _connection_error(exc, target) from None
+    try:
+        _use_database(client, database, create)
+    except StoreError:
+        client.close()
+        raise
+    except Exception as exc:  # noqa: BLE001 - re-raised without the password
+        client.close()
+        raise _connection_error(exc, target) from None
+    return client
 
 
 def close_cached_clients() -> None:

@@ -2,6 +2,7 @@
 
 Every query reads the ``<table>_deduped`` views (``FINAL``), so replayed rows count once. Functions
 take a clickhouse-connect client whose database is the callqa database (``connect()`` gives one).
+``run_readonly_query`` runs an analyst's SQL: checked by ``sqlguard``, under ``QueryLimits``.
 """
 
 from __future__ import annotations
@@ -13,8 +14,17 @@ from datetime import datetime
 from typing import Any
 
 from clickhouse_connect.driver.client import Client
+from clickhouse_connect.driver.exceptions import DatabaseError, ProgrammingError
 
-from pipeline.store.client import connect
+from pipeline.config import Settings, get_settings
+from pipeline.store.client import StoreError, check_identifier, connect
+from pipeline.store.sqlguard import (
+    CheckedQuery,
+    QueryNotAllowedError,
+    ReadonlyQueryError,
+    check_select,
+    clickhouse_error,
+)
 
 
 @dataclass(frozen=True)
@@ -207,33 +217,52 @@ def latency_percentiles(
 
 # --- guarded read-only SQL for the web API ---------------------------------------------------------
 
-READONLY_STATEMENTS = frozenset({"SELECT", "WITH", "SHOW", "DESCRIBE", "DESC"})
-# Literals, quoted identifiers and comments are blanked before the checks, so a ';' or a keyword
-# inside a string cannot hide a second statement and cannot cause a false rejection either.
-_LEXEMES = re.compile(
-    r"""'(?:[^'\\]|\\.|'')*'|"(?:[^"\\]|\\.)*"|`(?:[^`\\]|\\.)*`|--[^\n]*|\#[^\n]*|/\*.*?\*/""",
-    re.DOTALL,
-)
+
+@dataclass(frozen=True)
+class QueryLimits:
+    """Server-side limits of one API query: ClickHouse settings sent with it, which its SQL cannot change."""
+
+    max_rows: int = 10_000
+    max_result_bytes: int = 64 * 2**20
+    max_execution_s: float = 30.0
+    max_memory_bytes: int = 512 * 2**20
+    # One ClickHouse thread per query: at most api_query_threads cores go to analysts, the rest to ingestion.
+    max_threads: int = 1
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> QueryLimits:
+        return cls(
+            max_rows=settings.api_query_max_rows,
+            max_result_bytes=settings.api_query_max_result_mb * 2**20,
+            max_execution_s=settings.api_query_timeout_s,
+            max_memory_bytes=settings.api_query_max_memory_mb * 2**20,
+        )
+
+    def clickhouse_settings(self, client: Client) -> dict[str, Any]:
+        settings: dict[str, Any] = {
+            "readonly": 1,
+            "limit": self.max_rows + 1,  # one more than returned, so a cut-off answer says so
+            "max_result_bytes": self.max_result_bytes,
+            "result_overflow_mode": "throw",
+            "max_execution_time": self.max_execution_s,
+            "timeout_overflow_mode": "throw",
+            "max_memory_usage": self.max_memory_bytes,
+            "max_threads": self.max_threads,
+        }
+        # An account whose profile is read-only already may not send `readonly` again (and needs not).
+        current = client.server_settings.get("readonly")
+        if current is not None and current.value != "0":
+            del settings["readonly"]
+        return settings
 
 
-class ReadonlyQueryError(ValueError):
-    """The SQL is not a single read-only statement."""
+class QueryFailedError(ReadonlyQueryError):
+    """ClickHouse stopped a checked query: a limit was hit, or the SQL is wrong (unknown column...)."""
 
 
-def check_readonly_sql(sql: str) -> str:
-    """Return the statement without a trailing ';' if it is one SELECT/WITH/SHOW/DESCRIBE, else raise."""
-    blanked = _LEXEMES.sub(lambda m: " " if m.group(0)[0] in "-#/" else "''", sql).strip()
-    body = blanked.rstrip(";").strip()
-    if not body:
-        raise ReadonlyQueryError("empty query")
-    if ";" in body:
-        raise ReadonlyQueryError("only one statement is allowed")
-    keyword = re.split(r"[\s(]", body, maxsplit=1)[0].upper()
-    if keyword not in READONLY_STATEMENTS:
-        raise ReadonlyQueryError(f"{keyword} is not allowed: only SELECT, WITH, SHOW and DESCRIBE")
-    if re.search(r"\bINTO\s+OUTFILE\b", body, re.IGNORECASE):
-        raise ReadonlyQueryError("INTO OUTFILE is not allowed")
-    return sql.strip().rstrip(";").rstrip()
+def check_readonly_sql(client: Client, sql: str, database: str | None = None) -> CheckedQuery:
+    """One SELECT on the callqa tables, checked on ``client``'s ClickHouse (see pipeline/store/sqlguard.py)."""
+    return check_select(client, sql, check_identifier(database or get_settings().clickhouse_database))
 
 
 def run_readonly_query(
@@ -243,37 +272,60 @@ def run_readonly_query(
     url: str | None = None,
     database: str | None = None,
     client: Client | None = None,
-    max_rows: int = 10_000,
-    max_execution_s: float = 30.0,
+    limits: QueryLimits | None = None,
 ) -> QueryResult:
-    """Run one read-only statement from an untrusted caller; rows beyond ``max_rows`` are cut off.
+    """Run one SELECT from an untrusted caller; rows beyond ``limits.max_rows`` are cut off.
 
-    The statement check is the first fence; ClickHouse's ``readonly=1`` (which also forbids table
-    functions such as ``file()`` and ``url()``) is the second. ``readonly`` sticks to the session of
-    an embedded chdb handle, so unless ``client`` is given the query runs on a client of its own
-    (opened on ``url``/``database``, default: the configured store), never on one that also writes.
+    Fences, in order: the statement check (ClickHouse parses, sqlguard walks the tree); the checked
+    tree re-formatted by ClickHouse is what runs, its parameters bound by the server; ClickHouse's
+    ``readonly=1`` and the limits of ``limits``, sent with the query; on a server, the read-only
+    account's own grants (``clickhouse_readonly_url``). Unless ``client`` is given, the query runs on
+    a client of its own opened on ``url``/``database`` (default: the configured store), never on one
+    that also writes.
     """
-    statement = check_readonly_sql(sql)
+    limits = limits or QueryLimits()
+    db = check_identifier(database or get_settings().clickhouse_database)
     own = client is None
-    runner = client or connect(url, database, create_database=False, fresh=True)
+    runner = client or connect(url, db, create_database=False, fresh=True)
     try:
-        result = runner.query(
-            statement,
-            parameters=params or None,
-            settings={
-                "readonly": 1,
-                "max_result_rows": max_rows + 1,
-                "result_overflow_mode": "break",
-                "max_execution_time": max_execution_s,
-            },
-        )
+        checked = check_select(runner, sql, db)
+        bound = checked.bind(params)
+        result = runner.query(checked.sql, parameters=bound, settings=limits.clickhouse_settings(runner))
         rows = [tuple(r) for r in result.result_rows]
+    except ProgrammingError as exc:
+        raise _unusable_account(exc) from None
+    except DatabaseError as exc:
+        raise _query_failed(exc, limits) from None
     finally:
         if own:
             runner.close()
     return QueryResult(
         columns=list(result.column_names),
         types=[t.name for t in result.column_types],
-        rows=rows[:max_rows],
-        truncated=len(rows) > max_rows,
+        rows=rows[: limits.max_rows],
+        truncated=len(rows) > limits.max_rows,
     )
+
+
+def _unusable_account(exc: ProgrammingError) -> Exception:
+    found = re.search(r"Setting (\w+) is readonly", str(exc))
+    if not found:
+        return QueryFailedError(f"query failed: {clickhouse_error(exc)[1]}")
+    return StoreError(f"the read-only ClickHouse account may not set {found.group(1)}, so the API's limits "
+                      "cannot be applied: give its profile readonly=2 with constraints (docker-compose.kafka.yml)")
+
+
+def _query_failed(exc: DatabaseError, limits: QueryLimits) -> Exception:
+    code, message = clickhouse_error(exc)
+    if code == 159:  # TIMEOUT_EXCEEDED
+        return QueryFailedError(f"query stopped at the API's time limit of {limits.max_execution_s:g} s "
+                                "(CALLQA_API_QUERY_TIMEOUT_S)")
+    if code == 241:  # MEMORY_LIMIT_EXCEEDED
+        return QueryFailedError(f"query stopped at the API's memory limit of {limits.max_memory_bytes >> 20} MB "
+                                "(CALLQA_API_QUERY_MAX_MEMORY_MB)")
+    if code == 396:  # TOO_MANY_ROWS_OR_BYTES: the result outgrew max_result_bytes
+        return QueryFailedError(f"query stopped: its result is larger than the API's limit of "
+                                f"{limits.max_result_bytes >> 20} MB; select fewer columns or rows")
+    if code in (164, 497):  # READONLY, ACCESS_DENIED
+        return QueryNotAllowedError(f"refused by ClickHouse: {message}")
+    return QueryFailedError(f"query failed: {message}")

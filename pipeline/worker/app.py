@@ -5,8 +5,9 @@
 - input topics run with faust's acks off: offsets are committed by ``commit_durable`` from the
   processor's ``OffsetTracker`` (see pipeline/worker/offsets.py for why);
 - timers close quiet calls, make finished calls durable, update lag, and hot-reload the model;
-- web views: /metrics (Prometheus), /api/calls, /api/calls/{call_id}, /api/query (read-only SQL), so
-  `callqa report` works against the embedded store while this process holds it.
+- web views: /metrics (Prometheus, open), /api/calls, /api/calls/{call_id}, /api/query (checked read-only
+  SQL; bearer token, own thread pool: pipeline/worker/api.py), so `callqa report` works against the
+  embedded store while this process holds it.
 """
 
 from __future__ import annotations
@@ -14,21 +15,22 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import faust
 from faust.types import TP
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from pipeline.broker.security import faust_credentials
 from pipeline.config import Settings
 from pipeline.contracts import AudioFrame, CallEvent, Message, Serde
 from pipeline.qa.call import QaConfig
-from pipeline.store import queries
 from pipeline.store.client import connect
 from pipeline.store.migrations import migrate
 from pipeline.store.sink import ClickHouseSink
-from pipeline.worker.calls import CallProcessor
+from pipeline.worker.api import ApiAuth, QueryPool, auth_middleware, check_api_settings, register_api_views
+from pipeline.worker.calls import CallProcessor, describe_error
 from pipeline.worker.metrics import WorkerMetrics
 from pipeline.worker.transcriber import BatcherTranscriber
 
@@ -60,9 +62,12 @@ class Worker:
 
 
 def build_worker(settings: Settings) -> Worker:
+    check_api_settings(settings)
     app = faust.App(
         settings.worker_id,
         broker=f"kafka://{settings.bootstrap}",
+        # SASL (with the configured mechanism) and/or TLS for faust's consumer, producer and admin.
+        broker_credentials=faust_credentials(settings),
         store="memory://",
         web_host=settings.web_host,
         web_port=settings.web_port,
@@ -72,12 +77,18 @@ def build_worker(settings: Settings) -> Worker:
         consumer_auto_offset_reset="earliest",
         topic_replication_factor=settings.replication_factor,
         producer_acks=-1,
+        # /api/* needs the bearer token (pipeline/worker/api.py); faust's own pages are not served.
+        web_application_options={"middlewares": [auth_middleware(ApiAuth.from_settings(settings))]},
+        web_router_enabled=False,
+        web_tables_enabled=False,
+        web_graph_enabled=False,
+        web_stats_enabled=False,
     )
     serde = Serde.from_settings(settings.schema_registry_url)
     metrics = WorkerMetrics()
-    store_client = connect(settings.clickhouse_url or None, settings.clickhouse_database)
+    store_client = connect(settings.writer_url, settings.clickhouse_database)
     migrate(store_client, settings.clickhouse_database)
-    sink = ClickHouseSink(settings.clickhouse_url or None, settings.clickhouse_database)
+    sink = ClickHouseSink(settings.writer_url, settings.clickhouse_database)
     transcriber = BatcherTranscriber.from_settings(settings, metrics)
 
     async def finished_in_store(call_id: str) -> bool:
@@ -110,29 +121,30 @@ def build_worker(settings: Settings) -> Worker:
     events_topic = app.topic(settings.topic_call_events, key_serializer="raw", value_serializer="raw", acks=False)
     dead_letters = FaustOutput(app, serde)
 
-    async def dead_letter(msg: Any, exc: Exception) -> None:
-        log.warning("dead letter from %s[%d]@%d: %s", msg.topic, msg.partition, msg.offset, exc)
-        letter = processor.dead_letter_message((msg.topic, msg.partition), msg.offset, msg.key, msg.value or b"", exc)
-        delivery = await dead_letters.publish(settings.topic_dead_letters,
-                                              (msg.key or b"").decode(errors="replace"), letter)
+    async def dead_letter(msg: Any, exc: Exception, frame: AudioFrame | None = None) -> None:
+        # The message's bytes are never logged: ids and the error are enough to find it on its topic.
+        log.warning("dead letter from %s[%d]@%d: %s", msg.topic, msg.partition, msg.offset, describe_error(exc))
+        letter = processor.dead_letter_message((msg.topic, msg.partition), msg.offset, msg.key, msg.value or b"",
+                                               exc, frame)
+        delivery = await dead_letters.publish(settings.topic_dead_letters, letter.call_id, letter)
         await delivery
 
     async def consume_audio(stream: Any) -> None:
         # Frames are taken in small batches so the VAD scores all legs that got audio in one run.
         async for events in stream.take_events(settings.frame_batch_max, within=settings.frame_batch_within_ms / 1000):
-            frames = []
+            decoded: list[tuple[Any, AudioFrame]] = []
             for event in events:
                 msg = event.message
                 try:
-                    frames.append(((msg.topic, msg.partition), msg.offset, serde.decode(msg.value, AudioFrame)))
+                    decoded.append((msg, serde.decode(msg.value, AudioFrame)))
                 except Exception as exc:  # noqa: BLE001 - bad input goes to the dead-letter topic
                     await dead_letter(msg, exc)
             try:
-                await processor.on_frames(frames)
+                await processor.on_frames([((m.topic, m.partition), m.offset, f) for m, f in decoded])
             except Exception as exc:  # noqa: BLE001 - the worker goes on; the batch is reported, not lost silently
-                log.exception("frame batch failed")
-                for event in events:
-                    await dead_letter(event.message, exc)
+                log.exception("frame batch of %d frames failed", len(decoded))
+                for msg, frame in decoded:  # the undecodable ones are dead letters already
+                    await dead_letter(msg, exc, frame)
 
     async def consume_events(stream: Any) -> None:
         async for event in stream.events():
@@ -183,36 +195,20 @@ def build_worker(settings: Settings) -> Worker:
         # aiohttp wants the charset apart from the content type.
         return web.bytes(generate_latest(metrics.registry), content_type=CONTENT_TYPE_LATEST.split(";")[0])
 
-    @app.page("/api/calls")
-    async def calls_view(web: Any, request: Any) -> Any:
-        agent = request.query.get("agent")
-        rows = await asyncio.to_thread(queries.list_calls, store_client, agent_id=agent, limit=200)
-        return web.json([_jsonable(asdict(r)) for r in rows])
-
-    @app.page("/api/calls/{call_id}")
-    async def call_view(web: Any, request: Any, call_id: str) -> Any:
-        summary = await asyncio.to_thread(queries.call_summary, store_client, call_id)
-        lines = await asyncio.to_thread(queries.transcript, store_client, call_id)
-        return web.json({"summary": _jsonable(asdict(summary)) if summary else None,
-                         "transcript": [_jsonable(asdict(line)) for line in lines]})
-
-    @app.page("/api/query")
-    async def query_view(web: Any, request: Any) -> Any:
-        sql = request.query.get("sql", "")
-        params = {k[len("param_"):]: v for k, v in request.query.items() if k.startswith("param_")}
-        try:
-            # Not on store_client: readonly=1 would stick to the writer's chdb session.
-            result = await asyncio.to_thread(
-                queries.run_readonly_query, sql, params, url=settings.clickhouse_url or None,
-                database=settings.clickhouse_database,
-            )
-        except Exception as exc:  # noqa: BLE001 - reported to the caller, not fatal
-            return web.json({"error": str(exc)}, status=400)
-        return web.json({"columns": result.columns, "rows": _jsonable(result.rows)})
+    api_pool = QueryPool(settings.api_query_threads, settings.api_query_max_waiting)
+    register_api_views(app, settings, api_pool)
 
     @app.task
     async def start_batcher() -> None:
         await transcriber.start()
+
+    if settings.debug_raw_audio:
+        @app.task
+        async def warn_raw_audio_at_rest() -> None:
+            # A task, not a plain call: it runs once faust's logging is set up, so the line lands in the log.
+            log.warning("CALLQA_DEBUG_RAW_AUDIO is on: dead letters on %s carry raw message bytes and segment "
+                        "audio, kept %.0f days; turn it off outside debugging", settings.topic_dead_letters,
+                        settings.dead_letter_retention_ms / 86_400_000)
 
     @app.on_before_shutdown.connect  # type: ignore[arg-type]
     async def flush_on_shutdown(app: Any, **kwargs: Any) -> None:
@@ -221,18 +217,21 @@ def build_worker(settings: Settings) -> Worker:
         await processor.drain()
         await sink.close()
         await transcriber.close()
+        api_pool.shutdown()
 
     return Worker(app, processor, transcriber, sink)
 
 
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    if hasattr(value, "isoformat"):
-        return value.isoformat()
-    return value
+# Their debug lines print whole message keys and values (send: ... v=..., Sending (key=... value=...),
+# Request/Response structs): transcripts, dead letters and audio frames would land in the worker's log.
+PAYLOAD_LOGGERS = ("faust.topics", "faust.transport.drivers.aiokafka", "aiokafka.producer.producer", "aiokafka.conn")
+
+
+def quiet_payload_loggers() -> None:
+    """Keep the loggers that print message payloads at INFO or above, whatever the worker's log level."""
+    for name in PAYLOAD_LOGGERS:
+        logger = logging.getLogger(name)
+        logger.setLevel(max(logger.level, logging.INFO))
 
 
 def run_worker(settings: Settings, loglevel: str = "warning") -> None:
@@ -240,4 +239,6 @@ def run_worker(settings: Settings, loglevel: str = "warning") -> None:
     from faust.worker import Worker as FaustWorker
 
     worker = build_worker(settings)
+    # Before faust sets up logging: it configures the root logger only, so these levels stay.
+    quiet_payload_loggers()
     FaustWorker(worker.app, loglevel=loglevel, quiet=True, redirect_stdouts=False).execute_from_commandline()

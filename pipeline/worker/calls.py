@@ -48,6 +48,10 @@ from pipeline.worker.offsets import OffsetTracker, TopicPartition
 
 log = logging.getLogger("callqa.worker")
 
+# With debug_raw_audio a dead letter carries at most this much of its payload (the start of it): Kafka
+# refuses messages over 1 MiB by default, and 512 KiB holds a whole default-length segment (15 s of PCM).
+DEBUG_RAW_MAX_BYTES = 512 * 1024
+
 
 # ---- ports ----------------------------------------------------------------------------------------
 class OutputPort(Protocol):
@@ -231,13 +235,24 @@ class CallProcessor:
         # audio partition's stream time has passed the end event (plus a grace), or all frames came.
 
     def dead_letter_message(
-        self, tp: TopicPartition, offset: int, key: bytes | None, raw: bytes, exc: BaseException
+        self, tp: TopicPartition, offset: int, key: bytes | None, raw: bytes, exc: BaseException,
+        frame: AudioFrame | None = None,
     ) -> DeadLetter:
-        reason = f"{tp[0]}[{tp[1]}]@{offset}: {type(exc).__name__}: {str(exc)[:300]}"
+        """A reference to an input message that could not be processed (``frame``: it was decoded)."""
         self.metrics.dead_letters.labels(type(exc).__name__).inc()
         self.offsets.consumed(tp, offset, None)
-        return DeadLetter(tp[0], tp[1], offset, reason, raw, key=key, error_type=type(exc).__name__,
-                          worker_id=self.settings.worker_id)
+        letter = DeadLetter(
+            tp[0], tp[1], offset, f"{tp[0]}[{tp[1]}]@{offset}: {describe_error(exc)}",
+            error_type=type(exc).__name__, worker_id=self.settings.worker_id,
+            # Input topics are keyed by call ID: the key names the call even when the value is garbage.
+            call_id=frame.call_id if frame is not None else _key_text(key),
+        )
+        if frame is not None:
+            letter.leg, letter.start_ms = frame.leg, frame.start_ms
+            letter.end_ms = frame.start_ms + round(len(frame.payload) / _bytes_per_ms(frame))
+        if self.settings.debug_raw_audio:
+            letter.raw, letter.key, letter.raw_kind = raw[:DEBUG_RAW_MAX_BYTES], key, "message"
+        return letter
 
     # ---- timers --------------------------------------------------------------------------------
     async def tick(self) -> None:
@@ -360,12 +375,9 @@ class CallProcessor:
                 result = await self.transcriber.transcribe(seg.audio)
             except Exception as exc:  # noqa: BLE001 - one failed segment must not stop the call
                 self.metrics.segment_failures.inc()
-                log.warning("segment %s failed: %s", segment_id, exc)
-                await self._publish(call, self.settings.topic_dead_letters, call.call_id, DeadLetter(
-                    self.settings.topic_audio, -1, -1, f"segment {segment_id}: inference failed: {exc}",
-                    _pcm16(seg.audio), key=call.call_id.encode(), error_type=type(exc).__name__,
-                    worker_id=self.settings.worker_id,
-                ))
+                log.warning("segment %s failed: %s", segment_id, describe_error(exc))
+                await self._publish(call, self.settings.topic_dead_letters, call.call_id,
+                                    self._segment_dead_letter(call, leg, seg, segment_id, exc))
                 return
             if result.is_silence or not result.text.strip():
                 self.metrics.segments.labels("silence").inc()
@@ -373,6 +385,20 @@ class CallProcessor:
             await self._emit_segment(call, leg, seg, segment_id, result, consumed_ms, closed_ms)
         finally:
             await self.budget.release(nbytes)
+
+    def _segment_dead_letter(self, call: CallState, leg: LegState, seg: SpeechSegment, segment_id: str,
+                             exc: BaseException) -> DeadLetter:
+        """A reference to a segment whose inference failed: its call, leg and time range on the audio topic."""
+        self.metrics.dead_letters.labels(type(exc).__name__).inc()
+        letter = DeadLetter(
+            self.settings.topic_audio, call.audio_tp[1] if call.audio_tp else -1, -1,
+            f"segment {segment_id}: inference failed: {describe_error(exc)}",
+            error_type=type(exc).__name__, worker_id=self.settings.worker_id, call_id=call.call_id,
+            leg=leg.leg, segment_id=segment_id, start_ms=seg.start_ms, end_ms=seg.end_ms,
+        )
+        if self.settings.debug_raw_audio:
+            letter.raw, letter.raw_kind = _pcm16(seg.audio[:DEBUG_RAW_MAX_BYTES // 2]), "pcm16le_16k"
+        return letter
 
     async def _emit_segment(self, call: CallState, leg: LegState, seg: SpeechSegment, segment_id: str,
                             r: Transcription, consumed_ms: int, closed_ms: int) -> None:
@@ -429,7 +455,7 @@ class CallProcessor:
             finally:
                 await self.budget.release(audio.nbytes)
         except Exception as exc:  # noqa: BLE001 - a partial is a preview: the final will be tried again
-            log.info("partial of %s/%s failed: %s", call.call_id, leg.leg, exc)
+            log.info("partial of %s/%s failed: %s", call.call_id, leg.leg, describe_error(exc))
             return
         finally:
             leg.partial_inflight = False
@@ -577,6 +603,17 @@ def _stats_tuple(leg: LegState) -> tuple[int, int, int]:
 def _bytes_per_ms(frame: AudioFrame) -> float:
     per_sample = 2 if frame.encoding == "pcm16" else 1
     return frame.sample_rate * per_sample / 1000
+
+
+def describe_error(exc: BaseException, limit: int = 200) -> str:
+    """``Type: message`` on one bounded line, for dead letters and logs (never a traceback's worth)."""
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:limit]}" if text else type(exc).__name__
+
+
+def _key_text(key: bytes | None) -> str:
+    """The call ID a message key names (keys are call IDs), bounded: a garbage key stays a short one."""
+    return key.decode("utf-8", errors="replace")[:128] if key else ""
 
 
 def _pcm16(audio: np.ndarray) -> bytes:

@@ -7,6 +7,18 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 
+from pipeline.contracts.serde import ContractError
+
+# Label values exported at 0 from the start. A labelled series that appears only at its first
+# increment has no earlier sample, so rate()/increase() never see that increment and the dashboard's
+# "Dropped frames" / "Dead letters" panels stay empty until a second one: Prometheus's advice is to
+# initialise the label values you know. Reasons: pipeline/worker/calls.py; a dead letter's reason is
+# its exception's class, ContractError for any message that does not decode.
+FRAME_DROP_REASONS = ("duplicate", "late", "after_call_end")
+DEAD_LETTER_REASONS = (ContractError.__name__,)
+# Why a hot reload was refused: pipeline/worker/transcriber.py refusal_reason().
+MODEL_REFUSAL_REASONS = ("version", "format", "integrity", "signature", "canary")
+
 # Delays of a few tens of ms up to tens of seconds (a backlog after an overload).
 DELAY_BUCKETS = (0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0)
 
@@ -59,3 +71,13 @@ class WorkerMetrics:
         self.store_retries = Gauge("callqa_store_retries", "ClickHouse insert retries so far.", registry=r)
         self.commits = Counter("callqa_offset_commits_total", "Input offset commits.", registry=r)
         self.model_version = Gauge("callqa_model_version", "Version of the model new segments use.", registry=r)
+        self.model_reloads_refused = Counter(
+            "callqa_model_reloads_refused_total",
+            "Model versions refused for hot reload (the running one kept serving), by reason.", ["reason"], registry=r,
+        )
+        for reason in FRAME_DROP_REASONS:
+            self.frames_dropped.labels(reason)
+        for reason in DEAD_LETTER_REASONS:
+            self.dead_letters.labels(reason)
+        for reason in MODEL_REFUSAL_REASONS:
+            self.model_reloads_refused.labels(reason)

@@ -1,19 +1,21 @@
 """A `callqa worker` child process and its read-only web API: used by `make demo`, tests and benchmarks.
 
 The worker owns its embedded ClickHouse folder (chdb admits one process per folder), so whoever
-started it reads results through its /api/query, as `callqa report` does.
+started it reads results through its /api/query, as `callqa report` does, with the bearer token in
+its environment (``worker_env`` gives each worker a random one unless CALLQA_API_TOKEN is set).
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,20 +24,25 @@ from pipeline.report import WorkerApiSource
 
 @dataclass
 class WorkerProcess:
-    env: dict[str, str]
+    env: dict[str, str] = field(repr=False)  # holds the API token
     web_port: int
     log_path: Path
     proc: subprocess.Popen[bytes] | None = None
+    loglevel: str = "info"
 
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.web_port}"
 
+    def api(self) -> WorkerApiSource:
+        """A client of this worker's /api/query, with its token."""
+        return WorkerApiSource(self.base_url, self.env.get("CALLQA_API_TOKEN", ""))
+
     def start(self, timeout_s: float = 120.0) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "pipeline.cli", "worker", "--loglevel", "info"],
+            [sys.executable, "-m", "pipeline.cli", "worker", "--loglevel", self.loglevel],
             env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
         deadline = time.monotonic() + timeout_s
@@ -84,7 +91,7 @@ class WorkerProcess:
         return total
 
     def query(self, sql: str, **params: Any) -> list[dict[str, Any]]:
-        return WorkerApiSource(self.base_url).rows(sql, params)
+        return self.api().rows(sql, params)
 
     def wait_for_calls(self, call_ids: list[str], timeout_s: float = 180.0) -> list[dict[str, Any]]:
         """Wait until every call is finished in the store with all its segments; returns the call rows."""
@@ -109,7 +116,9 @@ class WorkerProcess:
 
 
 def worker_env(overrides: dict[str, str]) -> dict[str, str]:
-    """This process's environment with CALLQA_ settings overridden (keys without the prefix)."""
+    """This process's environment with CALLQA_ settings overridden (keys without the prefix), and a
+    random API token unless one is configured (this process's environment or ``overrides``)."""
     env = dict(os.environ)
+    env.setdefault("CALLQA_API_TOKEN", secrets.token_urlsafe(32))
     env.update({f"CALLQA_{k.upper()}": str(v) for k, v in overrides.items()})
     return env

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import copy
+import io
 import json
 import struct
 from pathlib import Path
 
 import pytest
+from fastavro import parse_schema, schemaless_writer
 
 from pipeline.contracts import (
     AudioFrame,
@@ -37,13 +39,39 @@ EXAMPLES = [
     CallQA("c1", 87.5, False, {"silence_pct": 12.5}, [QaItem("Greeted?", 10.0, True, "greeting at 1.2 s")],
            [QaEvent("greeting", "opening", "agent", "match", 1200, "hello")], tenant="t", agent_id="a7"),
     QaAlert("c1", "escalation", "intent", "customer", "alert", 31_000, "speak to a manager"),
-    DeadLetter("callqa.audio-frames", 3, 1234, "bad payload", b"\x01\x02", key=b"c1", error_type="ContractError"),
+    DeadLetter("callqa.audio-frames", 3, 1234, "bad payload", b"\x01\x02", key=b"c1", error_type="ContractError",
+               call_id="c1", raw_kind="message"),
+    DeadLetter("callqa.audio-frames", 3, -1, "segment c1/agent/000000140: inference failed", call_id="c1",
+               leg="agent", segment_id="c1/agent/000000140", start_ms=140, end_ms=2300),
 ]
 
 
 @pytest.fixture(scope="module")
 def serde() -> Serde:
     return Serde.from_settings()
+
+
+def test_dead_letters_written_under_version_1_still_read(serde: Serde) -> None:
+    """Version 1 always carried the raw bytes and had no reference fields: they read with their defaults."""
+    registry = FileSchemaRegistry(SCHEMAS_DIR / "registry.json")
+    v1_id = min(e["id"] for e in registry._entries if e["subject"] == DeadLetter.SCHEMA)
+    v1 = registry.schema_for(v1_id)
+    assert "call_id" not in {f["name"] for f in v1["fields"]} and v1_id != serde.schema_id(DeadLetter.SCHEMA)
+    body = io.BytesIO()
+    schemaless_writer(body, parse_schema(v1), {
+        "original_topic": "callqa.audio-frames", "original_partition": 3, "original_offset": 1234, "key": b"c1",
+        "reason": "bad payload", "error_type": "ContractError", "raw": b"\x01\x02", "worker_id": "w1",
+        "failed_at_ms": 5,
+    })
+    letter = serde.decode(struct.pack(">bI", 0, v1_id) + body.getvalue(), DeadLetter)
+    assert letter == DeadLetter("callqa.audio-frames", 3, 1234, "bad payload", b"\x01\x02", key=b"c1",
+                                error_type="ContractError", worker_id="w1", failed_at_ms=5)
+    assert (letter.call_id, letter.leg, letter.start_ms, letter.end_ms) == ("", "", -1, -1)
+
+
+def test_a_dead_letter_carries_no_payload_unless_given_one(serde: Serde) -> None:
+    letter = serde.decode_any(serde.encode(DeadLetter("callqa.call-events", 0, 7, "undecodable", call_id="c9")))
+    assert isinstance(letter, DeadLetter) and letter.raw is None and letter.key is None
 
 
 def test_examples_cover_every_contract() -> None:

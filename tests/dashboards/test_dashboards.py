@@ -136,6 +136,24 @@ def test_every_clickhouse_query_runs_and_returns_its_columns(filled_db: FilledDa
             assert rows, variable["name"]
 
 
+@pytest.mark.parametrize("name", FILES)
+def test_every_clickhouse_query_passes_the_query_api_unchanged(filled_db: FilledDatabase, name: str) -> None:
+    """Analysts' SQL looks like the dashboards': all of it passes the query API's check (CTEs, joins,
+    IN subqueries, FINAL, window functions) and gives the rows it gives straight on ClickHouse."""
+    from pipeline.store.queries import run_readonly_query
+
+    dashboard = _load(name)
+    queries = [t["rawSql"] for _, t in _targets(dashboard, "grafana-clickhouse-datasource")]
+    queries += [v["query"] for v in dashboard["templating"]["list"] if v["type"] == "query"]
+    for sql in queries:
+        for variables in (ALL, ONE):
+            through = run_readonly_query(expand(sql, filled_db.database, variables), client=filled_db.client,
+                                         database=filled_db.database)
+            columns, rows = _run(filled_db, sql, variables)
+            assert through.columns == columns and not through.truncated, sql
+            assert sorted(map(repr, through.rows)) == sorted(map(repr, rows)), sql
+
+
 def _panel_sql(name: str, title_start: str) -> str:
     return next(t["rawSql"] for title, t in _targets(_load(name), "grafana-clickhouse-datasource")
                 if title.startswith(title_start))  # fmt: skip

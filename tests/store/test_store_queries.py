@@ -1,4 +1,6 @@
-"""Read side: replays read once, summaries join the latest state, percentiles, and the read-only guard."""
+"""Read side: replays read once, summaries join the latest state, percentiles.
+
+The query API's statement check and limits are tested in test_store_sqlguard.py."""
 
 from __future__ import annotations
 
@@ -6,17 +8,12 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
-import pytest
 from clickhouse_connect.driver.client import Client
-from clickhouse_connect.driver.exceptions import DatabaseError
 
 from pipeline.store.queries import (
-    ReadonlyQueryError,
     call_summary,
-    check_readonly_sql,
     latency_percentiles,
     list_calls,
-    run_readonly_query,
     transcript,
 )
 
@@ -110,72 +107,3 @@ def test_latency_percentiles_count_each_segment_once_and_keep_its_first_measurem
     assert lat.p50_ms is not None and 50.0 <= lat.p50_ms <= 51.0
     assert lat.p99_ms is not None and 99.0 <= lat.p99_ms <= 100.0
     assert latency_percentiles(store, since=t0 + timedelta(minutes=1)).count == 0
-
-
-@pytest.mark.parametrize(
-    "sql",
-    [
-        "INSERT INTO segments (segment_id) VALUES ('x')",
-        "DROP TABLE segments",
-        "drop database callqa",
-        "SELECT 1; DROP TABLE segments",
-        "/* looks harmless */ ALTER TABLE segments DELETE WHERE 1",
-        "-- comment\nTRUNCATE TABLE segments",
-        "SELECT * FROM segments INTO OUTFILE '/tmp/x.csv'",
-        "SET readonly = 0",
-        "",
-    ],
-)
-def test_readonly_guard_rejects_anything_but_one_read(sql: str) -> None:
-    with pytest.raises(ReadonlyQueryError):
-        check_readonly_sql(sql)
-
-
-@pytest.mark.parametrize(
-    "sql",
-    [
-        "SELECT ';' AS s, 'DROP TABLE x' AS t",
-        "-- why\nSELECT 1",
-        "with 1 AS x SELECT x",
-        "SHOW TABLES",
-        "DESCRIBE TABLE segments",
-        "SELECT 1;",
-    ],
-)
-def test_readonly_guard_accepts_reads(sql: str) -> None:
-    assert check_readonly_sql(sql)
-
-
-def test_run_readonly_query_reads_with_parameters_and_cuts_off_rows(
-    store: Client, store_url: str, database: str, insert: Insert, make_segment: Callable[..., Any]
-) -> None:
-    insert(store, "segments", [make_segment("c1", "agent", i * 1000, f"w{i}") for i in range(30)])
-    result = run_readonly_query(
-        "SELECT segment_id, text FROM segments_deduped WHERE call_id = {c:String} ORDER BY start_ms",
-        {"c": "c1"},
-        url=store_url,
-        database=database,
-        max_rows=10,
-    )
-    assert result.columns == ["segment_id", "text"]
-    assert [r[1] for r in result.rows] == [f"w{i}" for i in range(10)]
-    assert result.truncated
-
-
-def test_run_readonly_query_refuses_writes_and_leaves_data_intact(
-    store: Client, store_url: str, database: str, insert: Insert, make_segment: Callable[..., Any]
-) -> None:
-    insert(store, "segments", [make_segment("c1", "agent", 0, "kept")])
-    for sql in ("INSERT INTO segments (segment_id) VALUES ('x')", "DROP TABLE segments"):
-        with pytest.raises(ReadonlyQueryError):
-            run_readonly_query(sql, url=store_url, database=database)
-    assert [x.text for x in transcript(store, "c1")] == ["kept"]
-
-
-def test_server_side_readonly_blocks_table_functions(store: Client, store_url: str, database: str) -> None:
-    """The second fence: a SELECT that reads a local file passes the statement check, not ClickHouse."""
-    with pytest.raises(DatabaseError, match="readonly"):
-        run_readonly_query(
-            "SELECT * FROM file('/etc/hostname', 'LineAsString')", url=store_url, database=database
-        )
-    assert store.command("SELECT 1") == 1  # the writer's client is not left read-only

@@ -30,10 +30,10 @@ def start_worker(kafka_settings: Settings, tmp_path: Path) -> Iterator[Callable[
         "model_watch_interval_s": "0",
     }
 
-    def start(**overrides: str) -> WorkerProcess:
+    def start(loglevel: str = "info", **overrides: str) -> WorkerProcess:
         port = free_port()
         w = WorkerProcess(worker_env({**base, "web_port": str(port), **overrides}), port,
-                          tmp_path / f"worker{len(started)}.log")
+                          tmp_path / f"worker{len(started)}.log", loglevel=loglevel)
         w.start()
         started.append(w)
         return w

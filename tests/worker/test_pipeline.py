@@ -127,7 +127,9 @@ def test_reordered_duplicated_and_missing_frames_and_a_call_without_end(
     letters = [serde.decode_any(m.value()) for m in read_topic(kafka_settings.bootstrap,
                                                                kafka_settings.topic_dead_letters)]
     assert len(letters) == 1 and isinstance(letters[0], DeadLetter)
-    assert letters[0].raw.endswith(b"garbage") and kafka_settings.topic_audio in letters[0].reason
+    # a reference to the bad message, not its bytes (tests/worker/test_no_pii_at_rest.py has the rest)
+    assert (letters[0].original_topic, letters[0].call_id) == (kafka_settings.topic_audio, call_id)
+    assert letters[0].raw is None and kafka_settings.topic_audio in letters[0].reason
 
 
 def test_kill_9_mid_call_then_restart_stores_every_segment_exactly_once(
@@ -186,7 +188,7 @@ def test_partials_precede_finals_and_readers_see_only_finals(
     assert worker.metric("callqa_partial_delay_seconds_count") >= 1
 
 
-def test_hot_model_reload_takes_a_higher_version_and_refuses_an_equal_one(
+def test_hot_model_reload_takes_a_higher_signed_version_and_refuses_equal_or_unsigned_ones(
     kafka_settings, start_worker, recordings, offline, tmp_path  # type: ignore[no-untyped-def]
 ) -> None:
     import shutil
@@ -194,34 +196,53 @@ def test_hot_model_reload_takes_a_higher_version_and_refuses_an_equal_one(
     from dataclasses import replace
 
     from pipeline.asr.manifest import Manifest, latest_model_folder
+    from pipeline.asr.signing import (
+        SIGNATURE_FILE,
+        generate_key,
+        load_private_key,
+        public_key_text,
+        sign_model,
+    )
     from pipeline.config import get_settings
 
     source = latest_model_folder(Path(get_settings().models_dir), "tiny.en")
     models = tmp_path / "models"
+    public = generate_key(tmp_path / "models.key")
+    (tmp_path / "models.pub").write_text(public_key_text(public) + "\n")
+    key = load_private_key(tmp_path / "models.key")
 
-    def place(folder_name: str, manifest_version: int) -> None:
+    def place(folder_name: str, manifest_version: int, signed: bool = True) -> Path:
         # Prepared aside and renamed into place, as `callqa models build` does: the watcher must never
         # see a half-written version.
         staging = tmp_path / f"staging-{folder_name}"
         shutil.copytree(source, staging)
+        (staging / SIGNATURE_FILE).unlink(missing_ok=True)  # the real build may carry another key's
         replace(Manifest.read(staging), version=manifest_version).write(staging)
+        if signed:
+            sign_model(staging, key)
         (models / "tiny.en").mkdir(parents=True, exist_ok=True)
-        staging.rename(models / "tiny.en" / folder_name)
+        return staging.rename(models / "tiny.en" / folder_name)
+
+    def wait_for(metric: str, value: float, **labels: str) -> None:
+        deadline = time.monotonic() + 30
+        while worker.metric(metric, **labels) != value and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert worker.metric(metric, **labels) == value
 
     place("1", 1)
-    worker = start_worker(models_dir=str(models), model_watch_interval_s="1")
+    worker = start_worker(models_dir=str(models), model_watch_interval_s="1",
+                          model_public_key=str(tmp_path / "models.pub"))
     assert worker.metric("callqa_model_version") == 1
     ids: list[str] = []
     player = threading.Thread(target=lambda: ids.extend(replay(kafka_settings, recordings[:1], realtime=True)))
     player.start()
     place("2", 1)  # claims to be version 1 again: refused
-    time.sleep(4)
+    wait_for("callqa_model_reloads_refused_total", 1, reason="version")
+    unsigned = place("3", 3, signed=False)  # built, `callqa models sign` not run yet: refused until it is
+    wait_for("callqa_model_reloads_refused_total", 1, reason="signature")
     assert worker.metric("callqa_model_version") == 1
-    place("3", 3)
-    deadline = time.monotonic() + 30
-    while worker.metric("callqa_model_version") != 3 and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert worker.metric("callqa_model_version") == 3
+    sign_model(unsigned, key)
+    wait_for("callqa_model_version", 3)
     player.join()
     worker.wait_for_calls(ids)  # the call running across the swap lost nothing
     rows = worker.query("SELECT leg, start_ms, end_ms, text, model_version FROM segments FINAL "
@@ -233,4 +254,6 @@ def test_hot_model_reload_takes_a_higher_version_and_refuses_an_equal_one(
     versions = worker.query("SELECT DISTINCT model_version AS v FROM segments FINAL WHERE call_id = {c:String}",
                             c=after[0])
     assert versions == [{"v": 3}]
-    assert "model reload refused" in worker.log_path.read_text()
+    log = worker.log_path.read_text()
+    assert log.count("model reload refused") == 2  # each refused version said once, not at every look
+    assert f"{unsigned}: refused: missing signature" in log

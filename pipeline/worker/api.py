@@ -1,0 +1,214 @@
+"""The worker's web API (/api/*): a bearer token in front, ClickHouse reads on a thread pool of their own.
+
+- Every path under /api/ (matched or not) needs ``Authorization: Bearer <CALLQA_API_TOKEN>``, checked
+  in constant time by an aiohttp middleware, so a view added later cannot forget it. ``/metrics``
+  stays open for Prometheus. With no token configured /api/* answers 503 and says what to set;
+  ``CALLQA_API_AUTH=off`` drops the check, and a worker refuses to start with it unless its web
+  server binds a loopback address (``check_api_settings``).
+- /api/query runs one checked SELECT (pipeline/store/sqlguard.py) on the read-only account
+  (``clickhouse_readonly_url``) under ``QueryLimits``; /api/calls and /api/calls/{id} read summaries.
+- All of them run on ``QueryPool``: ``api_query_threads`` threads and at most ``api_query_max_waiting``
+  waiting requests (more are answered 503 at once), never on the default executor that the
+  worker's own blocking work (sink inserts, store look-ups) uses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import ipaddress
+import logging
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from functools import partial
+from typing import Any, Literal, TypeVar
+
+import faust
+from aiohttp import web as aioweb
+
+from pipeline.config import Settings
+from pipeline.store import queries
+from pipeline.store.client import StoreConnectionError, StoreError, connect
+from pipeline.store.sqlguard import ReadonlyQueryError
+
+log = logging.getLogger("callqa.worker.api")
+T = TypeVar("T")
+MIN_TOKEN_CHARS = 16
+Handler = Callable[[aioweb.Request], Awaitable[aioweb.StreamResponse]]
+
+
+class ApiConfigError(ValueError):
+    """The API settings would expose it; the worker does not start."""
+
+
+class ApiBusyError(RuntimeError):
+    """Every pool thread is busy and the waiting line is full."""
+
+
+def is_loopback(host: str) -> bool:
+    """True for 127.0.0.0/8, ::1 and 'localhost'; 0.0.0.0, '::', '' and any other name are not."""
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip().strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_api_settings(settings: Settings) -> None:
+    """Refuse settings that would open /api/* to others: auth off off-loopback, or a guessable token."""
+    if settings.api_auth == "off" and not is_loopback(settings.web_host):
+        raise ApiConfigError(
+            f"CALLQA_API_AUTH=off is only allowed with a loopback CALLQA_WEB_HOST, not {settings.web_host!r}: "
+            "set CALLQA_API_TOKEN instead"
+        )
+    token = settings.api_token.get_secret_value().strip()
+    if settings.api_auth == "on" and token and len(token) < MIN_TOKEN_CHARS:
+        raise ApiConfigError(
+            f"CALLQA_API_TOKEN has {len(token)} characters; use at least {MIN_TOKEN_CHARS} "
+            "(e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))')"
+        )
+
+
+@dataclass(frozen=True)
+class ApiAuth:
+    mode: Literal["token", "off", "unconfigured"]
+    token_digest: bytes = field(default=b"", repr=False)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ApiAuth:
+        if settings.api_auth == "off":
+            return cls("off")
+        token = settings.api_token.get_secret_value().strip()
+        return cls("token", _digest(token)) if token else cls("unconfigured")
+
+    def refusal(self, authorization: str | None) -> tuple[int, str] | None:
+        """(status, reason) when a request with this Authorization header may not use /api/*, else None."""
+        if self.mode == "off":
+            return None
+        if self.mode == "unconfigured":
+            return 503, "the API has no token configured: set CALLQA_API_TOKEN on the worker"
+        scheme, _, presented = (authorization or "").strip().partition(" ")
+        if scheme.lower() != "bearer" or not presented.strip():
+            return 401, "missing bearer token: send 'Authorization: Bearer <CALLQA_API_TOKEN>'"
+        # Digests of equal length, compared in constant time: neither the token nor its length leaks.
+        if not hmac.compare_digest(_digest(presented.strip()), self.token_digest):
+            return 401, "wrong bearer token"
+        return None
+
+
+def _digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode()).digest()
+
+
+def _is_api_path(path: str) -> bool:
+    return path == "/api" or path.startswith("/api/")
+
+
+def auth_middleware(auth: ApiAuth) -> Callable[[aioweb.Request, Handler], Awaitable[aioweb.StreamResponse]]:
+    """aiohttp middleware guarding /api/* by the request's path and by the route it matched."""
+
+    @aioweb.middleware
+    async def require_api_token(request: aioweb.Request, handler: Handler) -> aioweb.StreamResponse:
+        resource = request.match_info.route.resource
+        route = resource.canonical if resource is not None else ""
+        if _is_api_path(request.path) or _is_api_path(route):
+            refused = auth.refusal(request.headers.get("Authorization"))
+            if refused is not None:
+                status, reason = refused
+                headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+                return aioweb.json_response({"error": reason}, status=status, headers=headers)
+        return await handler(request)
+
+    return require_api_token
+
+
+class QueryPool:
+    """A small executor of its own for API reads, with a bounded waiting line."""
+
+    def __init__(self, threads: int, max_waiting: int) -> None:
+        self.threads = threads
+        self.max_waiting = max_waiting
+        self._executor = ThreadPoolExecutor(threads, thread_name_prefix="callqa-api")
+        self._admitted = 0  # running + waiting; only touched on the event loop's thread
+
+    async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        if self._admitted >= self.threads + self.max_waiting:
+            raise ApiBusyError(f"the query API is busy ({self.threads} queries running, {self.max_waiting} "
+                               "waiting); try again shortly")
+        self._admitted += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._executor, partial(fn, *args, **kwargs))
+        finally:
+            self._admitted -= 1
+
+    def shutdown(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def register_api_views(app: faust.App, settings: Settings, pool: QueryPool) -> None:
+    """/api/calls, /api/calls/{call_id} and /api/query on ``app`` (the auth middleware guards them)."""
+    database = settings.clickhouse_database
+    limits = queries.QueryLimits.from_settings(settings)
+
+    def reader() -> Any:
+        return connect(settings.reader_url, database, create_database=False)
+
+    @app.page("/api/calls")
+    async def calls_view(web: Any, request: Any) -> Any:
+        agent = request.query.get("agent")
+
+        def read() -> list[Any]:
+            return [_jsonable(asdict(r)) for r in queries.list_calls(reader(), agent_id=agent, limit=200)]
+
+        return await _answer(web, pool.run(read))
+
+    @app.page("/api/calls/{call_id}")
+    async def call_view(web: Any, request: Any, call_id: str) -> Any:
+        def read() -> dict[str, Any]:
+            client = reader()
+            summary = queries.call_summary(client, call_id)
+            lines = queries.transcript(client, call_id)
+            return {"summary": _jsonable(asdict(summary)) if summary else None,
+                    "transcript": [_jsonable(asdict(line)) for line in lines]}
+
+        return await _answer(web, pool.run(read))
+
+    @app.page("/api/query")
+    async def query_view(web: Any, request: Any) -> Any:
+        sql = request.query.get("sql", "")
+        params = {k[len("param_"):]: v for k, v in request.query.items() if k.startswith("param_")}
+
+        def run() -> dict[str, Any]:
+            result = queries.run_readonly_query(sql, params, url=settings.reader_url, database=database,
+                                                limits=limits)
+            return {"columns": result.columns, "types": result.types, "rows": _jsonable(result.rows),
+                    "truncated": result.truncated}
+
+        return await _answer(web, pool.run(run))
+
+
+async def _answer(web: Any, work: Awaitable[Any]) -> Any:
+    """The view's JSON, or {"error": one line} with a status that says whose fault it is."""
+    try:
+        return web.json(await work)
+    except ReadonlyQueryError as exc:
+        return web.json({"error": str(exc)}, status=exc.status)
+    except (ApiBusyError, StoreError, StoreConnectionError) as exc:
+        return web.json({"error": str(exc)}, status=503)
+    except Exception as exc:  # noqa: BLE001 - reported to the caller, not fatal to the worker
+        log.warning("API request failed: %s", exc)
+        return web.json({"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"},
+                        status=500)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    return value
