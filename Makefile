@@ -7,9 +7,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 CALLQA := $(BIN)/callqa
 STATE := .callqa
-SYSTEM_PACKAGES := kcat pocketsphinx-testdata alsa-utils default-jre-headless maven prometheus openssl
+SYSTEM_PACKAGES := kcat pocketsphinx-testdata alsa-utils default-jre-headless maven prometheus openssl \
+	festival festvox-us-slt-hts
 
-.PHONY: demo test setup system venv kafka models lint broker-stop clean
+.PHONY: demo test setup system venv kafka models library lint broker-stop clean
 
 demo: setup
 	$(CALLQA) broker start
@@ -25,7 +26,7 @@ test: setup
 	$(BIN)/pytest -q -p no:cacheprovider $(PYTEST_ARGS) || status=$$?; \
 	exit $$status
 
-setup: system venv kafka models
+setup: system venv kafka models library
 
 # Debian packages: the evaluation recordings, kcat (an independent Kafka client for tests), Java + Maven,
 # Prometheus + promtool (the dashboards' PromQL and the alert rules are run by tests; it is not started
@@ -61,6 +62,12 @@ kafka: venv
 
 models: venv
 	$(CALLQA) models build --if-needed
+
+# The contact-center call library (samples/calls/library/): synthesised from the committed scripts with
+# festival's slt voice (Debian) and piper's joe voice (PyPI) into a gitignored folder; skipped when the
+# scripts, rules and builder are unchanged, and each utterance is cached (.callqa/tts-cache).
+library: system venv
+	$(BIN)/python scripts/build_call_library.py --if-needed
 
 lint: venv
 	$(BIN)/ruff check pipeline tests bench

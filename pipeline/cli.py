@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import click
 import pydantic
@@ -19,6 +19,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from pipeline.config import get_settings
+
+if TYPE_CHECKING:
+    from pipeline.ingest.replay import CallRecording, ReplayOptions
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 broker_app = typer.Typer(no_args_is_help=True, help="The local Kafka broker (KRaft, 127.0.0.1).")
@@ -131,7 +134,9 @@ def schemas_register() -> None:
 # ---- replay -------------------------------------------------------------------------------------
 @app.command("replay")
 def replay(
-    paths: Annotated[list[Path], typer.Argument(help="WAV (mono, or stereo: left agent, right customer) or raw files.")],
+    paths: Annotated[list[Path], typer.Argument(
+        help="Recordings, mono or stereo (left agent, right customer), any rate: WAV (PCM, float, μ-law, A-law), "
+             "FLAC, OGG Vorbis/Opus, MP3, ..., or headerless .ulaw/.alaw (8 kHz), .raw/.pcm (16 kHz).")],
     calls: Annotated[int, typer.Option(help="Concurrent calls to run, cycling over the inputs (0: one per file).")] = 0,
     realtime: Annotated[bool, typer.Option("--realtime/--fast", help="Pace frames in real time, or as fast as possible.")] = False,
     frame_ms: Annotated[int, typer.Option(help="Frame length in ms.")] = 20,
@@ -141,13 +146,13 @@ def replay(
     from pipeline.broker.producer import ContractProducer
     from pipeline.broker.topics import ensure_topics
     from pipeline.contracts import Serde
-    from pipeline.ingest.replay import ReplayOptions, TelephonyReplay, load_recording
+    from pipeline.ingest.replay import ReplayOptions, TelephonyReplay
 
     if encoding not in ("mulaw", "alaw", "pcm16"):
         raise typer.BadParameter(f"unknown encoding {encoding!r}: use mulaw, alaw or pcm16")
     settings = get_settings()
     options = ReplayOptions(frame_ms=frame_ms, encoding=encoding, realtime=realtime, calls=calls)  # type: ignore[arg-type]
-    recordings = [load_recording(p, options) for p in paths]
+    recordings = _load_recordings(paths, options)
     ensure_topics(settings)
     producer = ContractProducer.from_settings(settings, Serde.from_settings(settings.schema_registry_url))
     player = TelephonyReplay(producer, settings.topic_audio, settings.topic_call_events)
@@ -168,6 +173,25 @@ def replay(
     for call_id in report.call_ids:
         legs = ", ".join(f"{leg} {n}" for leg, n in report.frames_per_leg[call_id].items())
         console.print(f"  {call_id}: {legs}")
+
+
+def _load_recordings(paths: list[Path], options: ReplayOptions) -> list[CallRecording]:
+    """Every file read before anything is sent: one line per unreadable file, then exit status 1."""
+    from pipeline.audio.files import AudioFileError
+    from pipeline.ingest.replay import load_recording
+
+    recordings, failed = [], 0
+    for path in paths:
+        try:
+            recordings.append(load_recording(path, options))
+        except AudioFileError as exc:
+            failed += 1
+            err_console.print(f"[red]error:[/red] {escape(str(exc))}")
+    if failed:
+        if len(paths) > 1:
+            err_console.print(f"{failed} of {len(paths)} files unreadable: nothing replayed")
+        raise typer.Exit(1)
+    return recordings
 
 
 @app.command("worker")
@@ -205,6 +229,51 @@ def report(
         raise RuntimeError(f"no call {call!r} in the store")
 
 
+@app.command("analyze")
+def analyze(
+    paths: Annotated[list[Path], typer.Argument(
+        help="Recordings, stereo (one leg per channel) or mono, in any format `callqa replay` reads.")],
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="One JSON object per file on stdout (its structure: pipeline/analyze.py).")] = False,
+    scorecard: Annotated[Path | None, typer.Option(
+        help="Scorecard YAML to score with (default: the qa_scorecard_file setting).")] = None,
+    agent_channel: Annotated[str, typer.Option(
+        help="Stereo: the agent's channel, left or right (the other one is the customer).")] = "left",
+    mono_leg: Annotated[str, typer.Option(help="Mono: the leg the one channel is, agent or customer.")] = "agent",
+    encoding: Annotated[str, typer.Option(
+        help="Telephony encoding the audio goes through first, as `callqa replay` sends it: "
+             "mulaw, alaw or pcm16 (16 kHz at most).")] = "mulaw",
+) -> None:
+    """Offline QA of recordings, no Kafka or store: segments, redacted transcript, rules, scorecard, alerts."""
+    import asyncio
+    import json
+
+    from pipeline.analyze import AnalyzeOptions, CallAnalysis, analyze_paths, render_analysis
+    from pipeline.asr.engine import Engine
+    from pipeline.qa.call import QaConfig
+
+    for name, value, allowed in (("--agent-channel", agent_channel, ("left", "right")),
+                                 ("--mono-leg", mono_leg, ("agent", "customer")),
+                                 ("--encoding", encoding, ("mulaw", "alaw", "pcm16"))):
+        if value not in allowed:
+            raise typer.BadParameter(f"{name} {value!r}: use {' or '.join(allowed)}")
+    settings = get_settings()
+    if scorecard is not None:
+        settings = settings.model_copy(update={"qa_scorecard_file": str(scorecard)})
+    config = QaConfig.from_settings(settings)  # a bad rule or scorecard stops here, before the model loads
+    options = AnalyzeOptions(encoding=encoding, agent_channel=agent_channel, mono_leg=mono_leg)  # type: ignore[arg-type]
+
+    def emit(analysis: CallAnalysis) -> None:
+        if as_json:
+            print(json.dumps(analysis.as_json(), ensure_ascii=False), flush=True)
+        else:
+            render_analysis(analysis, console)
+
+    engine = Engine.load(settings=settings)
+    if asyncio.run(analyze_paths(paths, engine, config, options, emit, err_console)):
+        raise typer.Exit(1)
+
+
 @app.command("settings")
 def show_settings() -> None:
     """Every setting: env var, current value, default and what it does."""
@@ -240,7 +309,10 @@ def _describe_validation(exc: pydantic.ValidationError) -> str:
 def main() -> None:
     began = time.monotonic()
     try:
-        app(standalone_mode=False)
+        # Outside standalone mode click returns a command's `typer.Exit(code)` instead of exiting with it.
+        exit_code = app(standalone_mode=False)
+        if isinstance(exit_code, int) and exit_code:
+            sys.exit(exit_code)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except click.ClickException as exc:  # usage errors: click's own one-line message

@@ -1,8 +1,10 @@
-"""`make demo`: the sample calls through the whole pipeline, live.
+"""`make demo`: a handful of contact-center calls of the call library through the whole pipeline, live.
 
-Starts a worker, replays the sample calls in real time, prints transcripts as they arrive on the
-transcripts topic, then the per-call QA summary read back from ClickHouse (through the worker's API),
-and stops the worker it started. Run with the broker up (the Makefile starts it).
+Starts a worker, replays four library calls (samples/calls/library/) concurrently in real time (a
+compliant card payment, a call without identity check, a rude agent, an escalation), prints redacted
+transcripts and live QA alerts as they arrive on their topics, then each call's QA report read back from
+ClickHouse (through the worker's API), and stops the worker it started. Run with the broker up and the
+library built (the Makefile does both).
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ import sys
 import threading
 import time
 from dataclasses import replace
-from pathlib import Path
 
 from confluent_kafka import Consumer, TopicPartition
 from rich.console import Console
@@ -22,12 +23,25 @@ from pipeline.broker.security import kafka_config
 from pipeline.broker.topics import ensure_topics
 from pipeline.config import Settings, get_settings
 from pipeline.contracts import QaAlert, Serde, TranscriptSegment
-from pipeline.ingest.replay import ReplayOptions, TelephonyReplay, load_recording
+from pipeline.eval.call_library import LIBRARY_DIR, LibraryNotBuilt, holds_of, load_manifest
+from pipeline.ingest.replay import CallRecording, ReplayOptions, TelephonyReplay, load_recording
 from pipeline.report import render_report
 from pipeline.worker.process import WorkerProcess, worker_env
 
-SAMPLES = Path(__file__).resolve().parents[1] / "samples" / "calls"
+# Short library calls (about a minute each) whose scores differ: 100, 85, 0 (auto-fail), 90.
+DEMO_CALLS = ("02_card_payment", "04_no_identity_check", "05_rude_agent", "07_escalation_manager")
 console = Console()
+
+
+def demo_recordings(options: ReplayOptions) -> list[CallRecording]:
+    """The demo's library calls, with their holds (ranges where the replay sends no frames)."""
+    calls = {c["id"]: c for c in load_manifest()["calls"]}
+    recordings = []
+    for name in DEMO_CALLS:
+        rec = load_recording(LIBRARY_DIR / calls[name]["file"], options)
+        rec.holds_ms = holds_of(calls[name])
+        recordings.append(rec)
+    return recordings
 
 
 def start_worker(settings: Settings) -> WorkerProcess:
@@ -72,14 +86,14 @@ def tail_outputs(settings: Settings, serde: Serde, prefix: str, stop: threading.
 
 def main() -> int:
     settings = get_settings()
-    files = sorted(SAMPLES.glob("*.wav"))
-    if not files:
-        console.print(f"[red]no sample calls in {SAMPLES}[/red]")
+    options = ReplayOptions(encoding="mulaw", realtime=True)
+    try:
+        recordings = demo_recordings(options)
+    except (LibraryNotBuilt, KeyError) as exc:
+        console.print(f"[red]demo: {exc}[/red]")
         return 1
     ensure_topics(settings)
     serde = Serde.from_settings(settings.schema_registry_url)
-    options = ReplayOptions(encoding="mulaw", realtime=True)
-    recordings = [load_recording(f, options) for f in files]
     worker = start_worker(settings)
     stop = threading.Event()
     prefix = f"demo{int(time.time())}"
@@ -89,7 +103,8 @@ def main() -> int:
         tail = threading.Thread(target=tail_outputs, args=(settings, serde, prefix, stop), daemon=True)
         tail.start()
         time.sleep(2)  # the tail holds its start offsets before the first call begins
-        console.print(f"replaying {len(files)} sample calls in real time (μ-law, 20 ms frames)...")
+        console.print(f"replaying {len(recordings)} library calls at once in real time (μ-law, 20 ms frames): "
+                      + ", ".join(DEMO_CALLS))
         report = player.run(recordings, replace(options, call_id_prefix=prefix))
         api = worker.api()  # with the random API token worker_env gave the worker
         with console.status("waiting for the calls to be finalised..."):

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -24,6 +25,7 @@ from pipeline.asr.signing import (
     sign_model,
     signer_id,
 )
+from pipeline.audio.files import AudioFileError
 from pipeline.config import get_settings
 
 if TYPE_CHECKING:
@@ -130,11 +132,16 @@ def list_models() -> None:
 
 
 def transcribe(
-    paths: Annotated[list[Path], typer.Argument(help="Audio files (.wav, or raw .ulaw/.alaw/.pcm/.raw).")],
+    paths: Annotated[list[Path], typer.Argument(
+        help="Audio files, any channels and rate: WAV (PCM, float, μ-law, A-law), FLAC, OGG Vorbis/Opus, MP3, ..., "
+             "or headerless .ulaw/.alaw (8 kHz), .raw/.pcm (16 kHz).")],
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per segment on stdout.")] = False,
     model: Annotated[str | None, typer.Option(help="Model name (default: the model setting).")] = None,
 ) -> None:
-    """Transcribe files through the streaming front end, segmenter and batcher; print segments."""
+    """Transcribe files through the streaming front end, segmenter and batcher; print segments.
+
+    A file that cannot be read or transcribed is one line on stderr; the others are still transcribed,
+    and the exit status is 1 if any failed."""
     failures = asyncio.run(_transcribe_all(paths, model, as_json))
     if failures:
         raise typer.Exit(1)
@@ -156,9 +163,13 @@ async def _transcribe_all(paths: list[Path], model: str | None, as_json: bool) -
                 progress.update(task, description=f"{path.name}: transcribing", total=len(pairs))
                 results = await asyncio.gather(*(_submit(batcher, ch, s, progress, task) for ch, s in pairs))
                 _print(path, sorted(results, key=lambda r: (r.start_ms, r.channel)), as_json)
+            except AudioFileError as exc:  # its message names the file and the cause
+                failures += 1
+                err_console.print(f"[red]error:[/red] {escape(str(exc))}")
             except Exception as exc:  # noqa: BLE001 - one line per failed file, then go on
                 failures += 1
-                err_console.print(f"[red]error[/red] {path}: {exc}")
+                reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                err_console.print(f"[red]error:[/red] {escape(str(path))}: {escape(reason)}")
     await batcher.close()
     return failures
 

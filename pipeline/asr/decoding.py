@@ -6,7 +6,10 @@ decoding then runs all rows in lockstep, and a row that has ended leaves the bat
 
 Short windows make Whisper prone to never emitting <|endoftext|> and repeating a phrase. Two guards:
 a cap on new tokens proportional to the audio duration (tokens per second plus a small allowance), and
-a loop stop once the output ends in `loop_copies` back-to-back copies of a block of 2+ tokens. Only a
+a loop stop once the output ends in `loop_copies` back-to-back copies of a block of 2+ tokens. A block
+made only of digits, number words and separators ("1, " or "-1" or " one") is not a loop: card and phone
+numbers repeat digits ("four one one one one one ..." is "4-1-1-1-1..."), and cutting them lost the
+digits (the card number came out as "4-1"); the token cap still bounds a real runaway. Only a
 row stopped by a guard has its looping tail cut back to one copy: a row that ended by itself keeps
 genuine repeats ("five five"). And a row stopped by a guard in a shortened window is decoded again in
 the full 30 s window (`full_window_retry`), where Whisper rarely loops: the cheap window serves most
@@ -16,7 +19,9 @@ segments and the few that go wrong pay Whisper's usual price.
 from __future__ import annotations
 
 import math
+import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -75,25 +80,71 @@ class BatchTimings:
     steps: int
 
 
-def ends_in_loop(tokens: list[int], copies: int, min_block: int = 2, max_block: int = 16) -> bool:
-    """Whether `tokens` ends in `copies` consecutive copies of one block of min_block..max_block tokens."""
+NUMBER_WORDS = frozenset(
+    ["zero", "oh", "o", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "double", "triple"]
+)
+_DIGITS = re.compile(r"\d+")
+_SEPARATORS = re.compile(r"[,.\-/]+")
+
+
+@dataclass(frozen=True)
+class NumberTokens:
+    """The vocabulary's digit and number-word tokens, and the separators said between digits."""
+
+    digits: frozenset[int] = frozenset()
+    separators: frozenset[int] = frozenset()
+
+    @classmethod
+    def of(cls, tokens: Sequence[str]) -> NumberTokens:
+        """From byte-level BPE strings ("Ġ" marks a leading space), as the vocabulary stores them."""
+        digits, separators = set(), set()
+        for token_id, token in enumerate(tokens):
+            word = token.replace("\u0120", "").lower()
+            if _DIGITS.fullmatch(word) or word in NUMBER_WORDS:
+                digits.add(token_id)
+            elif _SEPARATORS.fullmatch(word):
+                separators.add(token_id)
+        return cls(frozenset(digits), frozenset(separators))
+
+    def is_number(self, block: Sequence[int]) -> bool:
+        """Whether `block` is digits said one after another (with separators), not a looping phrase."""
+        return any(t in self.digits for t in block) and all(
+            t in self.digits or t in self.separators for t in block
+        )
+
+
+def ends_in_loop(
+    tokens: list[int],
+    copies: int,
+    min_block: int = 2,
+    max_block: int = 16,
+    numbers: NumberTokens = NumberTokens(),
+) -> bool:
+    """Whether `tokens` ends in `copies` consecutive copies of one block of min_block..max_block tokens.
+
+    A block that is a number (see ``NumberTokens.is_number``) does not count: repeated digits are speech.
+    """
     for block in range(min_block, min(max_block, len(tokens) // copies) + 1):
         tail = tokens[-block:]
+        if numbers.is_number(tail):
+            continue
         if all(tokens[-(k + 1) * block : len(tokens) - k * block] == tail for k in range(1, copies)):
             return True
     return False
 
 
-def cut_loop(tokens: list[int], max_block: int = 16) -> list[int]:
+def cut_loop(tokens: list[int], max_block: int = 16, numbers: NumberTokens = NumberTokens()) -> list[int]:
     """Cut a looping tail (two or more back-to-back copies of a block, the last maybe partial) to one copy.
 
     Picks the earliest start at which the rest of the output is such a loop, so the most repetition goes.
+    A tail of repeated digits is kept as it is: Whisper may run on past the digits said, but cutting
+    "4-1-1-1-..." to "4-1" loses a card number's digits for certain, keeping them loses few or none.
     """
     for start in range(len(tokens)):
         rest = tokens[start:]
         for block in range(1, min(max_block, len(rest) // 2) + 1):
             if all(rest[i] == rest[i % block] for i in range(len(rest))):
-                return tokens[: start + block]
+                return tokens if numbers.is_number(rest[:block]) else tokens[: start + block]
     return tokens
 
 
@@ -118,6 +169,7 @@ class GreedyDecoder:
         self._suppress[sorted(i for i in suppressed if i < vocab)] = -np.inf
         self._suppress_begin = self._suppress.copy()
         self._suppress_begin[list(options.suppress_ids_begin)] = -np.inf
+        self.numbers = NumberTokens.of(model.vocabulary.tokens)
 
     def _encode(
         self, mels: list[np.ndarray], window: WindowPolicy
@@ -208,7 +260,9 @@ class GreedyDecoder:
                     done[row] = True
                     continue
                 tokens[row].append(token)
-                if len(tokens[row]) >= caps[row] or ends_in_loop(tokens[row], self.options.loop_copies):
+                if len(tokens[row]) >= caps[row] or ends_in_loop(
+                    tokens[row], self.options.loop_copies, numbers=self.numbers
+                ):
                     done[row] = guarded[row] = True
             if done.all():
                 break
@@ -224,7 +278,7 @@ class GreedyDecoder:
             out = self.model.decode_step(step)
             steps += 1
         finished = time.perf_counter()
-        tokens = [cut_loop(t) if guarded[r] else t for r, t in enumerate(tokens)]
+        tokens = [cut_loop(t, numbers=self.numbers) if guarded[r] else t for r, t in enumerate(tokens)]
         results = [
             DecodedSegment(
                 tokens=tokens[r],

@@ -133,17 +133,29 @@ class Engine:
                     results.append(slot)
         return results
 
+    def leg_segments(self, samples: np.ndarray, sample_rate: int) -> list[SpeechSegment]:
+        """The speech segments of one leg's whole audio (float samples at ``sample_rate``).
+
+        The leg goes through the worker's front end (resampler, VAD segmenter) in chunks, then is
+        finished as a call's end finishes it; the segmenter does not depend on how audio was chunked,
+        so this gives the segments a streamed leg of the same audio gets. `callqa transcribe` and
+        `callqa analyze` both take this path.
+        """
+        front_end = LegFrontEnd(sample_rate, "pcm16", self.settings)
+        chunk = max(1, int(sample_rate * FILE_CHUNK_S))
+        segments: list[SpeechSegment] = []
+        for start in range(0, samples.size, chunk):
+            segments.extend(front_end.accept_samples(samples[start : start + chunk]))
+        return segments + front_end.finish()
+
     def file_segments(self, path: str | Path) -> list[tuple[int, SpeechSegment]]:
         """(channel, segment) for every speech segment of every channel of an audio file."""
         audio = load_audio(path)
-        out: list[tuple[int, SpeechSegment]] = []
-        chunk = max(1, int(audio.sample_rate * FILE_CHUNK_S))
-        for channel, samples in enumerate(audio.samples):
-            front_end = LegFrontEnd(audio.sample_rate, "pcm16", self.settings)
-            for start in range(0, samples.size, chunk):
-                out.extend((channel, s) for s in front_end.accept_samples(samples[start : start + chunk]))
-            out.extend((channel, s) for s in front_end.finish())
-        return out
+        return [
+            (channel, segment)
+            for channel, samples in enumerate(audio.samples)
+            for segment in self.leg_segments(samples, audio.sample_rate)
+        ]
 
     def transcribe_file(self, path: str | Path) -> list[TranscriptResult]:
         """Transcripts of a file's speech segments, every channel, ordered by start time."""

@@ -1,6 +1,11 @@
-"""Spelling numbers out in English words, so "10" and "ten" compare equal in WER."""
+"""Numbers in evaluation: spelt out in English words, so "10" and "ten" compare equal in WER; and the
+digit-sequence accuracy of spoken numbers (card, phone and security-code digits: exact sequences and a
+digit error rate), the measure that shows whether ASR keeps the digits redaction needs to see."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 ONES = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
         "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen"]
@@ -45,3 +50,54 @@ def spellings(digits: str) -> list[list[str]]:
         if option not in unique:
             unique.append(option)
     return unique
+
+
+def spoken_digits(text: str) -> str:
+    """Every digit ``text`` says, written or spoken ("four one double one, oh 5" -> "411105"), in order.
+
+    Uses the redactor's reading of numbers (``pipeline.qa.numbers``), so what is measured here is what
+    redaction sees.
+    """
+    from pipeline.qa.numbers import digit_runs  # the QA reader; imported here to keep eval's imports light
+
+    return "".join(run.digits for run in digit_runs(text)[1])
+
+
+def digit_edit_distance(reference: str, hypothesis: str) -> int:
+    """Digits substituted, dropped or added (Levenshtein over the two digit strings)."""
+    previous = list(range(len(hypothesis) + 1))
+    for i, ref in enumerate(reference, 1):
+        current = [i]
+        for j, hyp in enumerate(hypothesis, 1):
+            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (ref != hyp)))
+        previous = current
+    return previous[-1]
+
+
+@dataclass(frozen=True)
+class DigitAccuracy:
+    """Digit-sequence accuracy of spoken numbers: how many came out exactly, and the digit error rate."""
+
+    sequences: int
+    exact: int
+    digit_errors: int
+    reference_digits: int
+
+    @property
+    def exact_rate(self) -> float:
+        return self.exact / self.sequences if self.sequences else 1.0
+
+    @property
+    def digit_error_rate(self) -> float:
+        return self.digit_errors / self.reference_digits if self.reference_digits else 0.0
+
+
+def digit_accuracy(pairs: Sequence[tuple[str, str]]) -> DigitAccuracy:
+    """Score (reference digits, hypothesis text) pairs: the hypothesis's digits are read from its text."""
+    exact = errors = total = 0
+    for reference, text in pairs:
+        said = spoken_digits(text)
+        exact += said == reference
+        errors += digit_edit_distance(reference, said)
+        total += len(reference)
+    return DigitAccuracy(len(pairs), exact, errors, total)

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.audio import codecs
-from pipeline.audio.files import LoadedAudio, load_audio
+from pipeline.audio.files import AudioFileError, LoadedAudio, load_audio
 from pipeline.audio.resample import resample
 from pipeline.broker.producer import ContractProducer
 from pipeline.contracts.messages import LEGS, AudioFrame, CallEvent, Encoding, Leg, now_ms
@@ -47,6 +47,9 @@ class CallRecording:
     legs: dict[str, np.ndarray]  # leg -> float32 samples at `sample_rate`
     sample_rate: int
     encoded: dict[str, bytes] = field(default_factory=dict)  # leg -> whole leg in the replay encoding
+    # (start_ms, end_ms) ranges where the call is on hold: no frame of either leg is sent there, as a
+    # gateway that stops the media stream (the worker fills the gap with silence when frames resume).
+    holds_ms: list[tuple[int, int]] = field(default_factory=list)
 
     def encode(self, encoding: str) -> None:
         # Encoding each leg once and slicing bytes per frame is exact for G.711 and PCM16
@@ -56,6 +59,10 @@ class CallRecording:
     def frame_count(self, leg: str, frame_samples: int) -> int:
         n = len(self.legs[leg])
         return -(-n // frame_samples)
+
+    def on_hold(self, start_ms: int, end_ms: int) -> bool:
+        """Whether the frame [start_ms, end_ms) lies wholly inside a hold."""
+        return any(h_start <= start_ms and end_ms <= h_end for h_start, h_end in self.holds_ms)
 
 
 @dataclass
@@ -72,8 +79,12 @@ class ReplayReport:
 
 
 def load_recording(path: str | Path, options: ReplayOptions) -> CallRecording:
-    """Read a file and bring it to the telephony rate; raises AudioFileError naming the file."""
+    """Read a file (any format ``load_audio`` reads) and bring it to the telephony rate; raises
+    AudioFileError naming the file."""
     audio: LoadedAudio = load_audio(path)
+    if audio.channels > 2:
+        raise AudioFileError(path, f"{audio.channels} channels: a call is mono (one leg) or stereo "
+                                   "(left agent, right customer)")
     rate = TELEPHONY_RATE if options.encoding != "pcm16" else min(audio.sample_rate, 16000)
     legs: dict[str, np.ndarray]
     if audio.channels == 1:
@@ -169,6 +180,8 @@ class TelephonyReplay:
         yield _Due(0.0, 0, send_start)
         n_frames = max(counts.values())
         for k in range(n_frames):
+            if rec.on_hold(k * options.frame_ms, (k + 1) * options.frame_ms):
+                continue
             # A frame is sent once its audio has been captured, i.e. at the end of the frame.
             yield _Due((k + 1) * options.frame_ms / 1000, 0, self._frame_sender(call_id, rec, legs, k, options),
                        frames=sum(1 for leg in legs if k < counts[leg]))

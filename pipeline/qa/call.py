@@ -2,12 +2,20 @@
 
 The streaming worker keeps one ``CallAnalyzer`` per open call and feeds it final segments as they
 arrive; ``QaConfig`` (rules, scorecard, settings) is loaded once per worker and shared by all calls.
+
+Segments of a call's two legs finish decoding in any order, but redaction context is judged by time (the
+agent's question before the customer's answer). So the worker announces each segment when it is
+submitted (``expect``), hands it over when decoded (``complete``, or ``skip`` for silence and failures),
+and gets segments back only in time order, each once every segment that started before it is known:
+the stored text is the same whatever order decoding finished in, and no segment is published before the
+context that redacts it.
 """
 
 from __future__ import annotations
 
-from collections import Counter
-from dataclasses import dataclass, field, replace
+import bisect
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.config.qa import QaSettings
@@ -51,6 +59,13 @@ class AnalyzedSegment:
 
 
 @dataclass
+class _Expected:
+    order: tuple[int, int, str]
+    segment: Segment | None = None  # set once decoded
+    skipped: bool = False
+
+
+@dataclass
 class CallAnalyzer:
     """QA state of one call. Segments must be final; they may arrive interleaved across legs."""
 
@@ -60,6 +75,7 @@ class CallAnalyzer:
     redaction_counts: dict[str, int] = field(default_factory=dict)
     _redactor: CallRedactor = field(init=False)
     _rules: RuleEngine = field(init=False)
+    _expected: list[_Expected] = field(default_factory=list)  # submitted, not yet released; time order
 
     def __post_init__(self) -> None:
         self._redactor = CallRedactor(self.config.redaction_context_segments)
@@ -71,15 +87,68 @@ class CallAnalyzer:
             return RedactedText(segment, {})
         return self._redactor.redact(segment)
 
-    def redact_partial(self, segment: Segment) -> RedactedText:
+    def redact_partial(self, segment: Segment, watermarks: Mapping[str, int] | None = None) -> RedactedText:
         """Redact a partial (still growing) segment without advancing the call's redaction context.
 
         The final version of the segment goes through ``process`` later; a partial must not count
-        as one of the segments the agent's question keeps the CVV/expiry context open for.
+        as one of the segments the agent's question keeps the CVV/expiry context open for. A partial is
+        not held: while a segment that started before it is still undecoded (or, per ``watermarks``,
+        another leg may still start one before it), it is redacted as if every context were open.
         """
         if not self.config.redaction_enabled:
             return RedactedText(segment, {})
-        return replace(self._redactor, _context=Counter(self._redactor._context)).redact(segment)
+        unknown = any(e.order[0] <= segment.start_ms and not e.skipped for e in self._expected) or any(
+            mark <= segment.start_ms for leg, mark in (watermarks or {}).items() if leg != segment.leg
+        )
+        return self._redactor.redact(segment, remember=False, assume_context=unknown)
+
+    def expect(self, leg: str, segment_id: str, start_ms: int) -> None:
+        """A segment was submitted for decoding: later segments wait for it (see ``complete``)."""
+        entry = _Expected((start_ms, 0 if leg == "agent" else 1, segment_id))
+        bisect.insort(self._expected, entry, key=lambda e: e.order)
+
+    def complete(self, segment: Segment, watermarks: Mapping[str, int] | None = None) -> list[AnalyzedSegment]:
+        """A decoded segment; returns the segments now released (redacted, matched), in time order.
+
+        ``watermarks``: per leg, the time before which every segment of that leg has been submitted
+        (the worker's VAD position); a segment is held until every leg has passed its start, so an
+        agent's question still being spoken or decoded redacts the answer given over it.
+        """
+        entry = self._entry(segment.segment_id)
+        if entry is None:  # not announced (offline use): analysed now
+            return [self.process(segment)]
+        entry.segment = segment
+        return self.release(watermarks)
+
+    def skip(self, segment_id: str, watermarks: Mapping[str, int] | None = None) -> list[AnalyzedSegment]:
+        """An announced segment that yields no text (silence, failed decoding): it no longer holds others."""
+        entry = self._entry(segment_id)
+        if entry is not None:
+            entry.skipped = True
+        return self.release(watermarks)
+
+    def release(self, watermarks: Mapping[str, int] | None = None) -> list[AnalyzedSegment]:
+        """Process the decoded segments that nothing earlier is still pending for, in time order."""
+        out: list[AnalyzedSegment] = []
+        while self._expected:
+            head = self._expected[0]
+            if head.skipped:
+                self._expected.pop(0)
+                continue
+            if head.segment is None or any(mark <= head.order[0] for mark in (watermarks or {}).values()):
+                break
+            self._expected.pop(0)
+            out.append(self.process(head.segment))
+        return out
+
+    def flush(self) -> list[AnalyzedSegment]:
+        """At call end: every decoded segment still held, in time order (the rest never came)."""
+        done = [e.segment for e in self._expected if e.segment is not None and not e.skipped]
+        self._expected.clear()
+        return [self.process(segment) for segment in done]
+
+    def _entry(self, segment_id: str) -> _Expected | None:
+        return next((e for e in self._expected if e.order[2] == segment_id), None)
 
     def process(self, segment: Segment) -> AnalyzedSegment:
         """Redact, keep and match one segment: the text to store and publish, and the alerts to raise now."""

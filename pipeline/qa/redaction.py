@@ -7,18 +7,29 @@ What is replaced, and by which marker:
   left alone: order and account numbers are not cards);
 - [SSN]: US social security numbers, written 3-2-4 ("123-45-6789") or any valid 9 digits when a social
   security number was just asked for or mentioned;
-- [PHONE]: NANP numbers (10 digits, or 11 starting with 1), "+" international numbers, 7-digit local
-  numbers when a phone number was just asked for;
+- [PHONE]: NANP numbers (10 digits, or 11 starting with 1), "+" international numbers, any 7-15 digits
+  when a phone number was just asked for;
 - [EMAIL]: written addresses and spoken ones ("john dot smith at example dot com");
 - [CVV] / [EXPIRY]: 3-4 digits / a month and year, only when the agent just asked for the security code
-  or the expiry date. Without that context such short numbers are times, amounts and quantities.
+  or the expiry date, or a card number was just given (the question may have been misheard: "the code is
+  321" right after the card number is its security code). Without that context such short numbers are
+  times, amounts and quantities.
+
+Card context ("card" said by either leg, or a card number just given) also redacts what ASR makes of a
+card number read out: a garbled one that fails Luhn, and the chunks of one read in pauses over several
+segments ("four one one one ... one one one one"): any run of 4-19 digits there that is not an amount
+("$45.20", "150 dollars") or a year ("since 2019") is [PAN].
 
 Context lasts for the segment that mentions the keyword and the next ``context_segments`` segments of the
-call (either leg): the customer answers, and the agent often reads the answer back.
+call (either leg) in time order: the customer answers, and the agent often reads the answer back. It is
+judged by segment time, not by the order segments reach the redactor, so what a segment's text becomes
+depends only on the segments that started before it (``CallAnalyzer`` in the worker holds segments until
+those are known).
 """
 
 from __future__ import annotations
 
+import bisect
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -30,12 +41,22 @@ MARKERS = ("PAN", "SSN", "PHONE", "EMAIL", "CVV", "EXPIRY")
 
 _CONTEXT_KEYWORDS: dict[str, re.Pattern[str]] = {
     "CVV": re.compile(
-        r"\b(security code|cvv2?|cvc|card verification|(three|four|3|4)[- ]digit code|back of the card)\b"
+        # "secure code", "security G-code", "secure iG code": how ASR often renders a security-code question.
+        r"\b(security code|cvv2?|cvc|card verification|(three|four|3|4)[- ]digit code|back of the card"
+        r"|secur\w*\W+(\w+\W+)?code)\b"
     ),
     "EXPIRY": re.compile(r"\b(expiry|expiration|expires?|valid (thru|through)|exp date)\b"),
     "SSN": re.compile(r"\b(social security|ssn|social)\b"),
-    "PHONE": re.compile(r"\b(phone|mobile|cell|call ?back|reach you|telephone)\b"),
+    "PHONE": re.compile(r"\b(phone|mobile|cell|call ?back|call me|reach you|telephone)\b"),
+    "CARD": re.compile(r"\b(card|visa|mastercard|master card|amex|american express|discover)\b"),
 }
+# Opened by either leg: a customer says "my card number is" and reads it in chunks after a pause.
+_ANY_LEG_CONTEXT = frozenset({"CARD"})
+# A card number found opens both: what follows may be its rest, its expiry or its security code.
+_AFTER_CARD = frozenset({"CARD", "CARD_GIVEN"})
+_MONEY_BEFORE = {"$", "£", "€"}
+_MONEY_AFTER = {"dollar", "dollars", "cents", "bucks", "percent", "%", "pounds", "euros", "usd"}
+_YEAR_BEFORE = {"in", "since", "from", "until", "till", "year", "of", "back"}
 MONTHS = (
     "january", "february", "march", "april", "may", "june",
     "july", "august", "september", "october", "november", "december",
@@ -148,24 +169,41 @@ def _looks_like_expiry(run: DigitRun) -> bool:
     return 1 <= month <= 12 and year_ok
 
 
+@dataclass(frozen=True)
+class _Seen:
+    """A redacted segment's place in the call and the context it opens for the segments after it."""
+
+    order: tuple[int, int, str]
+    opens: frozenset[str]
+
+
+def _order(segment: Segment) -> tuple[int, int, str]:
+    """Time order of a call's segments (agent first on a tie: a question precedes its answer)."""
+    return (segment.start_ms, 0 if segment.leg == "agent" else 1, segment.segment_id)
+
+
 @dataclass
 class CallRedactor:
-    """Redacts the segments of one call in order, remembering what the agent just asked for."""
+    """Redacts the segments of one call, remembering by segment time what was asked and given."""
 
     context_segments: int = 3
-    _context: Counter[str] = field(default_factory=Counter)
+    _seen: list[_Seen] = field(default_factory=list)  # sorted by order
 
-    def _update_context(self, segment: Segment) -> set[str]:
-        """Context types active for this segment; an agent's question opens them for the next segments."""
+    def _context_for(self, segment: Segment) -> tuple[set[str], set[str]]:
+        """(active, mentioned): context active for this segment, and the keywords the segment says."""
         lowered = segment.text.lower()
         mentioned = {kind for kind, pattern in _CONTEXT_KEYWORDS.items() if pattern.search(lowered)}
-        active = mentioned | {kind for kind, left in self._context.items() if left > 0}
-        for kind in list(self._context):
-            self._context[kind] -= 1
-        if segment.leg == "agent":
-            for kind in mentioned:
-                self._context[kind] = self.context_segments
-        return active
+        at = bisect.bisect_left([seen.order for seen in self._seen], _order(segment))
+        before = self._seen[max(0, at - self.context_segments) : at]
+        return mentioned.union(*(seen.opens for seen in before)), mentioned
+
+    def _remember(self, segment: Segment, mentioned: set[str], counts: dict[str, int]) -> None:
+        opens = set(mentioned) if segment.leg == "agent" else mentioned & _ANY_LEG_CONTEXT
+        # A card number, or its expiry read in card context, keeps the card open: the security code is
+        # usually asked for after the expiry, often more than ``context_segments`` after the number.
+        if counts.get("PAN") or counts.get("EXPIRY"):
+            opens |= _AFTER_CARD
+        bisect.insort(self._seen, _Seen(_order(segment), frozenset(opens)), key=lambda seen: seen.order)
 
     def _classify(self, run: DigitRun, tokens: list[Token], context: set[str]) -> list[_Span]:
         pan = _find_pan(run)
@@ -196,9 +234,9 @@ class CallRedactor:
         if _nanp(digits) or (n == 11 and digits[0] == "1" and _nanp(digits[1:])):
             return "PHONE"
         international = run.items[0].first > 0 and tokens[run.items[0].first - 1].text == "+"
-        if (international and 8 <= n <= 15) or (n == 7 and "PHONE" in context):
+        if (international and 8 <= n <= 15) or (7 <= n <= 15 and "PHONE" in context):
             return "PHONE"
-        return None
+        return _card_marker(run, tokens, context)
 
     def _number_spans(self, text: str, context: set[str]) -> list[_Span]:
         tokens, runs = digit_runs(text)
@@ -208,15 +246,53 @@ class CallRedactor:
                 spans.append(_widen(span, text, tokens))
         return spans
 
-    def redact(self, segment: Segment) -> RedactedText:
-        context = self._update_context(segment)
+    def redact(self, segment: Segment, *, remember: bool = True, assume_context: bool = False) -> RedactedText:
+        """The segment with its PII replaced. ``remember=False`` (a partial) leaves the call's context as is;
+        ``assume_context`` redacts as if every context were open (when what came before is not known yet)."""
+        context, mentioned = self._context_for(segment)
+        if assume_context:
+            context |= set(_CONTEXT_KEYWORDS) | _AFTER_CARD
         text = segment.text
         emails = _email_spans(text)
         spans = emails + [s for s in self._number_spans(text, context) if not _overlaps(s, emails)]
         counts = Counter(s.marker for s in spans)
         for span in sorted(spans, key=lambda s: s.start, reverse=True):
             text = f"{text[: span.start]}[{span.marker}]{text[span.end :]}"
+        if remember:
+            self._remember(segment, mentioned, counts)
         return RedactedText(segment.with_text(text), dict(counts))
+
+
+def _card_marker(run: DigitRun, tokens: list[Token], context: set[str]) -> str | None:
+    """In card context: a card's expiry or security code once it was given, else a garbled card or a chunk."""
+    if "CARD" not in context or _is_amount(run, tokens) or _is_year(run, tokens):
+        return None
+    slashed = any(t.text == "/" for t in tokens[run.items[0].first : run.items[-1].last + 1])
+    n = len(run.digits)
+    if "CARD_GIVEN" in context and _looks_like_expiry(run):
+        return "EXPIRY"
+    if "CARD_GIVEN" in context and n in (3, 4):
+        return "CVV"
+    return "PAN" if 4 <= n <= 19 and not slashed else None  # "12/05" is a date, not a chunk of a card
+
+
+def _is_amount(run: DigitRun, tokens: list[Token]) -> bool:
+    """'$45.20', '150 dollars', '12.99': money, which card context must leave readable."""
+    first, last = run.items[0].first, run.items[-1].last
+    before = tokens[first - 1].text if first > 0 else ""
+    after = tokens[last + 1].lower if last + 1 < len(tokens) else ""
+    cents = len(run.items) == 2 and len(run.items[1].digits) == 2 and any(
+        t.text == "." for t in tokens[run.items[0].last + 1 : run.items[1].first]
+    )
+    return before in _MONEY_BEFORE or after in _MONEY_AFTER or cents
+
+
+def _is_year(run: DigitRun, tokens: list[Token]) -> bool:
+    """'since 2019', 'in 2024': a year written as one number after a word that introduces one."""
+    first = run.items[0].first
+    if len(run.items) != 1 or len(run.digits) != 4 or first == 0:
+        return False
+    return tokens[first - 1].lower in _YEAR_BEFORE and 1950 <= int(run.digits) <= 2049
 
 
 def _sub_run(items: tuple[NumberItem, ...], tokens: list[Token]) -> DigitRun:

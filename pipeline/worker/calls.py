@@ -37,7 +37,7 @@ from pipeline.contracts.messages import (
     now_ms,
 )
 from pipeline.contracts.messages import QaEvent as QaEventMessage
-from pipeline.qa.call import CallAnalyzer, QaConfig
+from pipeline.qa.call import AnalyzedSegment, CallAnalyzer, QaConfig
 from pipeline.qa.rules import QaEvent
 from pipeline.qa.segment import Segment
 from pipeline.segmentation.segmenter import SpeechSegment, accept_many
@@ -92,6 +92,8 @@ class CallState:
     deliveries: list[Awaitable[Any]] = field(default_factory=list)
     segments_done: int = 0
     audio_tp: TopicPartition | None = None
+    # Decoded segments the analyzer holds until earlier ones are known: what publishing them needs.
+    decoded: dict[str, tuple[LegState, SpeechSegment, Transcription, int, int]] = field(default_factory=dict)
     last_frame_produced_ms: int = 0  # producer time of the newest frame seen (stream time)
     last_activity_ms: int = field(default_factory=now_ms)  # wall time of the last frame or event
     opened_at_ms: int = field(default_factory=now_ms)
@@ -207,6 +209,10 @@ class CallProcessor:
             for seg in segments:
                 await self._submit(call, leg, seg, consumed_ms)
         for call, leg, _ in touched.values():
+            if call.decoded and not call.finishing and call.analyzer is not None:
+                # A decoded segment held only for the other leg's VAD to pass its start goes out as soon
+                # as the audio has moved on, not at the call's next decoded segment.
+                await self._emit_released(call, call.analyzer.release(self._watermarks(call)))
             if self.settings.partial_interval_ms > 0:
                 self._maybe_partial(call, leg)
             if call.end is not None and not call.finishing and call.frames_complete():
@@ -360,6 +366,8 @@ class CallProcessor:
     async def _submit(self, call: CallState, leg: LegState, seg: SpeechSegment, consumed_ms: int) -> None:
         nbytes = seg.audio.nbytes
         await self.budget.acquire(nbytes)  # back-pressure: the agent waits, Kafka fetching pauses
+        assert call.analyzer is not None
+        call.analyzer.expect(leg.leg, _segment_id(call, leg, seg), seg.start_ms)
         task = asyncio.create_task(self._transcribe(call, leg, seg, consumed_ms, nbytes))
         call.pending.add(task)
         task.add_done_callback(call.pending.discard)
@@ -367,7 +375,8 @@ class CallProcessor:
     async def _transcribe(self, call: CallState, leg: LegState, seg: SpeechSegment, consumed_ms: int,
                           nbytes: int) -> None:
         closed_ms = now_ms()
-        segment_id = f"{call.call_id}/{leg.leg}/{seg.start_ms:09d}"
+        segment_id = _segment_id(call, leg, seg)
+        assert call.analyzer is not None
         # The budget is held until the segment's rows are in the sink's buffer: while ClickHouse is
         # down the sink's write() waits, so does this, and the agents stop taking frames.
         try:
@@ -378,11 +387,16 @@ class CallProcessor:
                 log.warning("segment %s failed: %s", segment_id, describe_error(exc))
                 await self._publish(call, self.settings.topic_dead_letters, call.call_id,
                                     self._segment_dead_letter(call, leg, seg, segment_id, exc))
+                await self._emit_released(call, call.analyzer.skip(segment_id, self._watermarks(call)))
                 return
             if result.is_silence or not result.text.strip():
                 self.metrics.segments.labels("silence").inc()
+                await self._emit_released(call, call.analyzer.skip(segment_id, self._watermarks(call)))
                 return
-            await self._emit_segment(call, leg, seg, segment_id, result, consumed_ms, closed_ms)
+            call.decoded[segment_id] = (leg, seg, result, consumed_ms, closed_ms)
+            segment = Segment(call.call_id, leg.leg, segment_id,  # type: ignore[arg-type]
+                              seg.start_ms, seg.end_ms, result.text.strip())
+            await self._emit_released(call, call.analyzer.complete(segment, self._watermarks(call)))
         finally:
             await self.budget.release(nbytes)
 
@@ -400,11 +414,27 @@ class CallProcessor:
             letter.raw, letter.raw_kind = _pcm16(seg.audio[:DEBUG_RAW_MAX_BYTES // 2]), "pcm16le_16k"
         return letter
 
+    def _watermarks(self, call: CallState) -> dict[str, int]:
+        """Per leg, the time before which all its segments have been submitted: the open segment's start,
+        else what the VAD has heard less its pre-roll (a segment may start that far back)."""
+        marks: dict[str, int] = {}
+        for name, leg in call.legs.items():
+            segmenter = leg.front_end.segmenter
+            open_start = segmenter.open_segment_start_ms
+            heard_ms = segmenter.samples_received // 16 - self.settings.pre_roll_ms - 100
+            marks[name] = heard_ms if open_start is None else open_start
+        return marks
+
+    async def _emit_released(self, call: CallState, released: list[AnalyzedSegment]) -> None:
+        """Publish segments the analyzer released (in time order), each with its own decoding's details."""
+        for analyzed in released:
+            segment_id = analyzed.redacted.segment.segment_id
+            leg, seg, r, consumed_ms, closed_ms = call.decoded.pop(segment_id)
+            await self._emit_segment(call, leg, seg, segment_id, r, consumed_ms, closed_ms, analyzed)
+
     async def _emit_segment(self, call: CallState, leg: LegState, seg: SpeechSegment, segment_id: str,
-                            r: Transcription, consumed_ms: int, closed_ms: int) -> None:
-        assert call.analyzer is not None
-        analyzed = call.analyzer.process(Segment(call.call_id, leg.leg, segment_id,  # type: ignore[arg-type]
-                                                 seg.start_ms, seg.end_ms, r.text.strip()))
+                            r: Transcription, consumed_ms: int, closed_ms: int,
+                            analyzed: AnalyzedSegment) -> None:
         text = analyzed.redacted.text  # the analyzer redacts unless redaction is explicitly off
         produced = now_ms()
         last_frame_ms = leg.produced_at(seg.end_ms) or consumed_ms
@@ -466,7 +496,8 @@ class CallProcessor:
         end_ms = start_ms + len(audio) // 16
         redacted = call.analyzer.redact_partial(
             Segment(call.call_id, leg.leg, f"{call.call_id}/{leg.leg}/{start_ms:09d}", start_ms, end_ms,  # type: ignore[arg-type]
-                    r.text.strip())
+                    r.text.strip()),
+            self._watermarks(call),
         )
         produced = now_ms()
         partial = _transcript(call.call_id, leg, redacted.segment.segment_id, start_ms, end_ms, redacted.text, r,
@@ -498,6 +529,7 @@ class CallProcessor:
         current = asyncio.current_task()
         await asyncio.gather(*[t for t in call.pending if t is not current], return_exceptions=True)
         assert call.analyzer is not None
+        await self._emit_released(call, call.analyzer.flush())
         audio_ms = max((leg.frames_released * leg.frame_ms for leg in call.legs.values()), default=0)
         result = call.analyzer.finalize(audio_ms)
         start = call.start or call.end
@@ -550,6 +582,11 @@ def _transcript(call_id: str, leg: LegState, segment_id: str, start_ms: int, end
         batch_size=r.batch_size, batcher_wait_ms=r.batcher_wait_ms, inference_ms=r.inference_ms,
         produced_at_ms=produced_ms,
     )
+
+
+def _segment_id(call: CallState, leg: LegState, seg: SpeechSegment) -> str:
+    """Derived from call, leg and start: a replayed call gets the same ids (deduplicated downstream)."""
+    return f"{call.call_id}/{leg.leg}/{seg.start_ms:09d}"
 
 
 def _dt(ms: int) -> datetime:

@@ -1,4 +1,4 @@
-"""Reading WAV, raw PCM and raw G.711 files."""
+"""Reading WAV, raw PCM and raw G.711 files (every other format: test_formats.py)."""
 
 from __future__ import annotations
 
@@ -72,13 +72,13 @@ def test_missing_file(tmp_path) -> None:
         load_audio(tmp_path / "absent.wav")
 
 
-def test_unsupported_suffix_names_file_and_reason(tmp_path) -> None:
+def test_unrecognised_content_names_file_and_reason(tmp_path) -> None:
     path = tmp_path / "call.mp3"
     path.write_bytes(b"ID3")
     with pytest.raises(AudioFileError) as info:
         load_audio(path)
     message = str(info.value)
-    assert "call.mp3" in message and "unsupported" in message and "\n" not in message
+    assert "call.mp3" in message and "not a recognised audio format" in message and "\n" not in message
 
 
 def test_garbage_wav_is_reported(tmp_path) -> None:
@@ -88,10 +88,12 @@ def test_garbage_wav_is_reported(tmp_path) -> None:
         load_audio(path)
 
 
-def test_24_bit_wav_is_refused(tmp_path) -> None:
-    path = _write_wav(tmp_path / "deep.wav", bytes(6), 1, 3, 8000)
-    with pytest.raises(AudioFileError, match="24-bit"):
-        load_audio(path)
+def test_24_bit_wav_is_read(tmp_path) -> None:
+    samples = [0, 1 << 22, -(1 << 23), (1 << 23) - 1]  # 0, +0.5, -1.0 and just under +1.0 of full scale
+    frames = b"".join(v.to_bytes(3, "little", signed=True) for v in samples)
+    audio = load_audio(_write_wav(tmp_path / "deep.wav", frames, 1, 3, 8000))
+    np.testing.assert_array_equal(audio.samples[0], np.array(samples, np.float32) / (1 << 23))
+    assert audio.format == "WAV/PCM_24"
 
 
 def test_raw_pcm_with_odd_length_is_refused(tmp_path) -> None:

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import wave
 from collections import Counter, defaultdict
 from pathlib import Path
 
 import numpy as np
 import pytest
+import soundfile
 
 from pipeline.audio import codecs
 from pipeline.audio.files import AudioFileError, load_audio
@@ -17,6 +21,7 @@ from pipeline.ingest.replay import ReplayOptions, TelephonyReplay, load_recordin
 
 pytestmark = pytest.mark.broker
 
+REPO = Path(__file__).resolve().parents[2]
 AGENT = Path("/usr/share/pocketsphinx/test/data/cards/001.wav")
 CUSTOMER = Path("/usr/share/sounds/alsa/Front_Center.wav")
 
@@ -110,3 +115,77 @@ def test_unreadable_input_names_the_file(tmp_path: Path) -> None:
     bad.write_bytes(b"RIFF\x00\x00garbage")
     with pytest.raises(AudioFileError, match="broken.wav"):
         load_recording(bad, ReplayOptions())
+
+
+def test_more_than_two_channels_is_refused_naming_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "conference.flac"
+    soundfile.write(path, np.zeros((8000, 3), np.float32), 8000)
+    with pytest.raises(AudioFileError, match=r"conference\.flac.*3 channels"):
+        load_recording(path, ReplayOptions())
+
+
+# ---- `callqa replay` itself, on the formats recorders write ------------------------------------------
+def _replay_cli(settings, *args: str) -> subprocess.CompletedProcess[str]:  # type: ignore[no-untyped-def]
+    env = {**os.environ, "CALLQA_BOOTSTRAP_SERVERS": settings.bootstrap, "COLUMNS": "400"}
+    env.update({f"CALLQA_{name.upper()}": value for name, value in settings.model_dump().items()
+                if name.startswith("topic_")})
+    return subprocess.run([sys.executable, "-m", "pipeline.cli", "replay", "--fast", *args], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=300)
+
+
+def _leg_audio(frames: list[AudioFrame], call_id: str, leg: str) -> np.ndarray:
+    mine = sorted((f for f in frames if f.call_id == call_id and f.leg == leg), key=lambda f: f.seq)
+    assert [f.seq for f in mine] == list(range(len(mine)))
+    return codecs.decode(b"".join(f.payload for f in mine), "mulaw")
+
+
+def _correlation(a: np.ndarray, b: np.ndarray) -> float:
+    n = min(a.size, b.size)
+    return float(np.dot(a[:n], b[:n]) / np.sqrt(np.dot(a[:n], a[:n]) * np.dot(b[:n], b[:n])))
+
+
+def test_cli_replays_a_mulaw_wav_and_a_44k_flac_with_both_legs(
+    kafka_settings, stereo_call: Path, read_topic, tmp_path: Path  # type: ignore[no-untyped-def]
+) -> None:
+    from pipeline.audio.resample import resample
+
+    legs_8k = load_audio(stereo_call).samples  # [2, n] at 8 kHz: agent left, customer right
+    ulaw = tmp_path / "recorder.wav"
+    soundfile.write(ulaw, legs_8k.T, 8000, subtype="ULAW")
+    flac = tmp_path / "export.flac"
+    soundfile.write(flac, resample(legs_8k, 8000, 44100).T, 44100, subtype="PCM_24")
+
+    result = _replay_cli(kafka_settings, str(ulaw), str(flac))
+    assert result.returncode == 0, result.stderr
+    serde = Serde.from_settings()
+    events = [serde.decode(m.value(), CallEvent) for m in
+              read_topic(kafka_settings.bootstrap, kafka_settings.topic_call_events, expected=4)]
+    ends = {e.call_id: e for e in events if e.event_type == "end"}
+    assert len(ends) == 2 and {e.call_id for e in events if e.event_type == "start"} == set(ends)
+    total = sum(sum(e.frame_counts.values()) for e in ends.values())
+    frames = [serde.decode(m.value(), AudioFrame) for m in
+              read_topic(kafka_settings.bootstrap, kafka_settings.topic_audio, expected=total)]
+    assert len(frames) == total
+    expected_frames = -(-legs_8k.shape[1] // 160)
+    for call_id in sorted(ends):  # call ids follow the order of the files: recorder.wav, then export.flac
+        assert ends[call_id].legs == ["agent", "customer"]
+        assert abs(ends[call_id].frame_counts["agent"] - expected_frames) <= 1
+        agent, customer = _leg_audio(frames, call_id, "agent"), _leg_audio(frames, call_id, "customer")
+        assert _correlation(agent, legs_8k[0]) > 0.95 and _correlation(customer, legs_8k[1]) > 0.95
+        assert abs(_correlation(agent, legs_8k[1])) < 0.3  # left stays the agent's leg
+
+
+def test_cli_replay_sends_nothing_when_a_file_is_unreadable(
+    kafka_settings, stereo_call: Path, read_topic, tmp_path: Path  # type: ignore[no-untyped-def]
+) -> None:
+    notes = tmp_path / "notes.wav"
+    notes.write_text("customer called about a claim\n" * 20)
+    result = _replay_cli(kafka_settings, str(stereo_call), str(notes), str(tmp_path / "gone.mp3"))
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 3, result.stderr
+    assert "notes.wav" in lines[0] and "not a recognised audio format" in lines[0]
+    assert "gone.mp3" in lines[1] and "no such file" in lines[1]
+    assert lines[2] == "2 of 3 files unreadable: nothing replayed"
+    assert read_topic(kafka_settings.bootstrap, kafka_settings.topic_call_events, idle_s=2.0) == []
+    assert read_topic(kafka_settings.bootstrap, kafka_settings.topic_audio, idle_s=2.0) == []

@@ -164,3 +164,30 @@ def test_ordinary_speech_is_untouched() -> None:
 def test_spoken_number_parsing() -> None:
     _, runs = digit_runs("oh four twenty six, double five, four hundred twelve, nineteen")
     assert [item.digits for item in runs[0].items] == ["0", "4", "26", "55", "412", "19"]
+
+
+def _call(turns: list[tuple[str, int, str]]) -> list[str]:
+    redactor = CallRedactor()
+    return [redactor.redact(Segment("c", leg, f"c/{leg}/{t:09d}", t, t + 1500, text)).text  # type: ignore[arg-type]
+            for leg, t, text in turns]
+
+
+def test_security_code_after_the_expiry_is_redacted_when_its_question_was_misheard() -> None:
+    # Seen end to end (library call 12): the code comes four segments after the card, past the expiry,
+    # and ASR lost the question entirely; the expiry keeps the card's context open.
+    texts = _call([("customer", 31_572, VISA), ("agent", 34_164, "Thank you, and the XIRE date."),
+                   ("customer", 36_788, "twelve twenty six"), ("agent", 38_676, "and the thing on the back?"),
+                   ("customer", 41_396, "seven three nine")])
+    assert texts[0] == "[PAN]" and texts[2] == "[EXPIRY]" and texts[4] == "[CVV]"
+
+
+@pytest.mark.parametrize("question", ["and the secure G-code on the back.", "and the secure iG code",
+                                      "what's the security code"])
+def test_garbled_security_code_question_opens_cvv_context(question: str) -> None:
+    texts = _call([("agent", 1_000, question), ("customer", 3_000, "591")])
+    assert texts[1] == "[CVV]"
+
+
+def test_without_card_or_code_context_a_three_digit_answer_stays() -> None:
+    texts = _call([("agent", 1_000, "how many licences do you need?"), ("customer", 3_000, "591")])
+    assert texts[1] == "591"
