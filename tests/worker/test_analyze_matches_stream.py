@@ -16,8 +16,9 @@ from pipeline.qa.call import QaConfig
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
-# The shortest sample call (all are 8 kHz 16-bit stereo, so the smallest file is the shortest).
-CALL = min((Path(__file__).resolve().parents[2] / "samples" / "calls").glob("*.wav"), key=lambda p: p.stat().st_size)
+# A library call with a card number, its expiry and security code, and rules that fire: redaction and
+# verdicts are compared too, not only segments (the set-up builds the library).
+CALL = Path(__file__).resolve().parents[2] / "samples" / "calls" / "library" / "built" / "02_card_payment.wav"
 
 
 def test_offline_analysis_equals_what_the_worker_stores_for_the_replayed_call(
@@ -47,3 +48,4 @@ def test_offline_analysis_equals_what_the_worker_stores_for_the_replayed_call(
     events = worker.query("SELECT rule, kind FROM qa_events FINAL WHERE call_id = {c:String} ORDER BY rule, kind",
                           c=call_id)
     assert [(e["rule"], e["kind"]) for e in events] == sorted((e.rule, e.kind) for e in offline.qa.events)
+    assert events and any("[PAN]" in s.text for s in offline.segments)
