@@ -166,6 +166,11 @@ class _TreeCheck:
         self.database = database
         self.tables: set[str] = set()
         self.parameters: set[str] = set()
+        # By id() of a node in the tree (alive for the whole walk): the scope a SELECT's CTE bodies
+        # start from (a UNION's other SELECTs do not see the first one's CTEs inside CTE bodies), and
+        # the scope of each WithElement's body (the names defined before it, never its own or later).
+        self._with_base: dict[int, frozenset[str]] = {}
+        self._element_scope: dict[int, frozenset[str]] = {}
 
     def run(self, root: Any) -> None:
         if not isinstance(root, dict) or root.get("type") != "SelectWithUnionQuery":
@@ -185,13 +190,26 @@ class _TreeCheck:
         kind = node.get("type")
         if kind == "SelectWithUnionQuery":
             _refuse_output_clauses(node)
-            # enable_global_with_statement: the first SELECT's WITH is visible in the others too.
             selects = node.get("list_of_selects", {}).get("children", [])
+            self._pass_with_base(node, selects, scope)
+            # enable_global_with_statement: the first SELECT's WITH is visible in the others too
+            # (outside their CTE bodies, which start from the scope around the UNION).
             return (scope | _cte_names(selects[0])) if selects else scope
+        if kind == "SelectIntersectExceptQuery":
+            self._pass_with_base(node, node.get("children", []), scope)
+            return scope
         if kind == "SelectQuery":
             if "settings" in node:
                 raise _settings_refused()
+            # A CTE's body sees the names defined before it only: its own name or a later one
+            # would be read as a table of that name (even WITH RECURSIVE, when the body is no UNION).
+            visible = self._with_base.get(id(node), scope)
+            for item in _with_elements(node):
+                self._element_scope[id(item)] = visible
+                visible = visible | {str(item["name"])}
             return scope | _cte_names(node)
+        if kind == "WithElement":
+            return self._element_scope.get(id(node), frozenset())
         if kind == "SetQuery":
             raise _settings_refused()
         if kind == "TableExpression" and "table_function" in node:
@@ -206,6 +224,12 @@ class _TreeCheck:
         elif isinstance(kind, str) and kind.endswith("Query") and kind not in SELECT_NODES:
             raise QueryNotAllowedError(f"{statement_kind(node)} is not allowed inside a SELECT")
         return scope
+
+    def _pass_with_base(self, node: dict[str, Any], selects: Any, scope: frozenset[str]) -> None:
+        base = self._with_base.get(id(node), scope)
+        for select in selects if isinstance(selects, list) else []:
+            if isinstance(select, dict):
+                self._with_base[id(select)] = base
 
     def _check_function(self, node: dict[str, Any], scope: frozenset[str]) -> None:
         name = str(node.get("name", ""))
@@ -245,9 +269,14 @@ def _settings_refused() -> QueryNotAllowedError:
     return QueryNotAllowedError("SETTINGS is not allowed: the API's limits cannot be changed by a query")
 
 
+def _with_elements(select: Any) -> list[dict[str, Any]]:
+    """A SELECT's ``WITH name AS (SELECT ...)`` items, in order."""
+    if not isinstance(select, dict) or select.get("type") != "SelectQuery":
+        return []
+    items = select.get("with", {}).get("children", [])
+    return [i for i in items if isinstance(i, dict) and i.get("type") == "WithElement"]
+
+
 def _cte_names(select: Any) -> frozenset[str]:
     """Names a SELECT's WITH clause gives to subqueries (``WITH name AS (SELECT ...)``)."""
-    if not isinstance(select, dict) or select.get("type") != "SelectQuery":
-        return frozenset()
-    items = select.get("with", {}).get("children", [])
-    return frozenset(str(i["name"]) for i in items if isinstance(i, dict) and i.get("type") == "WithElement")
+    return frozenset(str(i["name"]) for i in _with_elements(select))

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -93,7 +93,8 @@ class CallState:
     segments_done: int = 0
     audio_tp: TopicPartition | None = None
     # Decoded segments the analyzer holds until earlier ones are known: what publishing them needs.
-    decoded: dict[str, tuple[LegState, SpeechSegment, Transcription, int, int]] = field(default_factory=dict)
+    # (leg, start ms, end ms, result, consumed ms, closed ms): no audio, which is not needed any more.
+    decoded: dict[str, tuple[LegState, int, int, Transcription, int, int]] = field(default_factory=dict)
     last_frame_produced_ms: int = 0  # producer time of the newest frame seen (stream time)
     last_activity_ms: int = field(default_factory=now_ms)  # wall time of the last frame or event
     opened_at_ms: int = field(default_factory=now_ms)
@@ -205,14 +206,17 @@ class CallProcessor:
         self.metrics.frames.inc(len(frames))
         fed = [(call, leg, np.concatenate(chunks)) for call, leg, chunks in touched.values() if chunks]
         closed = accept_many([leg.front_end.segmenter for _, leg, _ in fed], [audio for _, _, audio in fed])
-        for (call, leg, _), segments in zip(fed, closed, strict=True):
-            for seg in segments:
-                await self._submit(call, leg, seg, consumed_ms)
-        for call, leg, _ in touched.values():
+        submitted = [(call, leg, seg) for (call, leg, _), segments in zip(fed, closed, strict=True) for seg in segments]
+        self._announce(submitted)
+        for call, leg, seg in submitted:
+            await self._submit(call, leg, seg, consumed_ms)
+        for call in {id(c): c for c, _, _ in touched.values()}.values():
             if call.decoded and not call.finishing and call.analyzer is not None:
                 # A decoded segment held only for the other leg's VAD to pass its start goes out as soon
-                # as the audio has moved on, not at the call's next decoded segment.
-                await self._emit_released(call, call.analyzer.release(self._watermarks(call)))
+                # as the audio has moved on, not at the call's next decoded segment (a task of the call's,
+                # so the call completes only after it, and a failure stays with the call, not the batch).
+                self._spawn(call, self._emit_released(call, call.analyzer.release(self._watermarks(call))))
+        for call, leg, _ in touched.values():
             if self.settings.partial_interval_ms > 0:
                 self._maybe_partial(call, leg)
             if call.end is not None and not call.finishing and call.frames_complete():
@@ -255,7 +259,9 @@ class CallProcessor:
         )
         if frame is not None:
             letter.leg, letter.start_ms = frame.leg, frame.start_ms
-            letter.end_ms = frame.start_ms + round(len(frame.payload) / _bytes_per_ms(frame))
+            # The frame may be what failed (a zero sample rate): building its reference must not raise too.
+            if frame.sample_rate > 0:
+                letter.end_ms = frame.start_ms + round(len(frame.payload) / _bytes_per_ms(frame))
         if self.settings.debug_raw_audio:
             letter.raw, letter.key, letter.raw_kind = raw[:DEBUG_RAW_MAX_BYTES], key, "message"
         return letter
@@ -363,14 +369,25 @@ class CallProcessor:
         if gaps:
             self.metrics.gap_frames.inc(gaps)
 
+    @staticmethod
+    def _announce(closed: Sequence[tuple[CallState, LegState, SpeechSegment]]) -> None:
+        """Tell each call's analyzer about its newly closed segments before anything awaits: once a leg's
+        segmenter has moved past a segment, a later segment may be released only after it is known."""
+        for call, leg, seg in closed:
+            assert call.analyzer is not None
+            call.analyzer.expect(leg.leg, _segment_id(call, leg, seg), seg.start_ms)
+
+    @staticmethod
+    def _spawn(call: CallState, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` as one of the call's pending tasks (the call completes only after them)."""
+        task = asyncio.create_task(work)
+        call.pending.add(task)
+        task.add_done_callback(call.pending.discard)
+
     async def _submit(self, call: CallState, leg: LegState, seg: SpeechSegment, consumed_ms: int) -> None:
         nbytes = seg.audio.nbytes
         await self.budget.acquire(nbytes)  # back-pressure: the agent waits, Kafka fetching pauses
-        assert call.analyzer is not None
-        call.analyzer.expect(leg.leg, _segment_id(call, leg, seg), seg.start_ms)
-        task = asyncio.create_task(self._transcribe(call, leg, seg, consumed_ms, nbytes))
-        call.pending.add(task)
-        task.add_done_callback(call.pending.discard)
+        self._spawn(call, self._transcribe(call, leg, seg, consumed_ms, nbytes))
 
     async def _transcribe(self, call: CallState, leg: LegState, seg: SpeechSegment, consumed_ms: int,
                           nbytes: int) -> None:
@@ -393,7 +410,7 @@ class CallProcessor:
                 self.metrics.segments.labels("silence").inc()
                 await self._emit_released(call, call.analyzer.skip(segment_id, self._watermarks(call)))
                 return
-            call.decoded[segment_id] = (leg, seg, result, consumed_ms, closed_ms)
+            call.decoded[segment_id] = (leg, seg.start_ms, seg.end_ms, result, consumed_ms, closed_ms)
             segment = Segment(call.call_id, leg.leg, segment_id,  # type: ignore[arg-type]
                               seg.start_ms, seg.end_ms, result.text.strip())
             await self._emit_released(call, call.analyzer.complete(segment, self._watermarks(call)))
@@ -429,16 +446,16 @@ class CallProcessor:
         """Publish segments the analyzer released (in time order), each with its own decoding's details."""
         for analyzed in released:
             segment_id = analyzed.redacted.segment.segment_id
-            leg, seg, r, consumed_ms, closed_ms = call.decoded.pop(segment_id)
-            await self._emit_segment(call, leg, seg, segment_id, r, consumed_ms, closed_ms, analyzed)
+            leg, start_ms, end_ms, r, consumed_ms, closed_ms = call.decoded.pop(segment_id)
+            await self._emit_segment(call, leg, start_ms, end_ms, segment_id, r, consumed_ms, closed_ms, analyzed)
 
-    async def _emit_segment(self, call: CallState, leg: LegState, seg: SpeechSegment, segment_id: str,
+    async def _emit_segment(self, call: CallState, leg: LegState, start_ms: int, end_ms: int, segment_id: str,
                             r: Transcription, consumed_ms: int, closed_ms: int,
                             analyzed: AnalyzedSegment) -> None:
         text = analyzed.redacted.text  # the analyzer redacts unless redaction is explicitly off
         produced = now_ms()
-        last_frame_ms = leg.produced_at(seg.end_ms) or consumed_ms
-        transcript = _transcript(call.call_id, leg, segment_id, seg.start_ms, seg.end_ms, text, r, True,
+        last_frame_ms = leg.produced_at(end_ms) or consumed_ms
+        transcript = _transcript(call.call_id, leg, segment_id, start_ms, end_ms, text, r, True,
                                  sum(analyzed.redacted.counts.values()), closed_ms, produced)
         latency = LatencyMetric(
             segment_id=segment_id, call_id=call.call_id, leg=leg.leg, is_final=True,  # type: ignore[arg-type]
@@ -473,9 +490,7 @@ class CallProcessor:
         if grown < self.settings.partial_interval_ms:
             return
         leg.partial_start_ms, leg.partial_len_ms, leg.partial_inflight = start, length_ms, True
-        task = asyncio.create_task(self._partial(call, leg, start, audio.copy()))
-        call.pending.add(task)
-        task.add_done_callback(call.pending.discard)
+        self._spawn(call, self._partial(call, leg, start, audio.copy()))
 
     async def _partial(self, call: CallState, leg: LegState, start_ms: int, audio: np.ndarray) -> None:
         try:
@@ -515,15 +530,15 @@ class CallProcessor:
             return
         call.finishing = True
         counts = call.end.frame_counts if call.end else {}
+        closed: list[tuple[CallState, LegState, SpeechSegment]] = []
         for leg in call.legs.values():
             before = _stats_tuple(leg)
-            segments = leg.finish(counts.get(leg.leg))
+            closed += [(call, leg, seg) for seg in leg.finish(counts.get(leg.leg))]
             self._count_reorder(leg, before)
-            for seg in segments:
-                await self._submit(call, leg, seg, now_ms())
-        task = asyncio.create_task(self._complete(call, how))
-        call.pending.add(task)
-        task.add_done_callback(call.pending.discard)
+        self._announce(closed)
+        for _, leg, seg in closed:
+            await self._submit(call, leg, seg, now_ms())
+        self._spawn(call, self._complete(call, how))
 
     async def _complete(self, call: CallState, how: str) -> None:
         current = asyncio.current_task()

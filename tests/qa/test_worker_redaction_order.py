@@ -127,8 +127,11 @@ async def _run_call(legs: dict[str, bytes], finish_order: list[int]) -> tuple[li
     for index in finish_order:
         transcriber.go[index].set()
         await _settle()
-    while processor.calls or any(c.pending for c in processor.awaiting_release):
-        await asyncio.sleep(0.01)
+    async def finished() -> None:
+        while processor.calls or any(c.pending for c in processor.awaiting_release):
+            await asyncio.sleep(0.01)
+
+    await asyncio.wait_for(finished(), timeout=60)  # a call that never completes fails, not hangs
     finals = [m for m in recorder.messages if isinstance(m, TranscriptSegment) and m.is_final]
     return [m.text for m in sorted(finals, key=lambda m: m.start_ms)], transcriber.finished
 

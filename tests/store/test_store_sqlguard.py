@@ -84,6 +84,25 @@ OTHER_DATABASES = [
     ("SELECT * FROM {t:Identifier}", "table names from query parameters are not allowed"),
     ("SELECT 1 WHERE 1 IN {t:Identifier}", "table names from query parameters are not allowed"),
 ]
+# A CTE's body sees only the CTEs defined before it: its own name, a later one, or (in a UNION's
+# other SELECTs) the first SELECT's, would be read by ClickHouse as the table of that name.
+CTE_SCOPES = [
+    ("WITH schema_migrations AS (SELECT * FROM schema_migrations) SELECT * FROM schema_migrations",
+     "table schema_migrations is not allowed"),  # its own name in its body
+    ("WITH RECURSIVE schema_migrations AS (SELECT * FROM schema_migrations) SELECT * FROM schema_migrations",
+     "table schema_migrations is not allowed"),  # no UNION: read as the table even WITH RECURSIVE
+    ("WITH a AS (SELECT * FROM b), b AS (SELECT 1) SELECT * FROM a", "table b is not allowed"),  # a later one
+    ("WITH a AS (SELECT * FROM schema_migrations), schema_migrations AS (SELECT 1) SELECT * FROM a",
+     "table schema_migrations is not allowed"),
+    ("SELECT * FROM (WITH schema_migrations AS (SELECT version FROM schema_migrations) "
+     "SELECT * FROM schema_migrations)", "table schema_migrations is not allowed"),  # in a subquery
+    ("WITH schema_migrations AS (SELECT 1) SELECT * FROM schema_migrations "
+     "UNION ALL WITH b AS (SELECT * FROM schema_migrations) SELECT * FROM b",
+     "table schema_migrations is not allowed"),  # the first SELECT's CTE inside another's CTE body
+    ("WITH schema_migrations AS (SELECT 1) SELECT * FROM schema_migrations UNION ALL "
+     "WITH schema_migrations AS (SELECT * FROM schema_migrations) SELECT * FROM schema_migrations",
+     "table schema_migrations is not allowed"),
+]
 DDL_AND_DML = [
     ("INSERT INTO calls (call_id) VALUES ('x')", "INSERT"),
     ("INSERT INTO calls SELECT * FROM calls", "INSERT"),
@@ -108,7 +127,7 @@ DDL_AND_DML = [
 ]
 
 
-@pytest.mark.parametrize(("sql", "refused"), TABLE_FUNCTIONS + SCALAR_FUNCTIONS + SETTINGS_AND_OUTPUT + OTHER_DATABASES)
+@pytest.mark.parametrize(("sql", "refused"), TABLE_FUNCTIONS + SCALAR_FUNCTIONS + SETTINGS_AND_OUTPUT + OTHER_DATABASES + CTE_SCOPES)
 def test_reads_outside_the_project_tables_are_refused_naming_what(
     store: Client, database: str, sql: str, refused: str
 ) -> None:
@@ -184,6 +203,22 @@ def test_the_reports_queries_and_the_workers_own_still_run(
         ) ORDER BY id;
     """
     assert rows(analyst) == [("c1", 2), ("c2", 0), ("total", 2)]
+
+
+def test_ctes_see_the_ones_defined_before_them(
+    store: Client, store_url: str, database: str, insert: Insert, make_call: Callable[..., Any]
+) -> None:
+    insert(store, "calls", [make_call("c1", ended=True), make_call("c2")])
+
+    def rows(sql: str) -> list[tuple[Any, ...]]:
+        return run_readonly_query(sql, url=store_url, database=database).rows
+
+    assert rows("WITH a AS (SELECT call_id FROM calls), b AS (SELECT call_id FROM a) SELECT count() FROM b") == [(2,)]
+    # an outer CTE in a subquery's CTE body; the first SELECT's CTE in the FROM of a UNION's others
+    assert rows("WITH a AS (SELECT call_id FROM calls) "
+                "SELECT count() FROM (WITH b AS (SELECT call_id FROM a) SELECT * FROM b)") == [(2,)]
+    assert rows("WITH a AS (SELECT call_id FROM calls) SELECT count() FROM a "
+                "UNION ALL SELECT count() FROM a") == [(2,), (2,)]
 
 
 def test_parameters_are_bound_by_the_server_only(store: Client, store_url: str, database: str) -> None:
