@@ -210,9 +210,11 @@ class CallRedactor:
         if pan is not None:
             card = _sub_run(run.items[pan[0] : pan[1]], tokens)
             spans = [_Span(card.start, card.end, "PAN")]
+            # Digits around a card number in one run are more of it as ASR heard it (an extra or repeated
+            # group), or its expiry and code: judge them as after a card.
             for rest in (run.items[: pan[0]], run.items[pan[1] :]):
                 if rest:
-                    spans += self._classify(_sub_run(rest, tokens), tokens, context)
+                    spans += self._classify(_sub_run(rest, tokens), tokens, context | _AFTER_CARD)
             return spans
         marker = self._marker(run, tokens, context)
         if marker is not None:
@@ -273,7 +275,9 @@ def _card_marker(run: DigitRun, tokens: list[Token], context: set[str]) -> str |
         return "EXPIRY"
     if "CARD_GIVEN" in context and n in (3, 4):
         return "CVV"
-    return "PAN" if 4 <= n <= 19 and not slashed else None  # "12/05" is a date, not a chunk of a card
+    # Any longer run is a card too: ASR repeats groups of a card read out ("111, 111, 111, ..."), making
+    # runs of over 19 digits. "12/05" is a date, not a chunk of a card.
+    return "PAN" if n >= 4 and not slashed else None
 
 
 def _is_amount(run: DigitRun, tokens: list[Token]) -> bool:

@@ -191,3 +191,14 @@ def test_garbled_security_code_question_opens_cvv_context(question: str) -> None
 def test_without_card_or_code_context_a_three_digit_answer_stays() -> None:
     texts = _call([("agent", 1_000, "how many licences do you need?"), ("customer", 3_000, "591")])
     assert texts[1] == "591"
+
+
+@pytest.mark.parametrize("heard", [
+    # Seen end to end: ASR looped on the ones of 6011 1111 1111 1117 after the Luhn-valid part.
+    "6 0 1 1 1 1 1 1 1 1 1 1 1 1 1 7, 111, 111, 111, 111, 111, 111, 111, 111, 111,",
+    "111, 6011 1111 1111 1117 1111 1111",
+    "card number 6011 1111 1111 1117 1111 1111 1111 1111",  # 32 digits: too long for a card, yet one
+])
+def test_no_digit_of_a_garbled_card_read_out_stays_readable(heard: str) -> None:
+    texts = _call([("agent", 1_000, "can I have the card number please?"), ("customer", 3_000, heard)])
+    assert "[PAN]" in texts[1] and not any(ch.isdigit() for ch in texts[1]), texts[1]
