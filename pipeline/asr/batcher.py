@@ -34,6 +34,10 @@ class BatcherClosedError(RuntimeError):
     """submit() after close()."""
 
 
+class BatcherDeadError(RuntimeError):
+    """submit() after the collector task died: nothing would ever transcribe the segment."""
+
+
 @dataclass
 class _Pending:
     segment: SegmentAudio
@@ -78,6 +82,16 @@ class SegmentBatcher:
     def queued(self) -> int:
         return self._queue.qsize()
 
+    @property
+    def error(self) -> BaseException | None:
+        """Why the collector task stopped before ``close()`` (a bug: queued segments wait forever), or None."""
+        task = self._task
+        if task is None or not task.done() or self._closed:
+            return None
+        if task.cancelled():
+            return BatcherDeadError("the collector task was cancelled")
+        return task.exception() or BatcherDeadError("the collector task ended")
+
     async def start(self) -> None:
         if self._task is None:
             self._task = asyncio.create_task(self._collect(), name="segment-batcher")
@@ -86,8 +100,9 @@ class SegmentBatcher:
         """Finish every queued segment, then stop the collector and the worker thread."""
         if self._closed:
             return
+        dead = self.error is not None  # no collector to take the sentinel (the queue may be full)
         self._closed = True
-        if self._task is not None:
+        if self._task is not None and not dead:
             await self._queue.put(None)
             await self._task
         self._executor.shutdown(wait=True)
@@ -96,6 +111,8 @@ class SegmentBatcher:
         """Queue a segment (waiting while the queue is full) and return its transcript."""
         if self._closed:
             raise BatcherClosedError("the batcher is closed")
+        if self.error is not None:
+            raise BatcherDeadError(f"the batcher's collector died: {self.error!r}")
         future: asyncio.Future[TranscriptResult] = asyncio.get_running_loop().create_future()
         frames = int(np.asarray(segment.audio).size) // HOP_LENGTH
         await self._queue.put(

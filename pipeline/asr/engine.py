@@ -29,9 +29,10 @@ from pipeline.asr.results import SegmentAudio, TranscriptResult
 from pipeline.audio import codecs
 from pipeline.audio.files import load_audio
 from pipeline.audio.mel import SAMPLE_RATE
-from pipeline.audio.resample import StreamResampler
+from pipeline.audio.resample import ResamplerSnapshot, StreamResampler
 from pipeline.config import Settings, get_settings
 from pipeline.segmentation import Segmenter, SpeechSegment, load_vad
+from pipeline.segmentation.segmenter import SegmenterSnapshot
 
 FILE_CHUNK_S = 1.0
 
@@ -66,6 +67,15 @@ class LegFrontEnd:
     def finish(self) -> list[SpeechSegment]:
         """End of the leg: the last segments."""
         return self._segmenter.accept(self._resampler.flush()) + self._segmenter.flush()
+
+    def snapshot(self) -> tuple[ResamplerSnapshot, SegmenterSnapshot]:
+        """Where this leg's audio path stands, between segments (a call checkpoint holds it)."""
+        return self._resampler.snapshot(), self._segmenter.snapshot()
+
+    def restore(self, resampler: ResamplerSnapshot, segmenter: SegmenterSnapshot) -> None:
+        """Go on from a snapshot: the next samples continue the same stream of segments."""
+        self._resampler = StreamResampler.restored(self.sample_rate, SAMPLE_RATE, resampler)
+        self._segmenter.restore(segmenter)
 
 
 class TranscriptStream:

@@ -17,11 +17,12 @@ class TopicSpec:
     partitions: int
     retention_ms: int
     purpose: str
+    cleanup_policy: str = ""  # empty: the configured policy (settings.cleanup_policy)
 
     def config(self, settings: Settings) -> dict[str, str]:
         return {
             "retention.ms": str(self.retention_ms),
-            "cleanup.policy": settings.cleanup_policy,
+            "cleanup.policy": self.cleanup_policy or settings.cleanup_policy,
             # Frames are small and many; LZ4 keeps the broker's disk and network use down.
             "compression.type": "producer",
         }
@@ -35,6 +36,9 @@ def topic_specs(s: Settings) -> list[TopicSpec]:
         TopicSpec(s.topic_latency, s.output_partitions, s.output_retention_ms, "per-segment latency"),
         TopicSpec(s.topic_qa, s.output_partitions, s.output_retention_ms, "call QA results and alerts"),
         TopicSpec(s.topic_dead_letters, s.dead_letter_partitions, s.dead_letter_retention_ms, "dead letters"),
+        # One record per open call, replaced as the call moves on: compaction keeps the newest. Same
+        # partition count as the audio, so a worker reads just the checkpoints of the partitions it owns.
+        TopicSpec(s.topic_checkpoints, s.audio_partitions, -1, "call checkpoints (resume points)", "compact"),
     ]
 
 

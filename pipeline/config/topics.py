@@ -12,6 +12,10 @@ class TopicSettings(BaseModel):
     topic_latency: str = Field("callqa.latency", description="Per-segment latency metrics.")
     topic_qa: str = Field("callqa.qa", description="Call QA results and live QA alerts.")
     topic_dead_letters: str = Field("callqa.dead-letters", description="Messages that could not be processed.")
+    topic_checkpoints: str = Field(
+        "callqa.call-checkpoints",
+        description="Compacted: the newest resume point of each open call, keyed by call ID, partitioned as the audio.",
+    )
     audio_partitions: int = Field(12, description="Partitions of the audio frames topic.")
     events_partitions: int = Field(12, description="Partitions of the call events topic (same as audio so a call co-partitions).")
     output_partitions: int = Field(6, description="Partitions of the transcripts, latency and QA topics.")

@@ -17,8 +17,16 @@ class WorkerSettings(BaseModel):
     end_grace_ms: int = Field(
         2000, description="After a call's end event, how long to wait for its last frames (they travel on another topic).",
     )
+    # Gateways send no frames during hold, a recording (PCI) pause or silence suppression: a call must
+    # stay open across those, so the default is a long hold, not a gap between frames. A call closed
+    # this way is reopened, and its QA recomputed, if frames of it still come.
     call_inactivity_timeout_s: float = Field(
-        30.0, description="A call with no frames or events for this long is closed (end_reason 'timeout').",
+        1200.0, description="A call with no frames or events for this long (stream time) is closed (end_reason 'timeout').",
+    )
+    # A checkpoint holds ~25 KB per leg (the VAD's pre-roll audio and state), written at most once per
+    # commit interval per call: spacing them trades checkpoint-topic bytes against re-decoded audio.
+    checkpoint_interval_ms: int = Field(
+        2000, ge=0, description="Least call audio (ms) between two checkpoints of a call; they are taken between segments.",
     )
     reorder_window_frames: int = Field(
         10, description="Frames held per leg to put reordered frames back in order before a gap is filled with silence.",
@@ -41,6 +49,11 @@ class WorkerSettings(BaseModel):
     )
     partial_interval_ms: int = Field(
         0, description="Emit partial transcripts of open segments this often (ms); 0 turns partials off.",
+    )
+    # An unhealthy worker (a part died, a call task failed: pipeline/worker/health.py) stops itself so a
+    # supervisor restarts it; a graceful stop may wait on what died, so this bounds it.
+    unhealthy_exit_timeout_s: float = Field(
+        30.0, gt=0, description="Once unhealthy, the worker stops with exit status 1; after this long (s) it exits at once.",
     )
     # Off by default: dead letters are kept for weeks (dead_letter_retention_ms), far longer than the
     # audio topic, and a call's audio is personal data; on, the worker warns once at start.

@@ -185,6 +185,69 @@ class DeadLetter(Message):
     raw_kind: str = ""  # "message", "pcm16le_16k" or "" (see schemas/DeadLetter.avsc)
 
 
+@dataclass
+class CheckpointSegment:
+    segment_id: str
+    leg: str
+    start_ms: int
+    end_ms: int
+    text: str
+
+
+@dataclass
+class LegCheckpoint:
+    """One leg's audio path between two segments; arrays are float32 little-endian bytes."""
+
+    leg: str
+    sample_rate: int
+    encoding: str
+    frame_ms: int
+    next_seq: int
+    frames_released: int
+    samples_in: int
+    samples_out: int
+    resampler_history: bytes
+    vad_state: bytes
+    vad_context: bytes
+    vad_pending: bytes
+    windows_done: int
+    last_end: int
+    emitted: int
+    audio_start: int
+    audio: bytes
+
+
+CheckpointStatus = Literal["open", "closed", "finished"]
+
+
+@dataclass
+class CallCheckpoint(Message):
+    """Worker-internal resume point of a call (see schemas/CallCheckpoint.avsc)."""
+
+    SCHEMA: ClassVar[str] = "io.callqa.CallCheckpoint"
+    call_id: str
+    status: CheckpointStatus
+    taken_at_ms: int = field(default_factory=now_ms)
+    resume_offset: int = -1
+    has_start: bool = False
+    started_at_ms: int = 0
+    tenant: str = ""
+    agent_id: str = ""
+    queue: str = ""
+    direction: str = "inbound"
+    end_reason: str = ""
+    segments_done: int = 0
+    segments: list[CheckpointSegment] = field(default_factory=list)
+    legs: list[LegCheckpoint] = field(default_factory=list)
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> CallCheckpoint:
+        record = dict(record)
+        record["segments"] = [CheckpointSegment(**s) for s in record.get("segments", [])]
+        record["legs"] = [LegCheckpoint(**leg) for leg in record.get("legs", [])]
+        return super().from_record(record)
+
+
 ALL_MESSAGES: tuple[type[Message], ...] = (
-    AudioFrame, CallEvent, TranscriptSegment, LatencyMetric, CallQA, QaAlert, DeadLetter,
+    AudioFrame, CallEvent, TranscriptSegment, LatencyMetric, CallQA, QaAlert, DeadLetter, CallCheckpoint,
 )

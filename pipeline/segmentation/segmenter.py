@@ -49,6 +49,24 @@ class SpeechSegment:
         return self.end_ms - self.start_ms
 
 
+@dataclass(frozen=True)
+class SegmenterSnapshot:
+    """Everything a segmenter between segments needs to go on exactly where it was (a call checkpoint).
+
+    Taken only while no segment is open, so no speech audio is in it: the VAD's recurrent state, the
+    samples of an incomplete window, and the pre-roll a next onset may reach back into.
+    """
+
+    vad_state: np.ndarray = field(repr=False)  # [2, 1, 128] float32
+    vad_context: np.ndarray = field(repr=False)  # [64] float32
+    vad_pending: np.ndarray = field(repr=False)  # < one window, float32
+    windows_done: int
+    last_end: int
+    emitted: int
+    audio_start: int  # absolute index of audio[0]
+    audio: np.ndarray = field(repr=False)  # float32, what the buffer held (the pre-roll reach)
+
+
 @dataclass
 class _OpenSegment:
     start: int  # first sample, including pre-roll
@@ -94,6 +112,25 @@ class Segmenter:
     def open_segment_audio(self) -> np.ndarray | None:
         """The audio of the open segment so far (for partial transcripts), or None."""
         return None if self._open is None else self._audio.slice(self._open.start, self._audio.end)
+
+    def snapshot(self) -> SegmenterSnapshot:
+        """The state to resume from (see ``restore``); only between segments."""
+        if self._open is not None:
+            raise RuntimeError("a segmenter is snapshotted only between segments")
+        vad = self.vad_stream
+        return SegmenterSnapshot(
+            vad.state.copy(), vad.context.copy(), vad.pending.copy(), self._windows_done, self._last_end,
+            self._emitted, self._audio.start, self._audio.slice(self._audio.start, self._audio.end),
+        )
+
+    def restore(self, snap: SegmenterSnapshot) -> None:
+        """Go on from ``snap`` as if every sample before it had been fed to this segmenter."""
+        self.vad_stream = VadStream.restored(snap.vad_state, snap.vad_context, snap.vad_pending)
+        self._audio = LegAudioBuffer(max(16000, snap.audio.size))
+        self._audio.start = snap.audio_start
+        self._audio.append(snap.audio)
+        self._windows_done, self._last_end, self._emitted = snap.windows_done, snap.last_end, snap.emitted
+        self._open = None
 
     def accept(self, samples_16k: np.ndarray) -> list[SpeechSegment]:
         """Take the next samples of the leg; the segments that closed."""

@@ -84,6 +84,25 @@ class VadStream:
         self._context = np.zeros(CONTEXT, dtype=np.float32)
         self._pending = np.zeros(0, dtype=np.float32)
 
+    @classmethod
+    def restored(cls, state: np.ndarray, context: np.ndarray, pending: np.ndarray) -> VadStream:
+        """A stream that goes on from a snapshot of ``state``, ``context`` and ``pending``."""
+        stream = cls()
+        stream.state = np.asarray(state, dtype=np.float32).reshape(STATE_SHAPE).copy()
+        stream._context = np.asarray(context, dtype=np.float32).copy()
+        stream._pending = np.asarray(pending, dtype=np.float32).copy()
+        return stream
+
+    @property
+    def context(self) -> np.ndarray:
+        """The last 64 samples of the previous window (prepended to the next one)."""
+        return self._context
+
+    @property
+    def pending(self) -> np.ndarray:
+        """Samples received but not yet scored."""
+        return self._pending
+
     @property
     def pending_samples(self) -> int:
         """Samples received but not yet scored (less than one window)."""

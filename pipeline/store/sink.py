@@ -149,6 +149,17 @@ class ClickHouseSink:
             last_error_at=self._last_error_at,
         )
 
+    @property
+    def error(self) -> BaseException | None:
+        """Why the background flushing stopped before ``close()`` (rows would wait forever), or None.
+        A failing insert is not that: it is retried until it succeeds."""
+        task = self._task
+        if task is None or not task.done() or self._closing or self._closed:
+            return None
+        if task.cancelled():
+            return RuntimeError("the ClickHouse sink's flushing task was cancelled")
+        return task.exception() or RuntimeError("the ClickHouse sink's flushing task ended")
+
     # --- writer side -------------------------------------------------------------------------------
 
     async def write(self, table: str, rows: Sequence[Row]) -> None:

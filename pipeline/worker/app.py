@@ -4,8 +4,11 @@
   count and key (call ID), so a call's frames and events land on the same worker;
 - input topics run with faust's acks off: offsets are committed by ``commit_durable`` from the
   processor's ``OffsetTracker`` (see pipeline/worker/offsets.py for why);
-- timers close quiet calls, make finished calls durable, update lag, and hot-reload the model;
-- web views: /metrics (Prometheus, open), /api/calls, /api/calls/{call_id}, /api/query (checked read-only
+- timers close quiet calls, make finished calls durable, update lag, hot-reload the model, and stop the
+  worker (exit status 1) once it is unhealthy (pipeline/worker/health.py), for a supervisor to restart;
+- a bad frame is dead-lettered alone; an exception that is no input's fault is fatal (nothing more is
+  committed, the worker exits, the next one replays);
+- web views: /metrics and /health (open), /api/calls, /api/calls/{call_id}, /api/query (checked read-only
   SQL; bearer token, own thread pool: pipeline/worker/api.py), so `callqa report` works against the
   embedded store while this process holds it.
 """
@@ -13,6 +16,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable
 from dataclasses import dataclass
@@ -30,7 +34,10 @@ from pipeline.store.client import connect
 from pipeline.store.migrations import migrate
 from pipeline.store.sink import ClickHouseSink
 from pipeline.worker.api import ApiAuth, QueryPool, auth_middleware, check_api_settings, register_api_views
-from pipeline.worker.calls import CallProcessor, describe_error
+from pipeline.worker.calls import CallProcessor
+from pipeline.worker.checkpoint_topic import KafkaCheckpointStore
+from pipeline.worker.dead_letters import describe_error
+from pipeline.worker.health import WorkerHealth, exit_after
 from pipeline.worker.metrics import WorkerMetrics
 from pipeline.worker.transcriber import BatcherTranscriber
 
@@ -91,22 +98,17 @@ def build_worker(settings: Settings) -> Worker:
     sink = ClickHouseSink(settings.writer_url, settings.clickhouse_database)
     transcriber = BatcherTranscriber.from_settings(settings, metrics)
 
-    async def finished_in_store(call_id: str) -> bool:
-        def query() -> bool:
-            rows = store_client.query(
-                f"SELECT count() FROM {settings.clickhouse_database}.calls FINAL "
-                "WHERE call_id = {id:String} AND end_reason != ''", parameters={"id": call_id},
-            ).result_rows
-            return bool(rows and rows[0][0])
-
-        return await asyncio.to_thread(query)
-
+    # Whether a call is finished, and where an open one resumes, comes from the checkpoint topic, read
+    # once per partition on assignment: no store lookup in the hot path.
     processor = CallProcessor(
         settings, transcriber, FaustOutput(app, serde), sink, transcriber.engine.open_front_end,
-        QaConfig.from_settings(settings), metrics, is_finished_elsewhere=finished_in_store,
+        QaConfig.from_settings(settings), metrics, checkpoints=KafkaCheckpointStore(app, settings, serde),
     )
+
     def lag(tp: tuple[str, int]) -> int:
-        """Messages of ``tp`` not processed yet; -1 while unknown (not fetched, or nothing read)."""
+        """Messages of ``tp`` not processed yet; -1 while unknown (not assigned, not fetched, nothing read)."""
+        if TP(*tp) not in app.consumer.assignment():
+            return -1  # lost in a rebalance, or not yet ours: unknown, never an error
         highwater = app.consumer.highwater(TP(*tp))
         consumed = processor.offsets.consumed_up_to(tp)
         if highwater is None:
@@ -128,10 +130,19 @@ def build_worker(settings: Settings) -> Worker:
                                                exc, frame)
         delivery = await dead_letters.publish(settings.topic_dead_letters, letter.call_id, letter)
         await delivery
+        processor.dead_letter_delivered((msg.topic, msg.partition), msg.offset)
+
+    def failed(what: str, exc: Exception) -> None:
+        """An exception that is no input's fault (a bug): dead-lettering the input would lose accepted
+        audio, so the worker stops committing and reports itself unhealthy; the next one replays it."""
+        log.error("%s failed: %s", what, describe_error(exc))
+        processor.fail(f"{what} failed: {describe_error(exc)}")
 
     async def consume_audio(stream: Any) -> None:
         # Frames are taken in small batches so the VAD scores all legs that got audio in one run.
         async for events in stream.take_events(settings.frame_batch_max, within=settings.frame_batch_within_ms / 1000):
+            if processor.failures:
+                continue  # about to exit: nothing more is committed, so nothing more is worth doing
             decoded: list[tuple[Any, AudioFrame]] = []
             for event in events:
                 msg = event.message
@@ -140,19 +151,27 @@ def build_worker(settings: Settings) -> Worker:
                 except Exception as exc:  # noqa: BLE001 - bad input goes to the dead-letter topic
                     await dead_letter(msg, exc)
             try:
-                await processor.on_frames([((m.topic, m.partition), m.offset, f) for m, f in decoded])
-            except Exception as exc:  # noqa: BLE001 - the worker goes on; the batch is reported, not lost silently
-                log.exception("frame batch of %d frames failed", len(decoded))
-                for msg, frame in decoded:  # the undecodable ones are dead letters already
-                    await dead_letter(msg, exc, frame)
+                rejected = await processor.on_frames([((m.topic, m.partition), m.offset, f) for m, f in decoded])
+                by_position = {((m.topic, m.partition), m.offset): m for m, _ in decoded}
+                for bad in rejected:  # each bad frame alone; the rest of the batch went on
+                    await dead_letter(by_position[(bad.tp, bad.offset)], bad.error, bad.frame)
+            except Exception as exc:  # noqa: BLE001 - a bug, not bad input: fatal (see failed)
+                failed(f"frame batch of {len(decoded)} frames", exc)
 
     async def consume_events(stream: Any) -> None:
         async for event in stream.events():
             msg = event.message
+            if processor.failures:
+                continue
             try:
-                await processor.on_event((msg.topic, msg.partition), msg.offset, serde.decode(msg.value, CallEvent))
+                call_event = serde.decode(msg.value, CallEvent)
             except Exception as exc:  # noqa: BLE001 - bad input goes to the dead-letter topic, the worker goes on
                 await dead_letter(msg, exc)
+                continue
+            try:
+                await processor.on_event((msg.topic, msg.partition), msg.offset, call_event)
+            except Exception as exc:  # noqa: BLE001 - a bug, not bad input: fatal (see failed)
+                failed(f"call event {msg.topic}[{msg.partition}]@{msg.offset}", exc)
 
     @app.agent(audio_topic, name="audio")
     async def audio_agent(stream: Any) -> None:
@@ -177,13 +196,38 @@ def build_worker(settings: Settings) -> Worker:
 
     async def commit_now() -> None:
         offsets = await processor.make_durable()
-        if offsets:
-            # Faust's own path to commit explicit offsets (it also skips partitions no longer assigned).
-            await app.consumer._commit_offsets(  # type: ignore[attr-defined]
-                {TP(t, p): o for (t, p), o in offsets.items()}
-            )
+        assigned = app.consumer.assignment()
+        offsets = {tp: o for tp, o in offsets.items() if TP(*tp) in assigned}
+        # faust has no public call that commits given offsets: Consumer.commit() commits what faust's
+        # own acks track, which these topics do not use (acks=False, see offsets.py). _commit_offsets is
+        # what it calls underneath; it flushes the producer first and skips unassigned partitions.
+        if offsets and await app.consumer._commit_offsets(  # type: ignore[attr-defined]
+            {TP(t, p): o for (t, p), o in offsets.items()}
+        ):
             processor.offsets.committed(offsets)
             metrics.commits.inc()
+
+    input_topics = {settings.topic_audio, settings.topic_call_events}
+
+    @app.on_partitions_revoked.connect  # type: ignore[arg-type]
+    async def hand_over_calls(sender: Any, revoked: set[TP], **kwargs: Any) -> None:
+        # Still a member of the group here: commit what is durable, then stop the calls of the revoked
+        # partitions. Their next owner resumes them from their checkpoints; nothing later is committed.
+        ours = {(tp.topic, tp.partition) for tp in revoked if tp.topic in input_topics}
+        if not ours:
+            return
+        try:
+            await commit_now()
+        except Exception as exc:  # noqa: BLE001 - the new owner replays from the last commit instead
+            log.warning("commit before handing over %d partitions failed: %s", len(ours), describe_error(exc))
+        processor.on_revoked(ours)
+        for topic, partition in ours:
+            with contextlib.suppress(KeyError):
+                metrics.consumer_lag.remove(topic, str(partition))
+
+    @app.on_partitions_assigned.connect  # type: ignore[arg-type]
+    async def take_over_calls(sender: Any, assigned: set[TP], **kwargs: Any) -> None:
+        processor.on_assigned({(tp.topic, tp.partition) for tp in assigned if tp.topic in input_topics})
 
     if settings.model_watch_interval_s > 0:
         @app.timer(interval=settings.model_watch_interval_s)
@@ -194,6 +238,22 @@ def build_worker(settings: Settings) -> Worker:
     async def metrics_view(web: Any, request: Any) -> Any:
         # aiohttp wants the charset apart from the content type.
         return web.bytes(generate_latest(metrics.registry), content_type=CONTENT_TYPE_LATEST.split(";")[0])
+
+    health = WorkerHealth({"batcher": transcriber, "store sink": sink}, lambda: processor.failures)
+
+    @app.page("/health")
+    async def health_view(web: Any, request: Any) -> Any:
+        # Open like /metrics: a supervisor or load balancer probes it without the API token.
+        status, body = health.report()
+        return web.json(body, status=status)
+
+    @app.timer(interval=1.0)
+    async def exit_when_unhealthy() -> None:
+        reason = health.exit_reason()
+        if reason is not None:
+            # A crash stops faust's worker with exit status 1; the timer ends it if stopping hangs.
+            exit_after(settings.unhealthy_exit_timeout_s)
+            await app.crash(reason)
 
     api_pool = QueryPool(settings.api_query_threads, settings.api_query_max_waiting)
     register_api_views(app, settings, api_pool)
@@ -214,8 +274,15 @@ def build_worker(settings: Settings) -> Worker:
     async def flush_on_shutdown(app: Any, **kwargs: Any) -> None:
         # The consumer has stopped: finish what is in flight and store it. Offsets are not committed
         # here, so open calls are replayed by the next worker (at-least-once; ids make it idempotent).
-        await processor.drain()
-        await sink.close()
+        # Not when unhealthy: segments queued for a batcher that died would be waited for forever (and
+        # nothing is committed: the next worker replays them). Bounded anyway.
+        if not health.reasons():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(processor.drain(), settings.unhealthy_exit_timeout_s / 2)
+        try:
+            await sink.close()
+        except Exception as exc:  # noqa: BLE001 - not committed, so replayed: still close the rest
+            log.error("store sink did not close cleanly: %s", describe_error(exc))
         await transcriber.close()
         api_pool.shutdown()
 

@@ -2,149 +2,80 @@
 
 ``CallProcessor`` receives decoded frames and call events with their input positions, and emits
 contract messages through an ``OutputPort`` and rows through a ``RowSink``. The faust app (app.py)
-is a thin shell that feeds it and commits what ``OffsetTracker`` allows.
+is a thin shell that feeds it and commits what ``OffsetTracker`` allows. This module orchestrates; the
+parts live beside it: ports.py (its ports), state.py (per-call state), budget.py (in-flight audio),
+clock.py (stream time and when a call closes), partials.py, outputs.py (messages and rows),
+dead_letters.py.
 
-Durability rule: a call's input offsets are released only after every message and row of that call
-is durable (produced and acknowledged by Kafka; flushed into ClickHouse). Until then the call holds
-its partitions' commit back, so a crash replays it from its first frame and, the pipeline being
-deterministic, yields the same segment ids, which the ReplacingMergeTree tables deduplicate.
+Durability rule: a call's input offsets are released only up to what is durable: its checkpoint
+(checkpoints.py; taken between segments, written once the segments before it are produced,
+acknowledged by Kafka and flushed into ClickHouse), and at its end its "finished" record. A crash or a
+rebalance therefore replays an open call from its last checkpoint (at most an open segment per leg and
+a commit interval of audio) and, the pipeline being deterministic, yields the same segment ids, which
+the ReplacingMergeTree tables deduplicate. Rebalances: ``on_revoked`` stops the calls of partitions
+taken away (after the app committed what is durable), ``on_assigned`` reads the new partitions'
+checkpoints before any of their calls opens.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
 from pipeline.asr.engine import LegFrontEnd
 from pipeline.config import Settings
-from pipeline.contracts.messages import (
-    AudioFrame,
-    CallEvent,
-    CallQA,
-    DeadLetter,
-    LatencyMetric,
-    Message,
-    QaAlert,
-    QaItem,
-    TranscriptSegment,
-    now_ms,
-)
-from pipeline.contracts.messages import QaEvent as QaEventMessage
+from pipeline.contracts.messages import AudioFrame, CallCheckpoint, CallEvent, DeadLetter, Message, now_ms
 from pipeline.qa.call import AnalyzedSegment, CallAnalyzer, QaConfig
-from pipeline.qa.rules import QaEvent
 from pipeline.qa.segment import Segment
 from pipeline.segmentation.segmenter import SpeechSegment, accept_many
 from pipeline.store.base import RowSink
+from pipeline.worker.budget import InflightBudget
+from pipeline.worker.checkpoints import (
+    CheckpointStore,
+    MemoryCheckpointStore,
+    audio_position_ms,
+    call_checkpoint,
+    is_quiet,
+    restore_call,
+    take_snapshot,
+)
+from pipeline.worker.clock import StreamClock, close_reason
+from pipeline.worker.dead_letters import (
+    bytes_per_ms,
+    describe_error,
+    message_dead_letter,
+    segment_dead_letter,
+)
+from pipeline.worker.frames import FrameError, RejectedFrame, check_frame, check_leg_format, check_seq_jump
 from pipeline.worker.legs import LegState
 from pipeline.worker.metrics import WorkerMetrics
 from pipeline.worker.offsets import OffsetTracker, TopicPartition
+from pipeline.worker.outputs import (
+    call_qa_message,
+    call_qa_row,
+    call_row,
+    latency_message,
+    latency_row,
+    qa_alert,
+    qa_event_row,
+    segment_row,
+    transcript_message,
+)
+from pipeline.worker.partials import PartialTranscripts, take_partial
+from pipeline.worker.ports import OutputPort, SegmentTranscriber, TranscriberDeadError, Transcription
+from pipeline.worker.state import CallState, publish, segment_id, watermarks
 
 log = logging.getLogger("callqa.worker")
 
-# With debug_raw_audio a dead letter carries at most this much of its payload (the start of it): Kafka
-# refuses messages over 1 MiB by default, and 512 KiB holds a whole default-length segment (15 s of PCM).
-DEBUG_RAW_MAX_BYTES = 512 * 1024
-
-
-# ---- ports ----------------------------------------------------------------------------------------
-class OutputPort(Protocol):
-    """Where contract messages go (Kafka in the worker). Returns an awaitable that resolves on delivery."""
-
-    async def publish(self, topic: str, key: str, message: Message) -> Awaitable[Any]: ...
-
-
-@dataclass(frozen=True)
-class Transcription:
-    text: str
-    avg_logprob: float
-    no_speech_prob: float
-    confidence: float
-    model_name: str
-    model_version: int
-    batch_size: int
-    batcher_wait_ms: float
-    inference_ms: float
-    is_silence: bool = False  # Whisper's no-speech verdict: no transcript is emitted
-
-
-class SegmentTranscriber(Protocol):
-    """The shared micro-batcher, seen from the worker: waits (back-pressure) when its queue is full."""
-
-    async def transcribe(self, audio_16k: np.ndarray) -> Transcription: ...
-
-
-# ---- state ----------------------------------------------------------------------------------------
-@dataclass
-class CallState:
-    call_id: str
-    start: CallEvent | None = None
-    end: CallEvent | None = None
-    legs: dict[str, LegState] = field(default_factory=dict)
-    analyzer: CallAnalyzer | None = None
-    pending: set[asyncio.Task[None]] = field(default_factory=set)
-    deliveries: list[Awaitable[Any]] = field(default_factory=list)
-    segments_done: int = 0
-    audio_tp: TopicPartition | None = None
-    # Decoded segments the analyzer holds until earlier ones are known: what publishing them needs.
-    # (leg, start ms, end ms, result, consumed ms, closed ms): no audio, which is not needed any more.
-    decoded: dict[str, tuple[LegState, int, int, Transcription, int, int]] = field(default_factory=dict)
-    last_frame_produced_ms: int = 0  # producer time of the newest frame seen (stream time)
-    last_activity_ms: int = field(default_factory=now_ms)  # wall time of the last frame or event
-    opened_at_ms: int = field(default_factory=now_ms)
-    end_consumed_ms: int = 0
-    started_at_ms: int = field(default_factory=now_ms)
-    finishing: bool = False
-
-    def frames_complete(self) -> bool:
-        if self.end is None:
-            return False
-        counts = self.end.frame_counts
-        return all(
-            leg in self.legs and self.legs[leg].frames_released + self.legs[leg].reorder.held >= n
-            for leg, n in counts.items()
-        )
-
-
-class InflightBudget:
-    """Bounds decoded audio submitted for inference and not yet transcribed (bytes)."""
-
-    def __init__(self, limit_bytes: int) -> None:
-        self.limit = limit_bytes
-        self.used = 0
-        self.peak = 0
-        self._cond = asyncio.Condition()
-
-    async def acquire(self, n: int) -> None:
-        async with self._cond:
-            # A single segment larger than the budget still goes through once nothing else is in flight.
-            await self._cond.wait_for(lambda: self.used == 0 or self.used + n <= self.limit)
-            self.used += n
-            self.peak = max(self.peak, self.used)
-
-    async def release(self, n: int) -> None:
-        async with self._cond:
-            self.used -= n
-            self._cond.notify_all()
-
-
-class StreamClock:
-    """Stream time per audio partition: the newest producer timestamp consumed from it."""
-
-    def __init__(self) -> None:
-        self._produced: dict[TopicPartition, int] = {}
-
-    def advance(self, tp: TopicPartition, produced_at_ms: int) -> None:
-        self._produced[tp] = max(self._produced.get(tp, 0), produced_at_ms)
-
-    def now(self, tp: TopicPartition) -> int:
-        return self._produced.get(tp, 0)
+# Calls closed for inactivity that this process can still reopen from memory (their checkpoints are
+# on the checkpoint topic too, for another owner).
+MAX_CLOSED_CALLS = 10_000
 
 
 class CallProcessor:
@@ -157,7 +88,7 @@ class CallProcessor:
         front_ends: Callable[[int, str], LegFrontEnd],
         qa_config: QaConfig,
         metrics: WorkerMetrics | None = None,
-        is_finished_elsewhere: Callable[[str], Awaitable[bool]] | None = None,
+        checkpoints: CheckpointStore | None = None,
     ) -> None:
         self.settings = settings
         self.transcriber = transcriber
@@ -175,21 +106,58 @@ class CallProcessor:
         self.calls: dict[str, CallState] = {}
         self.finished: OrderedDict[str, None] = OrderedDict()  # recently finished calls (bounded)
         self.awaiting_release: list[CallState] = []
-        self._is_finished_elsewhere = is_finished_elsewhere
+        self.partials = PartialTranscripts(settings, transcriber, self.budget, output, sink, self.metrics)
+        # Checkpoints: where calls resume after a crash or rebalance, read per audio partition on assignment.
+        self.checkpoints: CheckpointStore = checkpoints or MemoryCheckpointStore()
+        self.resume_points: dict[int, dict[str, CallCheckpoint]] = {}
+        self._loading: dict[int, asyncio.Task[None]] = {}
+        # Calls closed for inactivity, by id: (audio partition, checkpoint); reopened if frames still come.
+        self.closed: OrderedDict[str, tuple[int, CallCheckpoint]] = OrderedDict()
+        # Finished calls whose "finished" record is deleted once the commit has passed all their input.
+        self._forgettable: list[tuple[str, TopicPartition, int, TopicPartition, int]] = []
+        self._durable_lock = asyncio.Lock()
+        # Partitions this worker owns (None: not told, e.g. without Kafka): input of others is ignored,
+        # such as a batch that was already taken when its partition was revoked.
+        self.owned: set[int] | None = None
+        # What failed (a call task, a frame batch): the worker is unhealthy once there is any.
+        self.failures: list[str] = []
+        self.failure_count = 0
 
     # ---- input ---------------------------------------------------------------------------------
-    async def on_frame(self, tp: TopicPartition, offset: int, frame: AudioFrame) -> None:
-        await self.on_frames([(tp, offset, frame)])
+    async def on_frame(self, tp: TopicPartition, offset: int, frame: AudioFrame) -> list[RejectedFrame]:
+        return await self.on_frames([(tp, offset, frame)])
 
-    async def on_frames(self, frames: Sequence[tuple[TopicPartition, int, AudioFrame]]) -> None:
-        """A batch of frames, in consumption order: the VAD scores every leg that got audio in one run."""
+    async def on_frames(self, frames: Sequence[tuple[TopicPartition, int, AudioFrame]]) -> list[RejectedFrame]:
+        """A batch of frames, in consumption order: the VAD scores every leg that got audio in one run.
+
+        Returns the frames rejected as unusable (``FrameError``), for the caller to dead-letter (then
+        ``dead_letter_message``); they touch no call state and their seqs stay gaps, filled with silence.
+        Any other exception is a bug, not bad input: the caller must treat it as fatal (``fail``).
+        """
         consumed_ms = now_ms()
+        frames = [f for f in frames if self._owns(f[0])]
         touched: dict[tuple[str, str], tuple[CallState, LegState, list[np.ndarray]]] = {}
+        rejected: list[RejectedFrame] = []
         for tp, offset, frame in frames:
-            call = await self._call_for(frame.call_id)
+            try:
+                check_frame(frame)
+            except FrameError as exc:
+                rejected.append(self._reject(tp, offset, frame, exc))
+                continue
+            call = await self._call_for(frame.call_id, tp)
             if call is None or call.finishing:
                 self.offsets.consumed(tp, offset, None)
                 self.metrics.frames_dropped.labels("after_call_end").inc()
+                continue
+            known = call.legs.get(frame.leg)
+            try:
+                if known is not None:
+                    check_leg_format(frame, known.front_end.sample_rate, known.front_end.encoding)
+                    # A pause longer than the timeout closes the call; twice that is no pause, it is corrupt.
+                    check_seq_jump(frame, known.reorder.next_seq,
+                                   int(2 * self.settings.call_inactivity_timeout_s * 1000 / known.frame_ms))
+            except FrameError as exc:
+                rejected.append(self._reject(tp, offset, frame, exc))
                 continue
             self.offsets.consumed(tp, offset, call.call_id)
             self.clock.advance(tp, frame.produced_at_ms)
@@ -205,6 +173,7 @@ class CallProcessor:
                 entry[2].append(samples)
         self.metrics.frames.inc(len(frames))
         fed = [(call, leg, np.concatenate(chunks)) for call, leg, chunks in touched.values() if chunks]
+        self.metrics.leg_audio_seconds.inc(sum(audio.size for _, _, audio in fed) / 16000)
         closed = accept_many([leg.front_end.segmenter for _, leg, _ in fed], [audio for _, _, audio in fed])
         submitted = [(call, leg, seg) for (call, leg, _), segments in zip(fed, closed, strict=True) for seg in segments]
         self._announce(submitted)
@@ -221,9 +190,13 @@ class CallProcessor:
                 self._maybe_partial(call, leg)
             if call.end is not None and not call.finishing and call.frames_complete():
                 await self._finish(call, call.end.event_type)
+        self._take_snapshots({id(c): c for c, _, _ in touched.values()}.values())
+        return rejected
 
     async def on_event(self, tp: TopicPartition, offset: int, event: CallEvent) -> None:
-        call = await self._call_for(event.call_id)
+        if not self._owns(tp):
+            return
+        call = await self._call_for(event.call_id, tp)
         if call is None or call.finishing:
             self.offsets.consumed(tp, offset, None)
             return
@@ -248,23 +221,23 @@ class CallProcessor:
         self, tp: TopicPartition, offset: int, key: bytes | None, raw: bytes, exc: BaseException,
         frame: AudioFrame | None = None,
     ) -> DeadLetter:
-        """A reference to an input message that could not be processed (``frame``: it was decoded)."""
+        """A reference to an input message that could not be processed (``frame``: it was decoded).
+        Its offset stays uncommitted until ``dead_letter_delivered``: a crash before then must not lose it."""
         self.metrics.dead_letters.labels(type(exc).__name__).inc()
-        self.offsets.consumed(tp, offset, None)
-        letter = DeadLetter(
-            tp[0], tp[1], offset, f"{tp[0]}[{tp[1]}]@{offset}: {describe_error(exc)}",
-            error_type=type(exc).__name__, worker_id=self.settings.worker_id,
-            # Input topics are keyed by call ID: the key names the call even when the value is garbage.
-            call_id=frame.call_id if frame is not None else _key_text(key),
-        )
-        if frame is not None:
-            letter.leg, letter.start_ms = frame.leg, frame.start_ms
-            # The frame may be what failed (a zero sample rate): building its reference must not raise too.
-            if frame.sample_rate > 0:
-                letter.end_ms = frame.start_ms + round(len(frame.payload) / _bytes_per_ms(frame))
-        if self.settings.debug_raw_audio:
-            letter.raw, letter.key, letter.raw_kind = raw[:DEBUG_RAW_MAX_BYTES], key, "message"
-        return letter
+        self.offsets.consumed(tp, offset, _dead_letter_holder(tp, offset))
+        return message_dead_letter(tp, offset, key, raw, exc, self.settings.worker_id,
+                                   self.settings.debug_raw_audio, frame)
+
+    def dead_letter_delivered(self, tp: TopicPartition, offset: int) -> None:
+        """The dead letter of the message at ``tp``/``offset`` is acknowledged by Kafka: it may be committed."""
+        self.offsets.release(_dead_letter_holder(tp, offset))
+
+    def fail(self, reason: str) -> None:
+        """Something failed that leaves results incomplete (a bug, not bad input): from now on nothing is
+        committed, and the worker reports itself unhealthy (so it exits and its input is replayed)."""
+        if len(self.failures) < MAX_FAILURES_KEPT:
+            self.failures.append(reason)
+        self.failure_count += 1
 
     # ---- timers --------------------------------------------------------------------------------
     async def tick(self) -> None:
@@ -294,33 +267,75 @@ class CallProcessor:
         """How the call should be closed now ("end", "abort", "timeout"), or None to keep it open."""
         tp = call.audio_tp
         assert tp is not None  # set by the first frame or event
-        caught_up = self.lag(tp) == 0
-        # Caught up, the wall clock is stream time; behind, the partition's newest producer time is.
-        stream_now = wall if caught_up else self.clock.now(tp)
-        if call.end is not None and (
-            (caught_up and wall - call.end_consumed_ms >= grace_ms)
-            or stream_now >= call.end.at_ms + grace_ms  # frames sent after the end event were read
-        ):
-            return call.end.event_type
-        last = call.last_frame_produced_ms or call.opened_at_ms
-        if stream_now - last >= timeout_ms:
-            return "timeout"
-        # Last resort for a partition whose position is unknown: a call cannot stay open forever.
-        if wall - call.last_activity_ms >= 10 * timeout_ms:
-            return "timeout"
-        return None
+        return close_reason(call, self.lag(tp), self.clock.now(tp), wall, timeout_ms, grace_ms)
 
     async def make_durable(self) -> dict[TopicPartition, int]:
-        """Wait for finished calls' outputs to be durable, release their offsets; return what may be committed."""
-        ready = [c for c in self.awaiting_release if not c.pending]
-        if ready:
-            for call in ready:
-                await asyncio.gather(*call.deliveries)
+        """Make finished calls and due checkpoints durable, move the offsets they hold; return what may
+        be committed.
+
+        Order matters: a call's outputs are acknowledged by Kafka and flushed into ClickHouse, then its
+        checkpoint (or "finished" record) is acknowledged, and only then its hold on the input moves.
+        """
+        async with self._durable_lock:
+            if self.failures:  # results may be incomplete: nothing more is committed; a restart replays
+                return {}
+            await self._forget_committed()
+            ready = [c for c in self.awaiting_release if not c.pending and not c.failed]
+            due = [c for c in self.calls.values()
+                   if c.snapshot is not None and not c.finishing and not c.failed and c.snapshot.resolved(c)]
+            if not ready and not due:
+                return self.offsets.committable()
+            delivered: list[Awaitable[Any]] = []
+            for call in ready + due:
+                delivered, call.deliveries = delivered + call.deliveries, []
+            await asyncio.gather(*delivered)
             await self.sink.flush()
+            saved = [await self._save(c, call_checkpoint(c, "open", c.snapshot)) for c in due]
+            saved += [await self._save(c, c.closed_checkpoint or call_checkpoint(c, "finished")) for c in ready]
+            await asyncio.gather(*saved)
+            for call in due:
+                if self.calls.get(call.call_id) is not call or call.snapshot is None:
+                    continue  # handed over in a rebalance meanwhile: its new owner holds what it needs
+                assert call.audio_tp is not None
+                self.offsets.hold_from(call.audio_tp, call.call_id, call.snapshot.resume_offset)
+                # The start event is in the checkpoint; a later end event holds its offset again.
+                self.offsets.release_on((self.settings.topic_call_events, call.audio_tp[1]), call.call_id)
+                call.snapshot = None
+                self.metrics.checkpoints.labels("open").inc()
             for call in ready:
-                self.offsets.release(call.call_id)
-                self.awaiting_release.remove(call)
-        return self.offsets.committable()
+                if call in self.awaiting_release:  # else handed over in a rebalance meanwhile
+                    self._released(call)
+            return self.offsets.committable()
+
+    async def _save(self, call: CallState, checkpoint: CallCheckpoint) -> Awaitable[Any]:
+        assert call.audio_tp is not None
+        return await self.checkpoints.save(call.audio_tp[1], call.call_id, checkpoint)
+
+    def _released(self, call: CallState) -> None:
+        """A finished call is durable: its input offsets are free, its record deleted once committed past."""
+        assert call.audio_tp is not None
+        events_tp = (self.settings.topic_call_events, call.audio_tp[1])
+        if call.call_id not in self.calls:  # else reopened meanwhile: it goes on holding what it holds
+            self.offsets.release(call.call_id)
+        self.awaiting_release.remove(call)
+        status = "closed" if call.closed_checkpoint is not None else "finished"
+        self.metrics.checkpoints.labels(status).inc()
+        if status == "finished":
+            # Every frame and event of it is before these positions (frames after its end are dropped).
+            self._forgettable.append((call.call_id, call.audio_tp, self.offsets.consumed_up_to(call.audio_tp) or 0,
+                                      events_tp, self.offsets.consumed_up_to(events_tp) or 0))
+
+    async def _forget_committed(self) -> None:
+        """Delete the "finished" records of calls whose input is all committed: no replay can reach it."""
+        keep: list[tuple[str, TopicPartition, int, TopicPartition, int]] = []
+        forget: list[tuple[str, TopicPartition, int, TopicPartition, int]] = []
+        for entry in self._forgettable:
+            _, audio_tp, audio_end, events_tp, events_end = entry
+            done = (self.offsets.committed_at(audio_tp) >= audio_end
+                    and self.offsets.committed_at(events_tp) >= events_end)
+            (forget if done else keep).append(entry)
+        self._forgettable = keep
+        await asyncio.gather(*[await self.checkpoints.save(tp[1], call_id, None) for call_id, tp, _, _, _ in forget])
 
     async def drain(self) -> None:
         """Finish in-flight inference (on shutdown); calls stay open and will be replayed."""
@@ -329,37 +344,132 @@ class CallProcessor:
             await asyncio.gather(*tasks, return_exceptions=True)
 
     # ---- internals -----------------------------------------------------------------------------
-    async def _call_for(self, call_id: str) -> CallState | None:
+    async def _call_for(self, call_id: str, tp: TopicPartition) -> CallState | None:
+        """The open call ``call_id`` (resumed from its checkpoint, or new), or None once it is finished."""
         call = self.calls.get(call_id)
         if call is not None:
             return call
         if call_id in self.finished:
             return None
-        if self._is_finished_elsewhere is not None and await self._is_finished_elsewhere(call_id):
-            # Tail of a call finished before a restart: its results are stored already.
-            self._remember_finished(call_id)
-            return None
-        # The audio and the events agent both run this; the other may have opened the call while
-        # this one awaited the store, so look again before opening it (no await from here on).
+        await self._resume_points_ready(tp[1])
+        # The audio and the events agent both run this; the other may have opened the call while this
+        # one waited for the partition's checkpoints, so look again (no await from here on).
         call = self.calls.get(call_id)
-        if call is None and call_id not in self.finished:
-            call = self.calls[call_id] = CallState(call_id)
+        if call is not None or call_id in self.finished:
+            return call
+        checkpoint = self.resume_points.get(tp[1], {}).pop(call_id, None)
+        if call_id in self.closed:
+            checkpoint = self.closed.pop(call_id)[1]
+        if checkpoint is not None and checkpoint.status == "finished":
+            self._remember_finished(call_id)  # frames of a call whose results are stored already
+            return None
+        if checkpoint is None:
+            call = CallState(call_id)
             call.analyzer = CallAnalyzer(call_id, self.qa_config)
+        else:
+            call = self._resume(checkpoint)
+        call.audio_tp = (self.settings.topic_audio, tp[1])
+        self.calls[call_id] = call
         return call
+
+    def _resume(self, checkpoint: CallCheckpoint) -> CallState:
+        call = restore_call(checkpoint, self.qa_config, self.front_ends, self.settings.max_segment_ms,
+                            self.settings.reorder_window_frames)
+        call.snapshot_audio_ms = audio_position_ms(call)
+        if checkpoint.status == "closed":
+            # Closed for inactivity, and frames still came: the call goes on, its QA is computed again.
+            self.metrics.calls_reopened.inc()
+            log.info("call %s: frames after it was closed (%s), reopening it", call.call_id, checkpoint.end_reason)
+        else:
+            self.metrics.calls_resumed.inc()
+        return call
+
+    async def _resume_points_ready(self, partition: int) -> None:
+        """Wait until the checkpoints of ``partition`` are read (read now if no assignment announced it)."""
+        loading = self._loading.get(partition)
+        if loading is None:
+            loading = self._loading[partition] = asyncio.create_task(self._load_resume_points(partition))
+        await asyncio.shield(loading)
+
+    async def _load_resume_points(self, partition: int) -> None:
+        self.resume_points[partition] = await self.checkpoints.load(partition)
+
+    # ---- rebalance ------------------------------------------------------------------------------
+    def on_assigned(self, tps: set[TopicPartition]) -> None:
+        """New partitions: read their checkpoints before any of their calls is opened."""
+        self.metrics.rebalances.inc()
+        self.owned = {p for _, p in tps}  # an assignment is the whole new set
+        for topic, partition in tps:
+            if topic == self.settings.topic_audio and partition not in self._loading:
+                self._loading[partition] = asyncio.create_task(self._load_resume_points(partition))
+
+    def on_revoked(self, tps: set[TopicPartition]) -> None:
+        """Partitions taken away: their calls stop here (their new owner resumes them from their
+        checkpoints), and their positions, holds, clocks and checkpoints are forgotten. The caller makes
+        durable and commits what it can first (``make_durable``); nothing of these is committed after."""
+        partitions = {p for _, p in tps}
+        if self.owned is not None:
+            self.owned -= partitions
+
+        def on_revoked_partition(call: CallState) -> bool:
+            return call.audio_tp is not None and call.audio_tp[1] in partitions
+
+        for call in [c for c in self.calls.values() if on_revoked_partition(c)]:
+            self._drop(call)
+            del self.calls[call.call_id]
+            self.metrics.calls_dropped.inc()
+        for call in [c for c in self.awaiting_release if on_revoked_partition(c)]:
+            self._drop(call)
+            self.awaiting_release.remove(call)
+        for call_id in [k for k, (p, _) in self.closed.items() if p in partitions]:
+            del self.closed[call_id]
+        self._forgettable = [f for f in self._forgettable if f[1][1] not in partitions]
+        revoked = {(t, p) for t in (self.settings.topic_audio, self.settings.topic_call_events) for p in partitions}
+        self.offsets.forget(revoked | set(tps))
+        self.clock.forget(revoked | set(tps))
+        for partition in partitions:
+            self.resume_points.pop(partition, None)
+            loading = self._loading.pop(partition, None)
+            if loading is not None:
+                loading.cancel()
+
+    def _owns(self, tp: TopicPartition) -> bool:
+        return self.owned is None or tp[1] in self.owned
+
+    @staticmethod
+    def _drop(call: CallState) -> None:
+        call.finishing = True  # anything still running for it stops short of new work
+        for task in list(call.pending):
+            task.cancel()
+
+    def _take_snapshots(self, calls: Iterable[CallState]) -> None:
+        """Snapshot calls at a quiet moment, at most one pending per call, spaced by the checkpoint interval."""
+        for call in calls:
+            if call.finishing or call.snapshot is not None or call.audio_tp is None:
+                continue
+            if audio_position_ms(call) - call.snapshot_audio_ms < self.settings.checkpoint_interval_ms:
+                continue
+            resume_offset = self.offsets.consumed_up_to(call.audio_tp)
+            if resume_offset is None or not is_quiet(call):
+                continue
+            call.snapshot = take_snapshot(call, resume_offset)
+            call.snapshot_audio_ms = call.snapshot.audio_ms
 
     def _leg(self, call: CallState, frame: AudioFrame) -> LegState:
         leg = call.legs.get(frame.leg)
         if leg is None:
-            frame_ms = max(1, round(len(frame.payload) / _bytes_per_ms(frame)))
+            frame_ms = max(1, round(len(frame.payload) / bytes_per_ms(frame)))
             leg = call.legs[frame.leg] = LegState.open(
                 call.call_id, frame.leg, self.front_ends(frame.sample_rate, frame.encoding), frame_ms,
                 self.settings.max_segment_ms, self.settings.reorder_window_frames,
             )
         return leg
 
-    def _count_reorder(self, leg: LegState, before: tuple[int, int, int]) -> None:
+    def _count_reorder(self, leg: LegState, before: tuple[int, int, int, int]) -> None:
         s = leg.reorder.stats
         dup, late, gaps = s.duplicates - before[0], s.late - before[1], s.gaps_filled - before[2]
+        if leg.before_checkpoint > before[3]:
+            self.metrics.frames_dropped.labels("before_checkpoint").inc(leg.before_checkpoint - before[3])
         if dup:
             self.metrics.frames_dropped.labels("duplicate").inc(dup)
         if late:
@@ -375,14 +485,35 @@ class CallProcessor:
         segmenter has moved past a segment, a later segment may be released only after it is known."""
         for call, leg, seg in closed:
             assert call.analyzer is not None
-            call.analyzer.expect(leg.leg, _segment_id(call, leg, seg), seg.start_ms)
+            seg_id = segment_id(call.call_id, leg.leg, seg.start_ms)
+            call.analyzer.expect(leg.leg, seg_id, seg.start_ms)
+            call.announced.append(seg_id)
+            call.unresolved.add(seg_id)  # until emitted or skipped: a snapshot after it waits for it
 
-    @staticmethod
-    def _spawn(call: CallState, work: Coroutine[Any, Any, None]) -> None:
+    def _spawn(self, call: CallState, work: Coroutine[Any, Any, None]) -> None:
         """Run ``work`` as one of the call's pending tasks (the call completes only after them)."""
         task = asyncio.create_task(work)
         call.pending.add(task)
         task.add_done_callback(call.pending.discard)
+        task.add_done_callback(functools.partial(self._task_done, call, task_kind(work)))
+
+    def _task_done(self, call: CallState, kind: str, task: asyncio.Task[None]) -> None:
+        """A call task that raised is a bug, not bad input (those are handled inside the tasks): its
+        outputs may be missing, so the call fails. A partial is a preview: its failure costs nothing."""
+        exc = None if task.cancelled() else task.exception()  # cancelled: shutdown or a revoked partition
+        if exc is None:
+            return
+        error = describe_error(exc)
+        self.metrics.task_failures.labels(kind).inc()
+        log.error("call %s: %s task failed: %s", call.call_id, kind, error)
+        if kind != "partial":
+            call.failed = True
+            self.fail(f"call {call.call_id}: {kind} task failed: {error}")
+
+    def _reject(self, tp: TopicPartition, offset: int, frame: AudioFrame, exc: FrameError) -> RejectedFrame:
+        # Held until its dead letter is delivered (dead_letter_message holds it under the same name).
+        self.offsets.consumed(tp, offset, _dead_letter_holder(tp, offset))
+        return RejectedFrame(tp, offset, frame, exc)
 
     async def _submit(self, call: CallState, leg: LegState, seg: SpeechSegment, consumed_ms: int) -> None:
         nbytes = seg.audio.nbytes
@@ -392,137 +523,81 @@ class CallProcessor:
     async def _transcribe(self, call: CallState, leg: LegState, seg: SpeechSegment, consumed_ms: int,
                           nbytes: int) -> None:
         closed_ms = now_ms()
-        segment_id = _segment_id(call, leg, seg)
+        seg_id = segment_id(call.call_id, leg.leg, seg.start_ms)
         assert call.analyzer is not None
         # The budget is held until the segment's rows are in the sink's buffer: while ClickHouse is
         # down the sink's write() waits, so does this, and the agents stop taking frames.
         try:
             try:
                 result = await self.transcriber.transcribe(seg.audio)
+            except TranscriberDeadError:
+                raise  # not this segment's fault: the call fails, the worker exits, a restart replays it
             except Exception as exc:  # noqa: BLE001 - one failed segment must not stop the call
                 self.metrics.segment_failures.inc()
-                log.warning("segment %s failed: %s", segment_id, describe_error(exc))
+                log.warning("segment %s failed: %s", seg_id, describe_error(exc))
                 await self._publish(call, self.settings.topic_dead_letters, call.call_id,
-                                    self._segment_dead_letter(call, leg, seg, segment_id, exc))
-                await self._emit_released(call, call.analyzer.skip(segment_id, self._watermarks(call)))
+                                    self._segment_dead_letter(call, leg, seg, seg_id, exc))
+                call.unresolved.discard(seg_id)
+                await self._emit_released(call, call.analyzer.skip(seg_id, self._watermarks(call)))
                 return
             if result.is_silence or not result.text.strip():
                 self.metrics.segments.labels("silence").inc()
-                await self._emit_released(call, call.analyzer.skip(segment_id, self._watermarks(call)))
+                call.unresolved.discard(seg_id)
+                await self._emit_released(call, call.analyzer.skip(seg_id, self._watermarks(call)))
                 return
-            call.decoded[segment_id] = (leg, seg.start_ms, seg.end_ms, result, consumed_ms, closed_ms)
-            segment = Segment(call.call_id, leg.leg, segment_id,  # type: ignore[arg-type]
+            call.decoded[seg_id] = (leg, seg.start_ms, seg.end_ms, result, consumed_ms, closed_ms)
+            segment = Segment(call.call_id, leg.leg, seg_id,  # type: ignore[arg-type]
                               seg.start_ms, seg.end_ms, result.text.strip())
             await self._emit_released(call, call.analyzer.complete(segment, self._watermarks(call)))
         finally:
             await self.budget.release(nbytes)
 
-    def _segment_dead_letter(self, call: CallState, leg: LegState, seg: SpeechSegment, segment_id: str,
+    def _segment_dead_letter(self, call: CallState, leg: LegState, seg: SpeechSegment, seg_id: str,
                              exc: BaseException) -> DeadLetter:
-        """A reference to a segment whose inference failed: its call, leg and time range on the audio topic."""
         self.metrics.dead_letters.labels(type(exc).__name__).inc()
-        letter = DeadLetter(
-            self.settings.topic_audio, call.audio_tp[1] if call.audio_tp else -1, -1,
-            f"segment {segment_id}: inference failed: {describe_error(exc)}",
-            error_type=type(exc).__name__, worker_id=self.settings.worker_id, call_id=call.call_id,
-            leg=leg.leg, segment_id=segment_id, start_ms=seg.start_ms, end_ms=seg.end_ms,
+        return segment_dead_letter(
+            self.settings.topic_audio, call.audio_tp[1] if call.audio_tp else -1, call.call_id, leg.leg, seg,
+            seg_id, exc, self.settings.worker_id, self.settings.debug_raw_audio,
         )
-        if self.settings.debug_raw_audio:
-            letter.raw, letter.raw_kind = _pcm16(seg.audio[:DEBUG_RAW_MAX_BYTES // 2]), "pcm16le_16k"
-        return letter
 
     def _watermarks(self, call: CallState) -> dict[str, int]:
-        """Per leg, the time before which all its segments have been submitted: the open segment's start,
-        else what the VAD has heard less its pre-roll (a segment may start that far back)."""
-        marks: dict[str, int] = {}
-        for name, leg in call.legs.items():
-            segmenter = leg.front_end.segmenter
-            open_start = segmenter.open_segment_start_ms
-            heard_ms = segmenter.samples_received // 16 - self.settings.pre_roll_ms - 100
-            marks[name] = heard_ms if open_start is None else open_start
-        return marks
+        return watermarks(call, self.settings.pre_roll_ms)
 
     async def _emit_released(self, call: CallState, released: list[AnalyzedSegment]) -> None:
         """Publish segments the analyzer released (in time order), each with its own decoding's details."""
         for analyzed in released:
-            segment_id = analyzed.redacted.segment.segment_id
-            leg, start_ms, end_ms, r, consumed_ms, closed_ms = call.decoded.pop(segment_id)
-            await self._emit_segment(call, leg, start_ms, end_ms, segment_id, r, consumed_ms, closed_ms, analyzed)
+            seg_id = analyzed.redacted.segment.segment_id
+            leg, start_ms, end_ms, r, consumed_ms, closed_ms = call.decoded.pop(seg_id)
+            await self._emit_segment(call, leg, start_ms, end_ms, seg_id, r, consumed_ms, closed_ms, analyzed)
 
-    async def _emit_segment(self, call: CallState, leg: LegState, start_ms: int, end_ms: int, segment_id: str,
+    async def _emit_segment(self, call: CallState, leg: LegState, start_ms: int, end_ms: int, seg_id: str,
                             r: Transcription, consumed_ms: int, closed_ms: int,
                             analyzed: AnalyzedSegment) -> None:
         text = analyzed.redacted.text  # the analyzer redacts unless redaction is explicitly off
         produced = now_ms()
         last_frame_ms = leg.produced_at(end_ms) or consumed_ms
-        transcript = _transcript(call.call_id, leg, segment_id, start_ms, end_ms, text, r, True,
-                                 sum(analyzed.redacted.counts.values()), closed_ms, produced)
-        latency = LatencyMetric(
-            segment_id=segment_id, call_id=call.call_id, leg=leg.leg, is_final=True,  # type: ignore[arg-type]
-            frame_to_consume_ms=float(max(0, consumed_ms - last_frame_ms)),
-            batcher_wait_ms=r.batcher_wait_ms, batch_size=r.batch_size, inference_ms=r.inference_ms,
-            end_to_end_ms=float(max(0, produced - last_frame_ms)), worker_id=self.settings.worker_id,
-            measured_at_ms=produced,
-        )
+        transcript = transcript_message(call.call_id, leg, seg_id, start_ms, end_ms, text, r, True,
+                                        sum(analyzed.redacted.counts.values()), closed_ms, produced)
+        latency = latency_message(call.call_id, leg.leg, seg_id, r, consumed_ms, last_frame_ms, produced,
+                                  self.settings.worker_id)
         await self._publish(call, self.settings.topic_transcripts, call.call_id, transcript)
         await self._publish(call, self.settings.topic_latency, call.call_id, latency)
         for ev in analyzed.events:
             self.metrics.qa_alerts.labels(ev.rule).inc()
-            await self._publish(call, self.settings.topic_qa, call.call_id, QaAlert(
-                call.call_id, ev.rule, ev.category, ev.leg, ev.kind, ev.offset_ms, ev.text, ev.severity,
-            ))
-        await self.sink.write("segments", [_segment_row(transcript)])
-        await self.sink.write("latency", [_latency_row(latency)])
+            await self._publish(call, self.settings.topic_qa, call.call_id, qa_alert(call.call_id, ev))
+        await self.sink.write("segments", [segment_row(transcript)])
+        await self.sink.write("latency", [latency_row(latency)])
         call.segments_done += 1
+        call.unresolved.discard(seg_id)
         self.metrics.segments.labels("final").inc()
         self.metrics.final_delay.observe(latency.end_to_end_ms / 1000)
         self.metrics.batch_size.observe(r.batch_size)
 
     def _maybe_partial(self, call: CallState, leg: LegState) -> None:
         """Transcribe the open segment again once it has grown by the partial interval."""
-        segmenter = leg.front_end.segmenter
-        start = segmenter.open_segment_start_ms
-        audio = segmenter.open_segment_audio()
-        if start is None or audio is None or leg.partial_inflight:
-            return
-        length_ms = len(audio) // 16
-        grown = length_ms - (leg.partial_len_ms if leg.partial_start_ms == start else 0)
-        if grown < self.settings.partial_interval_ms:
-            return
-        leg.partial_start_ms, leg.partial_len_ms, leg.partial_inflight = start, length_ms, True
-        self._spawn(call, self._partial(call, leg, start, audio.copy()))
-
-    async def _partial(self, call: CallState, leg: LegState, start_ms: int, audio: np.ndarray) -> None:
-        try:
-            await self.budget.acquire(audio.nbytes)
-            try:
-                r = await self.transcriber.transcribe(audio)
-            finally:
-                await self.budget.release(audio.nbytes)
-        except Exception as exc:  # noqa: BLE001 - a partial is a preview: the final will be tried again
-            log.info("partial of %s/%s failed: %s", call.call_id, leg.leg, describe_error(exc))
-            return
-        finally:
-            leg.partial_inflight = False
-        # Closed meanwhile: its final is on its way and supersedes this partial.
-        if leg.front_end.segmenter.open_segment_start_ms != start_ms or r.is_silence or not r.text.strip():
-            return
-        assert call.analyzer is not None
-        end_ms = start_ms + len(audio) // 16
-        redacted = call.analyzer.redact_partial(
-            Segment(call.call_id, leg.leg, f"{call.call_id}/{leg.leg}/{start_ms:09d}", start_ms, end_ms,  # type: ignore[arg-type]
-                    r.text.strip()),
-            self._watermarks(call),
-        )
-        produced = now_ms()
-        partial = _transcript(call.call_id, leg, redacted.segment.segment_id, start_ms, end_ms, redacted.text, r,
-                              False, sum(redacted.counts.values()), 0, produced)
-        await self._publish(call, self.settings.topic_transcripts, call.call_id, partial)
-        await self.sink.write("segments", [_segment_row(partial)])
-        self.metrics.segments.labels("partial").inc()
-        captured = leg.produced_at(end_ms)
-        if captured:
-            self.metrics.partial_delay.observe(max(0, produced - captured) / 1000)
+        due = take_partial(leg, self.settings.partial_interval_ms)
+        if due is not None:
+            self._spawn(call, self.partials.transcribe(call, leg, *due))
 
     async def _finish(self, call: CallState, how: str) -> None:
         """Flush the legs, wait for the call's segments, then emit the call's QA and row."""
@@ -548,35 +623,27 @@ class CallProcessor:
         audio_ms = max((leg.frames_released * leg.frame_ms for leg in call.legs.values()), default=0)
         result = call.analyzer.finalize(audio_ms)
         start = call.start or call.end
-        qa = CallQA(
-            call_id=call.call_id, score_pct=result.score_pct, auto_failed=result.auto_failed,
-            metrics={k: float(v) for k, v in result.metrics.items()},
-            # An item whose metric the call lacks (passed None) is not applicable: it is not scored.
-            items=[QaItem(i.question, float(i.weight), bool(i.passed), i.rationale, bool(i.auto_fail))
-                   for i in result.items if i.passed is not None],
-            events=[_event_message(e) for e in result.events],
-            tenant=start.tenant if start else "", agent_id=start.agent_id if start else "",
-            scorecard=result.scorecard,
-        )
+        qa = call_qa_message(call.call_id, result, start)
         await self._publish(call, self.settings.topic_qa, call.call_id, qa)
-        ended = now_ms()
-        await self.sink.write("calls", [{
-            "call_id": call.call_id, "tenant": qa.tenant, "agent_id": qa.agent_id,
-            "queue": start.queue if start else "", "direction": start.direction if start else "inbound",
-            "legs": sorted(call.legs), "started_at": _dt(call.started_at_ms), "ended_at": _dt(ended),
-            "end_reason": how, "segments": call.segments_done, "audio_ms": audio_ms, "updated_at": _dt(ended),
-        }])
-        await self.sink.write("call_qa", [_call_qa_row(qa)])
+        await self.sink.write("calls", [call_row(call, qa, start, how, audio_ms, now_ms())])
+        await self.sink.write("call_qa", [call_qa_row(qa)])
         if result.events:
-            await self.sink.write("qa_events", [_qa_event_row(call.call_id, e) for e in result.events])
+            await self.sink.write("qa_events", [qa_event_row(call.call_id, e) for e in result.events])
         self.metrics.calls_finished.labels(how).inc()
+        if how == "timeout" and call.audio_tp is not None:
+            # Frames may still come (a hold longer than the timeout): keep what resuming the call needs.
+            call.closed_checkpoint = call_checkpoint(call, "closed", end_reason=how)
+            self.closed[call.call_id] = (call.audio_tp[1], call.closed_checkpoint)
+            while len(self.closed) > MAX_CLOSED_CALLS:
+                self.closed.popitem(last=False)
+        else:
+            self._remember_finished(call.call_id)
         call.legs.clear()  # audio buffers and VAD state are not needed while the call awaits release
         del self.calls[call.call_id]
-        self._remember_finished(call.call_id)
         self.awaiting_release.append(call)
 
     async def _publish(self, call: CallState, topic: str, key: str, message: Message) -> None:
-        call.deliveries.append(await self.output.publish(topic, key, message))
+        await publish(self.output, call, topic, key, message)
 
     def _remember_finished(self, call_id: str) -> None:
         self.finished[call_id] = None
@@ -584,89 +651,26 @@ class CallProcessor:
             self.finished.popitem(last=False)
 
 
-# ---- messages and rows ----------------------------------------------------------------------------
-def _transcript(call_id: str, leg: LegState, segment_id: str, start_ms: int, end_ms: int, text: str,
-                r: Transcription, is_final: bool, redactions: int, closed_ms: int, produced_ms: int) -> TranscriptSegment:
-    """The TranscriptSegment of a final or partial result (a partial has no closing time)."""
-    return TranscriptSegment(
-        segment_id=segment_id, call_id=call_id, leg=leg.leg,  # type: ignore[arg-type]
-        start_ms=start_ms, end_ms=end_ms, text=text, is_final=is_final, confidence=r.confidence,
-        avg_logprob=r.avg_logprob, no_speech_prob=r.no_speech_prob, model_name=r.model_name,
-        model_version=r.model_version, redactions=redactions,
-        first_frame_produced_at_ms=leg.produced_at(start_ms + 1), segment_closed_at_ms=closed_ms,
-        batch_size=r.batch_size, batcher_wait_ms=r.batcher_wait_ms, inference_ms=r.inference_ms,
-        produced_at_ms=produced_ms,
-    )
+# What each kind of call task does, for logs and callqa_task_failures_total{task}.
+TASK_KINDS = {
+    "CallProcessor._transcribe": "segment",
+    "CallProcessor._emit_released": "emit",
+    "CallProcessor._complete": "finish",
+    "PartialTranscripts.transcribe": "partial",
+}
+MAX_FAILURES_KEPT = 10  # reasons /health lists; the worker exits at the first anyway
 
 
-def _segment_id(call: CallState, leg: LegState, seg: SpeechSegment) -> str:
-    """Derived from call, leg and start: a replayed call gets the same ids (deduplicated downstream)."""
-    return f"{call.call_id}/{leg.leg}/{seg.start_ms:09d}"
+def task_kind(work: Coroutine[Any, Any, None]) -> str:
+    name: str = getattr(work, "__qualname__", "call")
+    return TASK_KINDS.get(name, name.rpartition(".")[2].lstrip("_"))
 
 
-def _dt(ms: int) -> datetime:
-    return datetime.fromtimestamp(ms / 1000, tz=UTC)
+def _dead_letter_holder(tp: TopicPartition, offset: int) -> str:
+    """The offset tracker's holder name of a message on its way to the dead-letter topic."""
+    return f"dead letter {tp[0]}[{tp[1]}]@{offset}"
 
 
-def _segment_row(t: TranscriptSegment) -> dict[str, Any]:
-    return {
-        "segment_id": t.segment_id, "call_id": t.call_id, "leg": t.leg, "start_ms": t.start_ms,
-        "end_ms": t.end_ms, "text": t.text, "confidence": t.confidence, "avg_logprob": t.avg_logprob,
-        "no_speech_prob": t.no_speech_prob, "is_final": int(t.is_final), "model_name": t.model_name,
-        "model_version": t.model_version, "redactions": t.redactions, "produced_at": _dt(t.produced_at_ms),
-    }
-
-
-def _latency_row(m: LatencyMetric) -> dict[str, Any]:
-    return {
-        "segment_id": m.segment_id, "call_id": m.call_id, "leg": m.leg, "batch_size": m.batch_size,
-        "batcher_wait_ms": m.batcher_wait_ms, "inference_ms": m.inference_ms,
-        "frame_to_consume_ms": m.frame_to_consume_ms, "end_to_end_ms": m.end_to_end_ms,
-        "worker_id": m.worker_id, "measured_at": _dt(m.measured_at_ms),
-    }
-
-
-def _call_qa_row(qa: CallQA) -> dict[str, Any]:
-    return {
-        "call_id": qa.call_id, "tenant": qa.tenant, "agent_id": qa.agent_id, "score_pct": qa.score_pct,
-        "auto_failed": int(qa.auto_failed), "metrics": qa.metrics,
-        "items.question": [i.question for i in qa.items], "items.weight": [i.weight for i in qa.items],
-        "items.passed": [int(i.passed) for i in qa.items], "items.rationale": [i.rationale for i in qa.items],
-        "computed_at": _dt(qa.computed_at_ms),
-    }
-
-
-def _qa_event_row(call_id: str, e: QaEvent) -> dict[str, Any]:
-    return {
-        "call_id": call_id, "rule": e.rule, "category": e.category, "leg": e.leg, "kind": e.kind,
-        "offset_ms": max(0, e.offset_ms), "text": e.text, "severity": e.severity, "detected_at": _dt(now_ms()),
-    }
-
-
-def _event_message(e: QaEvent) -> QaEventMessage:
-    return QaEventMessage(e.rule, e.category, e.leg, e.kind, e.offset_ms, e.text, e.severity)
-
-
-def _stats_tuple(leg: LegState) -> tuple[int, int, int]:
+def _stats_tuple(leg: LegState) -> tuple[int, int, int, int]:
     s = leg.reorder.stats
-    return s.duplicates, s.late, s.gaps_filled
-
-
-def _bytes_per_ms(frame: AudioFrame) -> float:
-    per_sample = 2 if frame.encoding == "pcm16" else 1
-    return frame.sample_rate * per_sample / 1000
-
-
-def describe_error(exc: BaseException, limit: int = 200) -> str:
-    """``Type: message`` on one bounded line, for dead letters and logs (never a traceback's worth)."""
-    text = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {text[:limit]}" if text else type(exc).__name__
-
-
-def _key_text(key: bytes | None) -> str:
-    """The call ID a message key names (keys are call IDs), bounded: a garbage key stays a short one."""
-    return key.decode("utf-8", errors="replace")[:128] if key else ""
-
-
-def _pcm16(audio: np.ndarray) -> bytes:
-    return (np.clip(audio, -1.0, 1.0) * 32767).astype("<i2").tobytes()
+    return s.duplicates, s.late, s.gaps_filled, leg.before_checkpoint

@@ -29,6 +29,9 @@ class LegState:
     partial_start_ms: int | None = None
     partial_len_ms: int = 0
     partial_inflight: bool = False
+    # Resumed from a checkpoint: frames before this seq are in it (replayed input, skipped and counted).
+    resumed_from_seq: int = 0
+    before_checkpoint: int = 0
 
     @classmethod
     def open(cls, call_id: str, leg: str, front_end: LegFrontEnd, frame_ms: int, max_segment_ms: int,
@@ -49,6 +52,9 @@ class LegState:
         The samples still have to go through the leg's segmenter: the processor does that for many
         legs at once (one VAD run for all of them).
         """
+        if seq < self.resumed_from_seq:
+            self.before_checkpoint += 1
+            return None
         self.produced_at_ms[seq] = produced_at_ms
         if seq % 256 == 0:  # keep only what the longest possible segment can still reach
             keep_from = seq - self.keep_frames

@@ -14,10 +14,12 @@ from pipeline.contracts.serde import ContractError
 # "Dropped frames" / "Dead letters" panels stay empty until a second one: Prometheus's advice is to
 # initialise the label values you know. Reasons: pipeline/worker/calls.py; a dead letter's reason is
 # its exception's class, ContractError for any message that does not decode.
-FRAME_DROP_REASONS = ("duplicate", "late", "after_call_end")
+FRAME_DROP_REASONS = ("duplicate", "late", "after_call_end", "before_checkpoint")
 DEAD_LETTER_REASONS = (ContractError.__name__,)
 # Why a hot reload was refused: pipeline/worker/transcriber.py refusal_reason().
 MODEL_REFUSAL_REASONS = ("version", "format", "integrity", "signature", "canary")
+# Kinds of call task (pipeline/worker/calls.py TASK_KINDS).
+TASK_KINDS = ("segment", "emit", "finish", "partial")
 
 # Delays of a few tens of ms up to tens of seconds (a backlog after an overload).
 DELAY_BUCKETS = (0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0)
@@ -70,14 +72,40 @@ class WorkerMetrics:
         self.store_buffered_rows = Gauge("callqa_store_buffered_rows", "Rows waiting for ClickHouse.", registry=r)
         self.store_retries = Gauge("callqa_store_retries", "ClickHouse insert retries so far.", registry=r)
         self.commits = Counter("callqa_offset_commits_total", "Input offset commits.", registry=r)
+        # Scale-out and bounded replay (pipeline/worker/checkpoints.py).
+        self.leg_audio_seconds = Counter(
+            "callqa_leg_audio_seconds_total", "Audio fed to the legs' segmenters (s), all legs.", registry=r,
+        )
+        self.checkpoints = Counter(
+            "callqa_checkpoints_total", "Call checkpoints made durable, by status.", ["status"], registry=r,
+        )
+        self.calls_resumed = Counter(
+            "callqa_calls_resumed_total", "Calls restored from a checkpoint (after a crash or a rebalance).", registry=r,
+        )
+        self.calls_reopened = Counter(
+            "callqa_calls_reopened_total", "Calls that got frames after an inactivity close and went on.", registry=r,
+        )
+        self.calls_dropped = Counter(
+            "callqa_calls_dropped_on_revoke_total",
+            "Open calls handed over on a rebalance (their new owner resumes them).", registry=r,
+        )
+        self.rebalances = Counter("callqa_rebalances_total", "Partition assignments received.", registry=r)
         self.model_version = Gauge("callqa_model_version", "Version of the model new segments use.", registry=r)
         self.model_reloads_refused = Counter(
             "callqa_model_reloads_refused_total",
             "Model versions refused for hot reload (the running one kept serving), by reason.", ["reason"], registry=r,
         )
+        self.task_failures = Counter(
+            "callqa_task_failures_total", "Call tasks that raised (a bug, not bad input), by task; the call fails.",
+            ["task"], registry=r,
+        )
+        for task in TASK_KINDS:
+            self.task_failures.labels(task)
         for reason in FRAME_DROP_REASONS:
             self.frames_dropped.labels(reason)
         for reason in DEAD_LETTER_REASONS:
             self.dead_letters.labels(reason)
         for reason in MODEL_REFUSAL_REASONS:
             self.model_reloads_refused.labels(reason)
+        for status in ("open", "closed", "finished"):
+            self.checkpoints.labels(status)

@@ -10,15 +10,15 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.asr.batcher import ModelVersionError, SegmentBatcher
+from pipeline.asr.batcher import BatcherDeadError, ModelVersionError, SegmentBatcher
 from pipeline.asr.canary import ModelCanaryError
 from pipeline.asr.engine import Engine
 from pipeline.asr.manifest import MANIFEST_FILE, ModelFormatError, ModelIntegrityError, model_versions
 from pipeline.asr.results import AudioSegment
 from pipeline.asr.signing import SIGNATURE_FILE, ModelSignatureError
 from pipeline.config import Settings
-from pipeline.worker.calls import Transcription
 from pipeline.worker.metrics import WorkerMetrics
+from pipeline.worker.ports import TranscriberDeadError, Transcription
 
 log = logging.getLogger("callqa.worker")
 
@@ -38,13 +38,21 @@ class BatcherTranscriber:
     async def start(self) -> None:
         await self.batcher.start()
 
+    @property
+    def error(self) -> BaseException | None:
+        """Why the shared batcher's collector died (see ``SegmentBatcher.error``), or None."""
+        return self.batcher.error
+
     async def close(self) -> None:
         await self.batcher.close()
 
     async def transcribe(self, audio_16k: np.ndarray) -> Transcription:
         self.metrics.batcher_queue_depth.set(self.batcher.queued)
         n_ms = len(audio_16k) // 16
-        r = await self.batcher.submit(AudioSegment(0, n_ms, audio_16k))
+        try:
+            r = await self.batcher.submit(AudioSegment(0, n_ms, audio_16k))
+        except BatcherDeadError as exc:
+            raise TranscriberDeadError(str(exc)) from exc
         self.metrics.inference_seconds.observe(r.timings.inference_ms / 1000)
         return Transcription(
             text=r.text, avg_logprob=r.avg_logprob, no_speech_prob=r.no_speech_prob, confidence=r.confidence,

@@ -24,7 +24,7 @@ from pipeline.contracts import (
     Serde,
     TranscriptSegment,
 )
-from pipeline.contracts.messages import ALL_MESSAGES
+from pipeline.contracts.messages import ALL_MESSAGES, CallCheckpoint, CheckpointSegment, LegCheckpoint
 from pipeline.contracts.registry import FileSchemaRegistry
 from pipeline.contracts.serde import SCHEMAS_DIR, load_schema_files
 
@@ -43,6 +43,11 @@ EXAMPLES = [
                call_id="c1", raw_kind="message"),
     DeadLetter("callqa.audio-frames", 3, -1, "segment c1/agent/000000140: inference failed", call_id="c1",
                leg="agent", segment_id="c1/agent/000000140", start_ms=140, end_ms=2300),
+    CallCheckpoint("c1", "open", taken_at_ms=5, resume_offset=812, has_start=True, tenant="t", agent_id="a7",
+                   segments_done=1, segments=[CheckpointSegment("c1/agent/000000140", "agent", 140, 2300, "hello")],
+                   legs=[LegCheckpoint("agent", 8000, "mulaw", 20, 120, 120, 19200, 37800, b"\x00" * 8, b"\x00" * 1024,
+                                       b"\x00" * 256, b"", 75, 36000, 1, 33000, b"\x00" * 64)]),
+    CallCheckpoint("c2", "finished"),
 ]
 
 

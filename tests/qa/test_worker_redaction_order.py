@@ -23,7 +23,8 @@ from pipeline.audio.resample import resample
 from pipeline.config import Settings
 from pipeline.contracts.messages import AudioFrame, CallEvent, Message, TranscriptSegment
 from pipeline.qa.call import QaConfig
-from pipeline.worker.calls import CallProcessor, Transcription
+from pipeline.worker.calls import CallProcessor
+from pipeline.worker.ports import Transcription
 
 pytestmark = pytest.mark.skipif(shutil.which("text2wave") is None, reason="festival is missing")
 

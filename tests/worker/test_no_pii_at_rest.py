@@ -18,7 +18,7 @@ import pytest
 from pipeline.broker.producer import ContractProducer
 from pipeline.contracts import DeadLetter, Serde, TranscriptSegment
 from pipeline.ingest.replay import CallRecording, ReplayOptions, TelephonyReplay, load_recording
-from pipeline.worker.calls import DEBUG_RAW_MAX_BYTES
+from pipeline.worker.dead_letters import DEBUG_RAW_MAX_BYTES
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 

@@ -1,0 +1,50 @@
+"""Stream time, and the decision to close a call: judged in stream time, so a backlog does not close
+calls early (after a backlog the worker reads old audio fast, and a wall clock would close calls whose
+frames are merely queued behind other calls' frames)."""
+
+from __future__ import annotations
+
+from pipeline.worker.offsets import TopicPartition
+from pipeline.worker.state import CallState
+
+
+class StreamClock:
+    """Stream time per audio partition: the newest producer timestamp consumed from it."""
+
+    def __init__(self) -> None:
+        self._produced: dict[TopicPartition, int] = {}
+
+    def advance(self, tp: TopicPartition, produced_at_ms: int) -> None:
+        self._produced[tp] = max(self._produced.get(tp, 0), produced_at_ms)
+
+    def now(self, tp: TopicPartition) -> int:
+        return self._produced.get(tp, 0)
+
+    def forget(self, tps: set[TopicPartition]) -> None:
+        """Partitions no longer assigned: their stream time starts afresh if they come back."""
+        for tp in tps:
+            self._produced.pop(tp, None)
+
+
+def close_reason(call: CallState, lag: int, partition_now_ms: int, wall_ms: int, timeout_ms: float,
+                 grace_ms: int) -> str | None:
+    """How the call should be closed now ("end", "abort", "timeout"), or None to keep it open.
+
+    ``lag``: messages not yet consumed on the call's audio partition (-1 unknown); ``partition_now_ms``:
+    that partition's stream time (``StreamClock.now``).
+    """
+    caught_up = lag == 0
+    # Caught up, the wall clock is stream time; behind, the partition's newest producer time is.
+    stream_now = wall_ms if caught_up else partition_now_ms
+    if call.end is not None and (
+        (caught_up and wall_ms - call.end_consumed_ms >= grace_ms)
+        or stream_now >= call.end.at_ms + grace_ms  # frames sent after the end event were read
+    ):
+        return call.end.event_type
+    last = call.last_frame_produced_ms or call.opened_at_ms
+    if stream_now - last >= timeout_ms:
+        return "timeout"
+    # Last resort for a partition whose position is unknown: a call cannot stay open forever.
+    if wall_ms - call.last_activity_ms >= 10 * timeout_ms:
+        return "timeout"
+    return None

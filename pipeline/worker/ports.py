@@ -1,0 +1,41 @@
+"""The call processor's ports: where messages go and who transcribes segments (fakes in unit tests)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from pipeline.contracts.messages import Message
+
+
+class OutputPort(Protocol):
+    """Where contract messages go (Kafka in the worker). Returns an awaitable that resolves on delivery."""
+
+    async def publish(self, topic: str, key: str, message: Message) -> Awaitable[Any]: ...
+
+
+@dataclass(frozen=True)
+class Transcription:
+    text: str
+    avg_logprob: float
+    no_speech_prob: float
+    confidence: float
+    model_name: str
+    model_version: int
+    batch_size: int
+    batcher_wait_ms: float
+    inference_ms: float
+    is_silence: bool = False  # Whisper's no-speech verdict: no transcript is emitted
+
+
+class TranscriberDeadError(RuntimeError):
+    """The transcriber cannot transcribe anything any more (its batcher died): no segment's fault."""
+
+
+class SegmentTranscriber(Protocol):
+    """The shared micro-batcher, seen from the worker: waits (back-pressure) when its queue is full."""
+
+    async def transcribe(self, audio_16k: np.ndarray) -> Transcription: ...

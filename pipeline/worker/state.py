@@ -1,0 +1,91 @@
+"""What the worker keeps per call: its events, legs, analyzer, pending tasks and undelivered outputs."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeline.contracts.messages import CallEvent, Message, now_ms
+from pipeline.qa.call import CallAnalyzer
+from pipeline.worker.legs import LegState
+from pipeline.worker.offsets import TopicPartition
+from pipeline.worker.ports import OutputPort, Transcription
+
+# A decoded segment the analyzer holds until earlier ones are known: what publishing it needs.
+# (leg, start ms, end ms, result, consumed ms, closed ms): no audio, which is not needed any more.
+DecodedSegment = tuple[LegState, int, int, Transcription, int, int]
+
+
+@dataclass
+class CallState:
+    call_id: str
+    start: CallEvent | None = None
+    end: CallEvent | None = None
+    legs: dict[str, LegState] = field(default_factory=dict)
+    analyzer: CallAnalyzer | None = None
+    pending: set[asyncio.Task[None]] = field(default_factory=set)
+    deliveries: list[Awaitable[Any]] = field(default_factory=list)
+    segments_done: int = 0
+    audio_tp: TopicPartition | None = None
+    decoded: dict[str, DecodedSegment] = field(default_factory=dict)
+    last_frame_produced_ms: int = 0  # producer time of the newest frame seen (stream time)
+    last_activity_ms: int = field(default_factory=now_ms)  # wall time of the last frame or event
+    opened_at_ms: int = field(default_factory=now_ms)
+    end_consumed_ms: int = 0
+    started_at_ms: int = field(default_factory=now_ms)
+    finishing: bool = False
+    # A task of the call's failed (a bug, not bad input): its outputs may be incomplete, so it is never
+    # released and its offsets are never committed; the worker reports itself unhealthy and exits.
+    failed: bool = False
+    # Checkpoints (pipeline/worker/checkpoints.py): the ids of the call's segments in the order they
+    # were announced, those not yet emitted or skipped, and the snapshot waiting for them.
+    announced: list[str] = field(default_factory=list)
+    unresolved: set[str] = field(default_factory=set)
+    snapshot: Any = None  # PendingSnapshot | None (checkpoints.py imports this module)
+    snapshot_audio_ms: int = 0  # the call's audio position at its last snapshot
+    closed_checkpoint: Any = None  # CallCheckpoint of a call closed for inactivity (it may be reopened)
+
+    def frames_complete(self) -> bool:
+        """The end event came and every leg has received (or holds) the frames it announced."""
+        if self.end is None:
+            return False
+        counts = self.end.frame_counts
+        return all(
+            leg in self.legs and self.legs[leg].frames_released + self.legs[leg].reorder.held >= n
+            for leg, n in counts.items()
+        )
+
+
+SILENT_LEG_ALLOWANCE_MS = 2000
+
+
+def segment_id(call_id: str, leg: str, start_ms: int) -> str:
+    """Derived from call, leg and start: a replayed call gets the same ids (deduplicated downstream)."""
+    return f"{call_id}/{leg}/{start_ms:09d}"
+
+
+def watermarks(call: CallState, pre_roll_ms: int) -> dict[str, int]:
+    """Per leg, the time before which all its segments have been submitted: the open segment's start,
+    else what the VAD has heard less its pre-roll (a segment may start that far back)."""
+    marks: dict[str, int] = {}
+    heard: dict[str, int] = {}
+    for name, leg in call.legs.items():
+        segmenter = leg.front_end.segmenter
+        open_start = segmenter.open_segment_start_ms
+        heard[name] = segmenter.samples_received // 16
+        marks[name] = heard[name] - pre_roll_ms - 100 if open_start is None else open_start
+    # A leg that sends nothing (silence suppression, a muted side) would hold the other leg's finals
+    # until its frames resume; its gap is silence, so between segments it trails the others by at most
+    # SILENT_LEG_ALLOWANCE_MS (frames late by more than that lose their ordering guarantee, not audio).
+    newest = max(heard.values(), default=0)
+    for name, leg in call.legs.items():
+        if leg.front_end.segmenter.open_segment_start_ms is None:
+            marks[name] = max(marks[name], newest - SILENT_LEG_ALLOWANCE_MS)
+    return marks
+
+
+async def publish(output: OutputPort, call: CallState, topic: str, key: str, message: Message) -> None:
+    """Publish one of the call's messages; its delivery is awaited before the call's offsets are released."""
+    call.deliveries.append(await output.publish(topic, key, message))

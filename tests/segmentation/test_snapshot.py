@@ -1,0 +1,83 @@
+"""A leg's audio path resumed from a snapshot goes on exactly as the uninterrupted one (call checkpoints)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline.asr.engine import LegFrontEnd
+from pipeline.audio import codecs
+from pipeline.audio.files import load_audio
+from pipeline.audio.resample import StreamResampler, resample
+from pipeline.config import Settings
+from pipeline.segmentation.segmenter import SpeechSegment
+
+CALLS_DIR = Path(__file__).resolve().parents[2] / "samples" / "calls"
+
+
+@pytest.fixture(scope="module")
+def mulaw_frames() -> list[bytes]:
+    """The agent leg of call_01 as a gateway sends it: 8 kHz mu-law, 20 ms frames."""
+    audio = load_audio(CALLS_DIR / "call_01.wav")
+    leg = codecs.encode(resample(audio.samples[0], audio.sample_rate, 8000), "mulaw")
+    return [leg[i:i + 160] for i in range(0, len(leg), 160)]
+
+
+def _spans(segments: list[SpeechSegment]) -> list[tuple[int, int]]:
+    return [(s.start_sample, s.end_sample) for s in segments]
+
+
+def test_resumed_front_end_closes_the_same_segments(mulaw_frames: list[bytes]) -> None:
+    settings = Settings()
+    whole = LegFrontEnd(8000, "mulaw", settings)
+    reference = [s for f in mulaw_frames for s in whole.accept(f)] + whole.finish()
+    assert len(reference) >= 3, "the recording should hold several segments"
+
+    first = LegFrontEnd(8000, "mulaw", settings)
+    before: list[SpeechSegment] = []
+    cut = None
+    for k, frame in enumerate(mulaw_frames):
+        before += first.accept(frame)
+        # Snapshot at the first quiet moment after the second segment closed.
+        if len(before) >= 2 and not first.segmenter.in_speech:
+            cut = k + 1
+            break
+    assert cut is not None
+    resumed = LegFrontEnd(8000, "mulaw", settings)
+    resumed.restore(*first.snapshot())
+    after = [s for f in mulaw_frames[cut:] for s in resumed.accept(f)] + resumed.finish()
+
+    assert _spans(before + after) == _spans(reference)
+    for got, want in zip(before + after, reference, strict=True):
+        assert got.index == want.index
+        np.testing.assert_allclose(got.audio, want.audio, atol=1e-5)
+
+
+def test_snapshot_refused_inside_a_segment(mulaw_frames: list[bytes]) -> None:
+    front_end = LegFrontEnd(8000, "mulaw", Settings())
+    for frame in mulaw_frames:
+        front_end.accept(frame)
+        if front_end.segmenter.in_speech:
+            break
+    with pytest.raises(RuntimeError, match="between segments"):
+        front_end.snapshot()
+
+
+@pytest.mark.parametrize("rate", [8000, 11025, 16000])
+def test_resampler_restored_matches_the_uninterrupted_stream(rate: int) -> None:
+    x = np.random.default_rng(rate).standard_normal(rate * 5).astype(np.float32) * 0.1
+    chunks = [x[i:i + rate // 50] for i in range(0, x.size, rate // 50)]
+    whole = StreamResampler(rate, 16000)
+    reference = np.concatenate([whole.process(c) for c in chunks] + [whole.flush()])
+    for cut in (1, 77, 160):
+        head = StreamResampler(rate, 16000)
+        out = [head.process(c) for c in chunks[:cut]]
+        tail = StreamResampler.restored(rate, 16000, head.snapshot())
+        out += [tail.process(c) for c in chunks[cut:]] + [tail.flush()]
+        got = np.concatenate(out)
+        assert got.size == reference.size
+        # soxr's filter on a shifted block grid: equal to float rounding, not bit for bit.
+        np.testing.assert_allclose(got, reference, atol=1e-6)
+        assert tail.samples_out == reference.size

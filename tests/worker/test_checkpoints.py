@@ -1,0 +1,209 @@
+"""Bounded replay without Kafka: a call resumed from its checkpoint by a second processor yields the
+segments (ids, times, text) of the uninterrupted run, and re-decodes only the audio after the checkpoint.
+
+Real audio (call_01, two legs), the real front end and the real ``CallProcessor``; the transcriber
+names each segment by its audio (deterministic), outputs and rows go to in-memory ports, and the
+checkpoint store is the in-memory one, shared by the "crashed" and the resuming processor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from pipeline.asr.engine import LegFrontEnd
+from pipeline.audio import codecs
+from pipeline.audio.files import load_audio
+from pipeline.audio.resample import resample
+from pipeline.config import Settings
+from pipeline.contracts.messages import AudioFrame, CallCheckpoint, CallEvent, Message, TranscriptSegment
+from pipeline.qa.call import QaConfig
+from pipeline.worker.calls import CallProcessor
+from pipeline.worker.checkpoints import MemoryCheckpointStore
+from pipeline.worker.ports import Transcription
+
+CALL = Path(__file__).resolve().parents[2] / "samples" / "calls" / "call_01.wav"
+AUDIO, EVENTS = ("audio", 0), ("events", 0)
+FRAME = 160  # 20 ms of mu-law at 8 kHz
+BATCH = 25  # frames per leg in one batch (the app takes up to 256 frames at once)
+
+
+class AudioNamedTranscriber:
+    """'len N sum S': a text that is the same for the same audio, whoever decodes it."""
+
+    def __init__(self) -> None:
+        self.decoded_s = 0.0
+
+    async def transcribe(self, audio_16k: np.ndarray) -> Transcription:
+        self.decoded_s += audio_16k.size / 16000
+        await asyncio.sleep(0)
+        return Transcription(f"len {audio_16k.size} sum {float(np.abs(audio_16k).sum()):.0f}", -0.1, 0.0, 0.9,
+                             "fake", 1, 1, 0.0, 0.0)
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.messages: list[Message] = []
+        self.rows: list[tuple[str, Any]] = []
+
+    async def publish(self, topic: str, key: str, message: Message) -> Any:
+        self.messages.append(message)
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        return done
+
+    async def write(self, table: str, rows: Any) -> None:
+        self.rows += [(table, r) for r in rows]
+
+    async def flush(self) -> None:
+        return None
+
+    def finals(self) -> dict[str, tuple[int, int, str]]:
+        return {m.segment_id: (m.start_ms, m.end_ms, m.text) for m in self.messages
+                if isinstance(m, TranscriptSegment) and m.is_final}
+
+
+@pytest.fixture(scope="module")
+def legs() -> dict[str, bytes]:
+    audio = load_audio(CALL)
+    return {leg: codecs.encode(resample(audio.samples[i], audio.sample_rate, 8000), "mulaw")
+            for i, leg in enumerate(("agent", "customer"))}
+
+
+def _processor(store: MemoryCheckpointStore, settings: Settings) -> tuple[CallProcessor, AudioNamedTranscriber,
+                                                                           Recorder]:
+    transcriber, recorder = AudioNamedTranscriber(), Recorder()
+    processor = CallProcessor(settings, transcriber, recorder, recorder,  # type: ignore[arg-type]
+                              lambda rate, enc: LegFrontEnd(rate, enc, settings), QaConfig.from_settings(settings),
+                              checkpoints=store)  # fmt: skip
+    return processor, transcriber, recorder
+
+
+def _batches(legs: dict[str, bytes]) -> list[list[tuple[tuple[str, int], int, AudioFrame]]]:
+    """Both legs' frames interleaved, offsets 1.. (offset 0 is nothing: the start event is on EVENTS)."""
+    n = len(legs["agent"]) // FRAME
+    frames = [(AUDIO, 2 * seq + i + 1, AudioFrame("c1", leg, seq, seq * 20, 8000, "mulaw",  # type: ignore[arg-type]
+                                                  legs[leg][seq * FRAME:(seq + 1) * FRAME]))
+              for seq in range(n) for i, leg in enumerate(("agent", "customer"))]
+    return [frames[i:i + 2 * BATCH] for i in range(0, len(frames), 2 * BATCH)]
+
+
+async def _settle(processor: CallProcessor) -> None:
+    for _ in range(50):
+        await asyncio.sleep(0)
+    while any(c.pending for c in [*processor.calls.values(), *processor.awaiting_release]):
+        await asyncio.sleep(0.01)
+
+
+async def _commit(processor: CallProcessor) -> dict[tuple[str, int], int]:
+    offsets = await processor.make_durable()
+    processor.offsets.committed(offsets)
+    return offsets
+
+
+async def _finish(processor: CallProcessor, n: int) -> None:
+    await processor.on_event(EVENTS, 1, CallEvent("c1", "end", frame_counts={"agent": n, "customer": n}))
+    await _settle(processor)
+    await _commit(processor)
+
+
+async def test_resumed_call_matches_the_uninterrupted_one(legs: dict[str, bytes]) -> None:
+    settings = Settings(commit_interval_s=1.0, topic_audio=AUDIO[0], topic_call_events=EVENTS[0])
+    n = len(legs["agent"]) // FRAME
+    batches = _batches(legs)
+
+    reference, _, ref_out = _processor(MemoryCheckpointStore(), settings)
+    await reference.on_event(EVENTS, 0, CallEvent("c1", "start", legs=["agent", "customer"], tenant="acme"))
+    for batch in batches:
+        await reference.on_frames(batch)
+        await _settle(reference)
+    await _finish(reference, n)
+    want = ref_out.finals()
+    assert len(want) >= 4
+
+    # The first owner: commits every 50 frames per leg (1 s of audio), "crashes" at 70 % of the call.
+    store = MemoryCheckpointStore()
+    first, _, first_out = _processor(store, settings)
+    await first.on_event(EVENTS, 0, CallEvent("c1", "start", legs=["agent", "customer"], tenant="acme"))
+    crash_at = int(len(batches) * 0.7)
+    committed: dict[tuple[str, int], int] = {}
+    for k, batch in enumerate(batches[:crash_at]):
+        await first.on_frames(batch)
+        await _settle(first)
+        if k % 2 == 1:
+            committed.update(await _commit(first))
+    checkpoint = store.partitions[0]["c1"]
+    assert checkpoint.status == "open" and checkpoint.legs and checkpoint.tenant == "acme"
+    assert committed[AUDIO] > 1, "offsets advanced past the call's first frame while it was open"
+    assert committed[EVENTS] == 1, "the start event is in the checkpoint, so it was committed past"
+
+    # The next owner reads from the committed offsets: the checkpoint covers what is before them.
+    second, transcriber, second_out = _processor(store, settings)
+    replay = [[f for f in batch if f[1] >= committed[AUDIO]] for batch in batches]
+    for batch in [b for b in replay if b]:
+        await second.on_frames(batch)
+        await _settle(second)
+    await _finish(second, n)
+    assert second.metrics.calls_resumed._value.get() == 1
+
+    got = {**first_out.finals(), **second_out.finals()}
+    assert got == want, "same segment ids, times and texts as the uninterrupted run"
+    # Re-decoded audio: what both decoded, less the call's speech: at most the open segments at the
+    # checkpoint plus a commit interval (here 2 batches = 1 s per leg) and the checkpoint spacing.
+    overlap = set(first_out.finals()) & set(second_out.finals())
+    redecoded_s = sum((want[s][1] - want[s][0]) / 1000 for s in overlap)
+    bound_s = 2 * (settings.max_segment_ms + 1000 * settings.commit_interval_s + settings.checkpoint_interval_ms) / 1000
+    assert redecoded_s <= bound_s, f"{redecoded_s:.1f} s of speech decoded twice (bound {bound_s:.1f} s)"
+    assert transcriber.decoded_s < sum((e - s) / 1000 for s, e, _ in want.values())
+
+    # The call row of the resumed owner counts every segment of the call, and QA saw all of them.
+    calls = [r for t, r in second_out.rows if t == "calls"]
+    assert calls and calls[-1]["segments"] == len(want)
+    assert store.partitions[0]["c1"].status == "finished"
+    # Once the commit has passed all of the call's input, no replay can reach it: the record goes.
+    await _commit(second)
+    assert "c1" not in store.partitions[0]
+
+
+async def test_finished_record_drops_a_replayed_tail(legs: dict[str, bytes]) -> None:
+    settings = Settings(topic_audio=AUDIO[0], topic_call_events=EVENTS[0])
+    store = MemoryCheckpointStore()
+    store.partitions[0] = {"c1": CallCheckpoint("c1", "finished")}
+    processor, transcriber, out = _processor(store, settings)
+    for batch in _batches(legs)[:4]:
+        await processor.on_frames(batch)
+    await _settle(processor)
+    assert transcriber.decoded_s == 0 and not out.messages and not processor.calls
+    assert processor.metrics.frames_dropped.labels("after_call_end")._value.get() == 8 * BATCH
+
+
+async def test_revoked_partition_forgets_its_calls_and_offsets(legs: dict[str, bytes]) -> None:
+    settings = Settings(topic_audio=AUDIO[0], topic_call_events=EVENTS[0])
+    processor, _, _ = _processor(MemoryCheckpointStore(), settings)
+    processor.on_assigned({AUDIO, EVENTS})
+    for batch in _batches(legs)[:6]:
+        await processor.on_frames(batch)
+    assert "c1" in processor.calls
+    processor.on_revoked({AUDIO, EVENTS})
+    assert not processor.calls and processor.offsets.partitions() == []
+    assert await processor.make_durable() == {}
+    # Input of a partition no longer owned (a batch taken before the revocation) is ignored.
+    await processor.on_frames(_batches(legs)[6])
+    assert not processor.calls and processor.offsets.partitions() == []
+
+
+async def test_two_agents_opening_the_same_call_at_once_share_one_state() -> None:
+    class SlowStore(MemoryCheckpointStore):
+        async def load(self, partition: int) -> dict[str, CallCheckpoint]:
+            await asyncio.sleep(0.01)  # both agents wait here for the partition's checkpoints
+            return await super().load(partition)
+
+    settings = Settings()
+    processor, _, _ = _processor(SlowStore(), settings)
+    a, b = await asyncio.gather(processor._call_for("c1", AUDIO), processor._call_for("c1", EVENTS))
+    assert a is not None and a is b
+    assert processor.calls == {"c1": a}
