@@ -442,7 +442,7 @@ def operations() -> Json:
         panel(
             "Worker memory",
             "timeseries",
-            [prom_target('process_resident_memory_bytes{job="callqa-worker"}', "{{instance}}")],
+            [prom_target('process_resident_memory_bytes{job="callqa-worker"}', "{{instance}} {{replica}}")],
             (0, 32, 12, 8),
             "bytes",
         ),

@@ -31,6 +31,11 @@ class WorkerSettings(BaseModel):
     reorder_window_frames: int = Field(
         10, description="Frames held per leg to put reordered frames back in order before a gap is filled with silence.",
     )
+    # faust's default is 60 s: after a crash, the crashed worker's calls would wait a minute for a new owner.
+    # Heartbeats come from the consumer's own thread, so a busy event loop does not lose the group.
+    kafka_session_timeout_s: float = Field(
+        15.0, gt=3, description="A worker silent this long (crashed, killed) loses its partitions to the others (s).",
+    )
     commit_interval_s: float = Field(
         2.0, description="How often finished calls are made durable and input offsets committed (s).",
     )

@@ -9,6 +9,7 @@ that was started gets an ``abort`` event, so no consumer waits forever for an en
 from __future__ import annotations
 
 import heapq
+import threading
 import time
 import uuid
 import zlib
@@ -118,12 +119,28 @@ class TelephonyReplay:
         recordings: list[CallRecording],
         options: ReplayOptions,
         on_frames: Callable[[int], None] | None = None,
+        *,
+        call_ids: list[str] | None = None,
+        live_from_s: float | None = None,
+        on_live: Callable[[float], None] | None = None,
+        stop: threading.Event | None = None,
     ) -> ReplayReport:
+        """Send the calls; returns what was sent.
+
+        Pacing: ``options.realtime`` sends every frame when its audio has happened; ``live_from_s``
+        sends the calls' first ``live_from_s`` seconds as fast as possible (a backlog), then the rest in
+        real time, calling ``on_live`` with the monotonic time the real-time part began. ``call_ids``
+        names the calls (one per call; default: prefix, a run id and a number); ``stop`` aborts the
+        replay (RuntimeError), and every call started gets its abort event.
+        """
         n_calls = options.calls or len(recordings)
         run_id = uuid.uuid4().hex[:6]
-        calls = [
-            (f"{options.call_id_prefix}-{run_id}-{i:04d}", recordings[i % len(recordings)]) for i in range(n_calls)
-        ]
+        ids = call_ids or [f"{options.call_id_prefix}-{run_id}-{i:04d}" for i in range(n_calls)]
+        if len(ids) != n_calls:
+            raise ValueError(f"{len(ids)} call ids for {n_calls} calls")
+        calls = [(ids[i], recordings[i % len(recordings)]) for i in range(n_calls)]
+        live_from = 0.0 if options.realtime else (float("inf") if live_from_s is None else live_from_s)
+        live_at: float | None = None
         report = ReplayReport(call_ids=[c for c, _ in calls])
         open_calls: set[str] = set()
         began = time.monotonic()
@@ -138,9 +155,17 @@ class TelephonyReplay:
             heapq.heapify(queue)
             while queue:
                 item = heapq.heappop(queue)
-                if options.realtime:
-                    wait = began + item.at_s - time.monotonic()
-                    if wait > 0:
+                if item.at_s >= live_from:
+                    if live_at is None:
+                        self.producer.flush()  # the backlog is on the broker before the live part begins
+                        live_at = time.monotonic()
+                        if on_live is not None:
+                            on_live(live_at)
+                    wait = max(0.0, live_at + item.at_s - live_from - time.monotonic())
+                    if stop is not None:
+                        if stop.wait(wait):
+                            raise RuntimeError("replay stopped")
+                    elif wait > 0:
                         time.sleep(wait)
                 item.send()
                 report.frames_sent += item.frames

@@ -43,6 +43,10 @@ from pipeline.worker.transcriber import BatcherTranscriber
 
 log = logging.getLogger("callqa.worker")
 
+# On a rebalance, how long calls already ending on revoked partitions may take to finish here (their
+# last segments are decoding): the group waits for this, so it stays well under the session timeout.
+HANDOVER_SETTLE_S = 5.0
+
 
 class FaustOutput:
     """Produces contract messages with faust's producer; returns the delivery future."""
@@ -81,6 +85,7 @@ def build_worker(settings: Settings) -> Worker:
         web_bind=settings.web_host,
         stream_buffer_maxsize=settings.stream_buffer_maxsize,
         broker_max_poll_records=settings.max_poll_records,
+        broker_session_timeout=settings.kafka_session_timeout_s,
         consumer_auto_offset_reset="earliest",
         topic_replication_factor=settings.replication_factor,
         producer_acks=-1,
@@ -217,6 +222,7 @@ def build_worker(settings: Settings) -> Worker:
         if not ours:
             return
         try:
+            await processor.settle_ending(ours, HANDOVER_SETTLE_S)
             await commit_now()
         except Exception as exc:  # noqa: BLE001 - the new owner replays from the last commit instead
             log.warning("commit before handing over %d partitions failed: %s", len(ours), describe_error(exc))

@@ -39,11 +39,13 @@ from pipeline.worker.budget import InflightBudget
 from pipeline.worker.checkpoints import (
     CheckpointStore,
     MemoryCheckpointStore,
-    audio_position_ms,
     call_checkpoint,
-    is_quiet,
+    checkpoint_written,
+    due_checkpoint,
+    leg_is_quiet,
+    leg_position_ms,
     restore_call,
-    take_snapshot,
+    take_leg_snapshot,
 )
 from pipeline.worker.clock import StreamClock, close_reason
 from pipeline.worker.dead_letters import (
@@ -210,7 +212,7 @@ class CallProcessor:
             call.start = event
             call.started_at_ms = event.at_ms
             return
-        call.end = event
+        call.end, call.end_offset = event, offset
         call.end_consumed_ms = now_ms()
         if event.event_type == "abort" or call.frames_complete():
             await self._finish(call, event.event_type)
@@ -281,26 +283,31 @@ class CallProcessor:
                 return {}
             await self._forget_committed()
             ready = [c for c in self.awaiting_release if not c.pending and not c.failed]
-            due = [c for c in self.calls.values()
-                   if c.snapshot is not None and not c.finishing and not c.failed and c.snapshot.resolved(c)]
+            due = [(c, legs) for c in self.calls.values() if not c.finishing and not c.failed
+                   if (legs := due_checkpoint(c)) is not None]
             if not ready and not due:
                 return self.offsets.committable()
             delivered: list[Awaitable[Any]] = []
-            for call in ready + due:
+            for call in ready + [c for c, _ in due]:
                 delivered, call.deliveries = delivered + call.deliveries, []
             await asyncio.gather(*delivered)
             await self.sink.flush()
-            saved = [await self._save(c, call_checkpoint(c, "open", c.snapshot)) for c in due]
+            saved = [await self._save(c, call_checkpoint(c, "open", legs)) for c, legs in due]
             saved += [await self._save(c, c.closed_checkpoint or call_checkpoint(c, "finished")) for c in ready]
             await asyncio.gather(*saved)
-            for call in due:
-                if self.calls.get(call.call_id) is not call or call.snapshot is None:
-                    continue  # handed over in a rebalance meanwhile: its new owner holds what it needs
+            for call, legs in due:
+                if self.calls.get(call.call_id) is not call:
+                    continue  # ended or handed over meanwhile: its later record or new owner takes over
                 assert call.audio_tp is not None
-                self.offsets.hold_from(call.audio_tp, call.call_id, call.snapshot.resume_offset)
-                # The start event is in the checkpoint; a later end event holds its offset again.
-                self.offsets.release_on((self.settings.topic_call_events, call.audio_tp[1]), call.call_id)
-                call.snapshot = None
+                self.offsets.hold_from(call.audio_tp, call.call_id, min(s.resume_offset for s in legs.values()))
+                # The start event is in the checkpoint; an end event already read is not: its offset stays
+                # held (one read later holds its offset again).
+                events_tp = (self.settings.topic_call_events, call.audio_tp[1])
+                if call.end is None:
+                    self.offsets.release_on(events_tp, call.call_id)
+                else:
+                    self.offsets.hold_from(events_tp, call.call_id, call.end_offset)
+                checkpoint_written(call, legs)
                 self.metrics.checkpoints.labels("open").inc()
             for call in ready:
                 if call in self.awaiting_release:  # else handed over in a rebalance meanwhile
@@ -375,7 +382,6 @@ class CallProcessor:
     def _resume(self, checkpoint: CallCheckpoint) -> CallState:
         call = restore_call(checkpoint, self.qa_config, self.front_ends, self.settings.max_segment_ms,
                             self.settings.reorder_window_frames)
-        call.snapshot_audio_ms = audio_position_ms(call)
         if checkpoint.status == "closed":
             # Closed for inactivity, and frames still came: the call goes on, its QA is computed again.
             self.metrics.calls_reopened.inc()
@@ -402,6 +408,15 @@ class CallProcessor:
         for topic, partition in tps:
             if topic == self.settings.topic_audio and partition not in self._loading:
                 self._loading[partition] = asyncio.create_task(self._load_resume_points(partition))
+
+    async def settle_ending(self, tps: set[TopicPartition], timeout_s: float) -> None:
+        """Before ``tps`` are handed over: let calls already ending there finish (bounded), so they are
+        made durable and released here rather than finished a second time by the next owner."""
+        partitions = {p for _, p in tps}
+        ending = [t for c in [*self.calls.values(), *self.awaiting_release]
+                  if c.finishing and c.audio_tp is not None and c.audio_tp[1] in partitions for t in c.pending]
+        if ending:
+            await asyncio.wait(ending, timeout=timeout_s)
 
     def on_revoked(self, tps: set[TopicPartition]) -> None:
         """Partitions taken away: their calls stop here (their new owner resumes them from their
@@ -443,17 +458,18 @@ class CallProcessor:
             task.cancel()
 
     def _take_snapshots(self, calls: Iterable[CallState]) -> None:
-        """Snapshot calls at a quiet moment, at most one pending per call, spaced by the checkpoint interval."""
+        """Snapshot each leg at a quiet moment, spaced by the checkpoint interval of its audio."""
         for call in calls:
-            if call.finishing or call.snapshot is not None or call.audio_tp is None:
-                continue
-            if audio_position_ms(call) - call.snapshot_audio_ms < self.settings.checkpoint_interval_ms:
+            if call.finishing or call.audio_tp is None:
                 continue
             resume_offset = self.offsets.consumed_up_to(call.audio_tp)
-            if resume_offset is None or not is_quiet(call):
-                continue
-            call.snapshot = take_snapshot(call, resume_offset)
-            call.snapshot_audio_ms = call.snapshot.audio_ms
+            for leg in call.legs.values():
+                position = leg_position_ms(leg)
+                if (resume_offset is None or not leg_is_quiet(leg)
+                        or position - call.leg_snapshot_ms.get(leg.leg, 0) < self.settings.checkpoint_interval_ms):
+                    continue
+                call.leg_snapshots.setdefault(leg.leg, []).append(take_leg_snapshot(call, leg, resume_offset))
+                call.leg_snapshot_ms[leg.leg] = position
 
     def _leg(self, call: CallState, frame: AudioFrame) -> LegState:
         leg = call.legs.get(frame.leg)
@@ -487,7 +503,7 @@ class CallProcessor:
             assert call.analyzer is not None
             seg_id = segment_id(call.call_id, leg.leg, seg.start_ms)
             call.analyzer.expect(leg.leg, seg_id, seg.start_ms)
-            call.announced.append(seg_id)
+            call.announced.setdefault(leg.leg, []).append(seg_id)
             call.unresolved.add(seg_id)  # until emitted or skipped: a snapshot after it waits for it
 
     def _spawn(self, call: CallState, work: Coroutine[Any, Any, None]) -> None:

@@ -1,13 +1,15 @@
 """Call checkpoints: bounded replay after a crash or a rebalance.
 
 A call's input offsets used to be held from its first frame until the call ended, so one hour-long call
-meant an hour of its partition re-decoded by the next owner. Now, whenever every leg of a call is
-between segments (``is_quiet``), the worker takes a ``PendingSnapshot``: each leg's audio path state
-(jitter-buffer position, resampler input history, VAD state and pre-roll), and the segments announced
-so far. Once those segments are decoded, published and stored, the snapshot becomes a ``CallCheckpoint``
-on the compacted checkpoint topic, and the call's hold on its audio partition moves up to the first
-offset the checkpoint does not cover. A new owner restores the call from it (``restore_call``) and
-re-decodes at most the audio after it: one open segment per leg plus what a commit interval lets pass.
+meant an hour of its partition re-decoded by the next owner. Now, whenever a leg is between segments
+(``leg_is_quiet``), the worker takes a ``LegSnapshot`` of it: its audio path state (jitter-buffer
+position, resampler input history, VAD state and pre-roll) and how many of its segments were announced.
+Legs are snapshotted apart, because in a conversation one leg is often mid-segment while the other is
+quiet. Once a leg's segments before its snapshot are decoded, published and stored, the snapshot can go
+into a ``CallCheckpoint`` (every leg from its newest such snapshot) on the compacted checkpoint topic,
+and the call's hold on its audio partition moves up to the lowest offset those snapshots still need.
+A new owner restores the call from it (``restore_call``); each leg skips the frames its snapshot covers
+and re-decodes at most the audio after it: one open segment plus what a commit interval lets pass.
 
 Restored legs produce the same segments, with the same ids, as the uninterrupted run (float rounding
 aside: the resampler is rebuilt from its recent input), and the call's QA state is rebuilt from its
@@ -51,34 +53,58 @@ class CheckpointStore(Protocol):
 
 
 @dataclass(frozen=True)
-class PendingSnapshot:
-    """A call's state at a quiet moment, waiting for the segments before it to become durable."""
+class LegSnapshot:
+    """One leg's audio path at a quiet moment, waiting for that leg's segments before it to be durable."""
 
-    legs: list[LegCheckpoint]
-    announced: int  # how many of the call's segments had been announced (call.announced[:n])
+    state: LegCheckpoint
+    announced: int  # how many of the leg's segments had been announced (call.announced[leg][:n])
     resume_offset: int  # first audio offset of the partition not consumed when it was taken
-    audio_ms: int  # the call's audio position then (spacing snapshots in stream time)
+    audio_ms: int  # the leg's audio position then (spacing snapshots in stream time)
 
     def resolved(self, call: CallState) -> bool:
-        """Every segment announced before the snapshot is emitted or skipped."""
-        return not any(sid in call.unresolved for sid in call.announced[: self.announced])
+        """Every segment of the leg announced before the snapshot is emitted or skipped."""
+        return not any(sid in call.unresolved for sid in call.announced.get(self.state.leg, [])[: self.announced])
 
 
-def is_quiet(call: CallState) -> bool:
-    """Every leg between segments with no frame waiting in its jitter buffer: a snapshot is exact here."""
-    return bool(call.legs) and all(
-        not leg.finished and not leg.front_end.segmenter.in_speech and leg.reorder.held == 0
-        for leg in call.legs.values()
-    )
+def leg_is_quiet(leg: LegState) -> bool:
+    """Between segments with no frame waiting in its jitter buffer: a snapshot is exact here."""
+    return not leg.finished and not leg.front_end.segmenter.in_speech and leg.reorder.held == 0
+
+
+def leg_position_ms(leg: LegState) -> int:
+    return leg.frames_released * leg.frame_ms
 
 
 def audio_position_ms(call: CallState) -> int:
-    return max((leg.frames_released * leg.frame_ms for leg in call.legs.values()), default=0)
+    return max((leg_position_ms(leg) for leg in call.legs.values()), default=0)
 
 
-def take_snapshot(call: CallState, resume_offset: int) -> PendingSnapshot:
-    return PendingSnapshot([leg_checkpoint(leg) for leg in call.legs.values()], len(call.announced),
-                           resume_offset, audio_position_ms(call))
+def take_leg_snapshot(call: CallState, leg: LegState, resume_offset: int) -> LegSnapshot:
+    return LegSnapshot(leg_checkpoint(leg), len(call.announced.get(leg.leg, [])), resume_offset, leg_position_ms(leg))
+
+
+def due_checkpoint(call: CallState) -> dict[str, LegSnapshot] | None:
+    """Per leg, the snapshot a new checkpoint would resume it from: its newest resolved one, else the one
+    already written. None unless some leg moves forward and every leg of the call has one (a leg without
+    any may hold frames from before the others' snapshots)."""
+    chosen: dict[str, LegSnapshot] = {}
+    moved = False
+    for name in call.legs:
+        newest = next((snap for snap in reversed(call.leg_snapshots.get(name, [])) if snap.resolved(call)), None)
+        if newest is not None:
+            chosen[name], moved = newest, True
+        elif name in call.durable_legs:
+            chosen[name] = call.durable_legs[name]
+        else:
+            return None
+    return chosen if moved else None
+
+
+def checkpoint_written(call: CallState, legs: dict[str, LegSnapshot]) -> None:
+    """``legs`` are durable: later checkpoints start from them, older pending snapshots are dropped."""
+    call.durable_legs.update(legs)
+    for name, snap in legs.items():
+        call.leg_snapshots[name] = [s for s in call.leg_snapshots.get(name, []) if s.audio_ms > snap.audio_ms]
 
 
 def leg_checkpoint(leg: LegState) -> LegCheckpoint:
@@ -94,10 +120,10 @@ def leg_checkpoint(leg: LegState) -> LegCheckpoint:
     )
 
 
-def call_checkpoint(call: CallState, status: CheckpointStatus, snapshot: PendingSnapshot | None = None,
+def call_checkpoint(call: CallState, status: CheckpointStatus, legs: dict[str, LegSnapshot] | None = None,
                     end_reason: str = "") -> CallCheckpoint:
-    """The record to store: ``snapshot``'s legs with the call's segments before it (open), or just the
-    call's fate (finished), or, closed for inactivity, the legs as they are now."""
+    """The record to store: each leg from its snapshot in ``legs``, with the segments before them (open);
+    just the call's fate (finished); or, closed for inactivity, the legs as they are now."""
     checkpoint = CallCheckpoint(call.call_id, status, end_reason=end_reason)
     if status == "finished":
         return checkpoint
@@ -107,12 +133,15 @@ def call_checkpoint(call: CallState, status: CheckpointStatus, snapshot: Pending
         checkpoint.queue, checkpoint.direction = start.queue, start.direction
     checkpoint.started_at_ms = call.started_at_ms
     assert call.analyzer is not None
-    covered = set(call.announced[: snapshot.announced]) if snapshot is not None else None
+    covered = None if legs is None else {
+        sid for name, snap in legs.items() for sid in call.announced.get(name, [])[: snap.announced]
+    }
     segments = [s for s in call.analyzer.segments if covered is None or s.segment_id in covered]
     checkpoint.segments = [CheckpointSegment(s.segment_id, s.leg, s.start_ms, s.end_ms, s.text) for s in segments]
     checkpoint.segments_done = len(segments)
-    if snapshot is not None:
-        checkpoint.legs, checkpoint.resume_offset = snapshot.legs, snapshot.resume_offset
+    if legs is not None:
+        checkpoint.legs = [snap.state for snap in legs.values()]
+        checkpoint.resume_offset = min(snap.resume_offset for snap in legs.values())
     else:
         checkpoint.legs = [leg_checkpoint(leg) for leg in call.legs.values()]
     return checkpoint
@@ -134,10 +163,15 @@ def restore_call(checkpoint: CallCheckpoint, qa_config: QaConfig,
         # live alerts were raised by the owner that decoded them.
         call.analyzer.process(Segment(call.call_id, s.leg, s.segment_id, s.start_ms, s.end_ms, s.text))  # type: ignore[arg-type]
     call.segments_done = checkpoint.segments_done
-    call.announced = [s.segment_id for s in checkpoint.segments]
+    for seg in checkpoint.segments:
+        call.announced.setdefault(seg.leg, []).append(seg.segment_id)
     for cp in checkpoint.legs:
-        call.legs[cp.leg] = restore_leg(cp, call.call_id, front_end(cp.sample_rate, cp.encoding),
-                                        max_segment_ms, reorder_window)
+        leg = call.legs[cp.leg] = restore_leg(cp, call.call_id, front_end(cp.sample_rate, cp.encoding),
+                                              max_segment_ms, reorder_window)
+        # What the next checkpoint keeps for a leg that has not moved on to a newer snapshot by then.
+        call.durable_legs[cp.leg] = LegSnapshot(cp, len(call.announced.get(cp.leg, [])), checkpoint.resume_offset,
+                                                leg_position_ms(leg))
+        call.leg_snapshot_ms[cp.leg] = leg_position_ms(leg)
     return call
 
 

@@ -34,17 +34,21 @@ class CallState:
     last_activity_ms: int = field(default_factory=now_ms)  # wall time of the last frame or event
     opened_at_ms: int = field(default_factory=now_ms)
     end_consumed_ms: int = 0
+    end_offset: int = -1  # of the end event on the events partition (a checkpoint does not carry the end)
     started_at_ms: int = field(default_factory=now_ms)
     finishing: bool = False
     # A task of the call's failed (a bug, not bad input): its outputs may be incomplete, so it is never
     # released and its offsets are never committed; the worker reports itself unhealthy and exits.
     failed: bool = False
-    # Checkpoints (pipeline/worker/checkpoints.py): the ids of the call's segments in the order they
-    # were announced, those not yet emitted or skipped, and the snapshot waiting for them.
-    announced: list[str] = field(default_factory=list)
+    # Checkpoints (pipeline/worker/checkpoints.py), per leg: the ids of its segments in the order they
+    # were announced, the LegSnapshots waiting for them (oldest first; in a backlog many are taken before
+    # the oldest is decoded), the ones last written, and the leg's audio position at its last snapshot.
+    # The call's segments not yet emitted or skipped. (Any: checkpoints.py imports this module.)
+    announced: dict[str, list[str]] = field(default_factory=dict)
     unresolved: set[str] = field(default_factory=set)
-    snapshot: Any = None  # PendingSnapshot | None (checkpoints.py imports this module)
-    snapshot_audio_ms: int = 0  # the call's audio position at its last snapshot
+    leg_snapshots: dict[str, list[Any]] = field(default_factory=dict)
+    durable_legs: dict[str, Any] = field(default_factory=dict)
+    leg_snapshot_ms: dict[str, int] = field(default_factory=dict)
     closed_checkpoint: Any = None  # CallCheckpoint of a call closed for inactivity (it may be reopened)
 
     def frames_complete(self) -> bool:

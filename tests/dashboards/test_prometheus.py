@@ -404,19 +404,28 @@ def test_compose_prometheus_config_is_valid_and_joins_worker_and_node_on_instanc
     jobs = {job["job_name"]: job for job in config["scrape_configs"]}
 
     def instances(job: str) -> set[str]:
-        # Prometheus sets `instance` to the target's address unless the target's labels name it.
-        return {c.get("labels", {}).get("instance", t) for c in jobs[job]["static_configs"] for t in c["targets"]}
+        # Prometheus sets `instance` to the target's address unless the target's labels or a relabel rule
+        # name it; the worker job finds its replicas by DNS and names the host by relabelling.
+        named = {c.get("labels", {}).get("instance", t) for c in jobs[job].get("static_configs", [])
+                 for t in c["targets"]}
+        relabelled = {r["replacement"] for r in jobs[job].get("relabel_configs", []) if r.get("target_label") == "instance"}
+        return named | relabelled
 
     assert instances(WORKER_JOB) and instances(WORKER_JOB) == instances("node")  # the memory alert's `on (instance)`
+    # Replicas (--scale worker=N) share `instance`: their address keeps their series apart.
+    assert {"source_labels": ["__address__"], "target_label": "replica"} in jobs[WORKER_JOB]["relabel_configs"]
 
 
 def test_compose_worker_serves_metrics_beyond_its_container_and_publishes_on_loopback() -> None:
     worker = compose()["services"]["worker"]
     assert worker["environment"]["CALLQA_WEB_HOST"] == "0.0.0.0"  # noqa: S104 - inside its container
-    port = worker["environment"]["CALLQA_WEB_PORT"]
-    assert worker["ports"] == [f"127.0.0.1:{port}:{port}"]
+    port = int(worker["environment"]["CALLQA_WEB_PORT"])
+    # --scale worker=N: no fixed name or host port, each replica published on the host's loopback only.
+    assert "container_name" not in worker
+    assert worker["ports"] == [{"target": port, "host_ip": "127.0.0.1"}]
     scraped = yaml.safe_load(compose()["configs"]["prometheus_config"]["content"])["scrape_configs"]
-    assert [f"worker:{port}"] in [c["targets"] for job in scraped for c in job["static_configs"]]
+    job = next(j for j in scraped if j["job_name"] == WORKER_JOB)
+    assert job["dns_sd_configs"][0]["names"] == ["worker"] and job["dns_sd_configs"][0]["port"] == port
 
 
 def test_grafana_datasource_scrape_interval_is_prometheus_scrape_interval() -> None:

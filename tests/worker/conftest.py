@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -24,6 +25,7 @@ def start_worker(kafka_settings: Settings, tmp_path: Path) -> Iterator[Callable[
         "topic_latency": kafka_settings.topic_latency,
         "topic_qa": kafka_settings.topic_qa,
         "topic_dead_letters": kafka_settings.topic_dead_letters,
+        "topic_checkpoints": kafka_settings.topic_checkpoints,
         "worker_id": kafka_settings.worker_id,
         "clickhouse_url": f"chdb://{(tmp_path / 'chdb').resolve()}",
         "commit_interval_s": "1.0",
@@ -41,3 +43,17 @@ def start_worker(kafka_settings: Settings, tmp_path: Path) -> Iterator[Callable[
     yield start
     for w in started:
         w.stop()
+
+
+@pytest.fixture
+def start_group_worker(start_worker: Callable[..., WorkerProcess],
+                       tmp_path: Path) -> Callable[..., WorkerProcess]:
+    """Start one more worker of this test's consumer group with an embedded store of its OWN, as
+    separate worker hosts have (chdb opens a folder from one process only); stopped at the end."""
+    stores = itertools.count()
+
+    def start(loglevel: str = "info", **overrides: str) -> WorkerProcess:
+        store = (tmp_path / f"store{next(stores)}").resolve()
+        return start_worker(loglevel, clickhouse_url=f"chdb://{store}", **overrides)
+
+    return start

@@ -149,6 +149,8 @@ async def test_resumed_call_matches_the_uninterrupted_one(legs: dict[str, bytes]
         await _settle(second)
     await _finish(second, n)
     assert second.metrics.calls_resumed._value.get() == 1
+    # Legs are snapshotted apart: replayed frames of the leg whose snapshot is newer are skipped by seq.
+    assert second.metrics.frames_dropped.labels("before_checkpoint")._value.get() > 0
 
     got = {**first_out.finals(), **second_out.finals()}
     assert got == want, "same segment ids, times and texts as the uninterrupted run"
@@ -207,3 +209,26 @@ async def test_two_agents_opening_the_same_call_at_once_share_one_state() -> Non
     a, b = await asyncio.gather(processor._call_for("c1", AUDIO), processor._call_for("c1", EVENTS))
     assert a is not None and a is b
     assert processor.calls == {"c1": a}
+
+
+async def test_an_end_event_read_before_the_checkpoint_stays_uncommitted(legs: dict[str, bytes]) -> None:
+    """In a backlog the end event is read long before the call's last frames: a checkpoint does not carry
+    it, so its offset must stay held until the call is finished, or a new owner would never end the call."""
+    settings = Settings(topic_audio=AUDIO[0], topic_call_events=EVENTS[0])
+    n = len(legs["agent"]) // FRAME
+    batches = _batches(legs)
+    processor, _, _ = _processor(MemoryCheckpointStore(), settings)
+    await processor.on_event(EVENTS, 0, CallEvent("c1", "start", legs=["agent", "customer"]))
+    await processor.on_event(EVENTS, 1, CallEvent("c1", "end", frame_counts={"agent": n, "customer": n}))
+    committed: dict[tuple[str, int], int] = {}
+    for batch in batches[: len(batches) // 2]:
+        await processor.on_frames(batch)
+        await _settle(processor)
+        committed.update(await _commit(processor))
+    assert committed[AUDIO] > 1 and committed[EVENTS] == 1, committed  # start covered, end still held
+    for batch in batches[len(batches) // 2:]:
+        await processor.on_frames(batch)
+        await _settle(processor)
+    await _settle(processor)
+    committed.update(await _commit(processor))
+    assert committed[EVENTS] == 2 and not processor.calls

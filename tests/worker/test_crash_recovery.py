@@ -1,0 +1,296 @@
+"""What a call survives: a worker killed with -9 under load, a kill near the end of a 20-minute call,
+and a 3-minute stretch without frames (hold, recording pause).
+
+Real broker, real worker processes, real embedded stores. The pause takes over three minutes of wall
+clock by nature, so its call starts first, on topics and a worker of its own (``paused_call``, module
+scope), and is checked by the last test of the module, once the other tests have used the wait.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from pipeline.broker.local import free_port
+from pipeline.broker.producer import ContractProducer
+from pipeline.broker.topics import ensure_topics
+from pipeline.config import Settings
+from pipeline.contracts import Serde
+from pipeline.eval.call_library import LIBRARY_DIR
+from pipeline.ingest.replay import CallRecording, ReplayOptions, TelephonyReplay, load_recording
+from pipeline.worker.process import GroupStores, WorkerProcess, committed_offsets, worker_env
+
+pytestmark = [pytest.mark.broker, pytest.mark.slow]
+
+SAMPLES = Path(__file__).resolve().parents[2] / "samples" / "calls"
+OPTIONS = ReplayOptions(encoding="mulaw", frame_ms=20)
+RATE = 8000
+LEG_AUDIO = "callqa_leg_audio_seconds_total"
+
+
+def replay_in_background(settings: Settings, recordings: list[CallRecording], realtime: bool,
+                         prefix: str) -> tuple[threading.Thread, list[str]]:
+    """Replay on a daemon thread (a realtime replay must not hold up the interpreter's exit);
+    the call ids are in the list once the thread is done."""
+    player = TelephonyReplay(ContractProducer(settings.bootstrap, Serde.from_settings()),
+                             settings.topic_audio, settings.topic_call_events)
+    options = ReplayOptions(encoding="mulaw", frame_ms=20, realtime=realtime, call_id_prefix=prefix)
+    call_ids: list[str] = []
+    thread = threading.Thread(target=lambda: call_ids.extend(player.run(recordings, options).call_ids), daemon=True)
+    thread.start()
+    return thread, call_ids
+
+
+def stitched(name: str, parts: list[np.ndarray | int], holds_ms: list[tuple[int, int]] | None = None) -> CallRecording:
+    """One stereo call made of recordings' legs and silences (an int: that many ms of silence)."""
+    legs: dict[str, list[np.ndarray]] = {"agent": [], "customer": []}
+    for part in parts:
+        for i, leg in enumerate(legs.values()):
+            leg.append(np.zeros(part * RATE // 1000, np.float32) if isinstance(part, int) else part[i])
+    rec = CallRecording(source=name, legs={k: np.concatenate(v) for k, v in legs.items()}, sample_rate=RATE,
+                        holds_ms=holds_ms or [])
+    rec.encode("mulaw")
+    return rec
+
+
+def stereo(path: Path) -> np.ndarray:
+    """Both legs of a recording, cut to whole 20 ms frames (so the parts after it stay frame-aligned)."""
+    rec = load_recording(path, OPTIONS)
+    n = min(len(x) for x in rec.legs.values()) // 160 * 160
+    return np.stack([rec.legs["agent"][:n], rec.legs["customer"][:n]])
+
+
+def wait_for(what: str, check: Any, timeout_s: float, worker: WorkerProcess | None = None) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            value = check()
+        except OSError:  # the worker's web server did not answer in time (a busy moment): ask again
+            value = None
+        if value:
+            return value
+        if worker is not None and not worker.alive():
+            raise RuntimeError(f"worker died while waiting for {what}: {worker.log_tail()}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not within {timeout_s:.0f} s")
+        time.sleep(0.5)
+
+
+def read_metric(worker: WorkerProcess, name: str, **labels: str) -> float:
+    """``worker.metric``, asked again while the worker's web server is too busy to answer."""
+    value: float = wait_for(f"{name} from {worker.log_path.name}", lambda: [worker.metric(name, **labels)],
+                            timeout_s=60, worker=worker)[0]
+    return value
+
+
+# ---- the paused call (started first, checked last) ----------------------------------------------
+HOLD_MS = 180_000
+
+
+@dataclass
+class PausedCall:
+    worker: WorkerProcess
+    replay: threading.Thread
+    call_ids: list[str]
+    hold_start_ms: int
+    hold_end_ms: int
+
+
+@pytest.fixture(scope="module", autouse=True)
+def paused_call(broker: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PausedCall]:
+    """A call whose frames stop for 3 minutes in the middle (then resume, then the end event),
+    replayed in real time to a worker with the default inactivity timeout, on topics of its own."""
+    prefix = f"test.t{uuid.uuid4().hex[:12]}"
+    settings = Settings(
+        bootstrap_servers=broker, topic_audio=f"{prefix}.audio", topic_call_events=f"{prefix}.events",
+        topic_transcripts=f"{prefix}.transcripts", topic_latency=f"{prefix}.latency", topic_qa=f"{prefix}.qa",
+        topic_dead_letters=f"{prefix}.dlq", topic_checkpoints=f"{prefix}.checkpoints", worker_id=f"{prefix}.worker",
+    )
+    ensure_topics(settings)
+    folder = tmp_path_factory.mktemp("paused")
+    port = free_port()
+    worker = WorkerProcess(worker_env({
+        "bootstrap_servers": settings.bootstrap, "topic_audio": settings.topic_audio,
+        "topic_call_events": settings.topic_call_events, "topic_transcripts": settings.topic_transcripts,
+        "topic_latency": settings.topic_latency, "topic_qa": settings.topic_qa,
+        "topic_dead_letters": settings.topic_dead_letters, "topic_checkpoints": settings.topic_checkpoints,
+        "worker_id": settings.worker_id, "clickhouse_url": f"chdb://{(folder / 'chdb').resolve()}",
+        "commit_interval_s": "1.0", "model_watch_interval_s": "0", "web_port": str(port),
+    }), port, folder / "worker.log")
+    worker.start()
+    before = stereo(SAMPLES / "call_01.wav")
+    after = stereo(SAMPLES / "call_02.wav")
+    hold_start = before.shape[1] * 1000 // RATE
+    rec = stitched("paused", [before, HOLD_MS, after], holds_ms=[(hold_start, hold_start + HOLD_MS)])
+    replay, call_ids = replay_in_background(settings, [rec], realtime=True, prefix="paused")
+    try:
+        yield PausedCall(worker, replay, call_ids, hold_start, hold_start + HOLD_MS)
+    finally:
+        worker.stop()
+
+
+# ---- kill -9 under load --------------------------------------------------------------------------
+def test_kill_9_under_load_after_commits_and_a_new_worker_finishes_every_call(
+    kafka_settings: Settings, start_group_worker: Any
+) -> None:
+    # Short calls end (and release their offsets) while the long ones still run when the kill comes.
+    recordings = [load_recording(p, OPTIONS) for p in sorted(SAMPLES.glob("call_0*.wav"))]
+    recordings += [load_recording(LIBRARY_DIR / f"{n}.wav", OPTIONS)
+                   for n in ("01_address_change", "05_rude_agent", "07_escalation_manager")]
+    first = start_group_worker()
+    replay, call_ids = replay_in_background(kafka_settings, recordings, realtime=True, prefix="kill")
+
+    def advanced() -> dict[int, int]:
+        if first.metric("callqa_segments_total", kind="final") < 3:
+            return {}  # the kill should cost real work: transcribed segments
+        offsets = committed_offsets(kafka_settings, first.group, kafka_settings.topic_audio)
+        return {p: o for p, o in offsets.items() if o > 0}
+
+    # So the new worker cannot pass by reading everything again from the earliest offset.
+    before_kill = wait_for("segments stored and audio offsets committed", advanced, timeout_s=120, worker=first)
+    first.kill9()
+    assert replay.is_alive(), "the replay ended before the kill: the kill did not happen under load"
+    second = start_group_worker()
+    replay.join()
+
+    calls = GroupStores([first, second]).wait_finished(call_ids, timeout_s=300)
+    assert second.alive(), f"the new worker died: {second.log_tail()}"
+    assert "Traceback" not in second.log_text()
+    # A call may be finished in both stores (the first worker stored it, then died before committing);
+    # every row of it must then agree with the segments over both stores.
+    assert {r["end_reason"] for c in call_ids for r in calls.finished[c]} == {"end"}
+    assert calls.inconsistencies(call_ids) == []
+    finished_by_second = [c for c in call_ids if calls.finished_in[c] == {1}]
+    assert finished_by_second, "the first worker had finished every call: the kill was not mid-load"
+    # The group's position moved on from where it was at the kill, up to the end of every partition.
+    ends = wait_for("the new worker commits the end of each partition", lambda: _caught_up(kafka_settings, second),
+                    timeout_s=60, worker=second)
+    assert all(ends[p] >= o for p, o in before_kill.items())
+
+
+def _caught_up(settings: Settings, worker: WorkerProcess) -> dict[int, int] | None:
+    from confluent_kafka import Consumer, TopicPartition
+
+    from pipeline.broker.security import kafka_config
+
+    committed = committed_offsets(settings, worker.group, settings.topic_audio)
+    probe = Consumer({**kafka_config(settings), "group.id": f"probe-{uuid.uuid4().hex}"})
+    try:
+        highs = {p: probe.get_watermark_offsets(TopicPartition(settings.topic_audio, p), timeout=10)[1]
+                 for p in range(settings.audio_partitions)}
+    finally:
+        probe.close()
+    with_data = {p: h for p, h in highs.items() if h > 0}
+    return committed if all(committed.get(p) == h for p, h in with_data.items()) else None
+
+
+# ---- bounded replay of a 20-minute call ---------------------------------------------------------
+CALL_S = 1200
+MAX_SEGMENT_MS = 15_000
+COMMIT_INTERVAL_S = 1.0
+CHECKPOINT_INTERVAL_MS = 1000
+INFLIGHT_MB = 1
+SLACK_S = 2.0  # per leg: VAD windows, pre/post roll, and the moment between reading the metric and the kill
+
+
+def twenty_minute_call() -> CallRecording:
+    """Library calls looped to 20 minutes. The first 15 minutes alternate a call and 1.5 minutes of
+    silence (dead air costs the VAD little and inference nothing, which keeps the test short); the
+    last 5 minutes are calls back to back, so the kill at 90 % lands in speech with segments open."""
+    names = sorted(p for p in LIBRARY_DIR.glob("*.wav") if "long" not in p.name and "hold" not in p.name)
+    parts: list[np.ndarray | int] = []
+    used_ms = 0
+    for i, path in enumerate(names):
+        call = stereo(path)
+        minute = np.zeros((2, 60 * RATE), np.float32)
+        minute[:, :call.shape[1]] = call[:, :60 * RATE]
+        parts.append(minute)
+        used_ms += 60_000
+        if used_ms < 900_000:
+            parts.append(90_000)
+            used_ms += 90_000
+        if used_ms >= CALL_S * 1000 or i == len(names) - 1:
+            break
+    rec = stitched("twenty-minutes", parts)
+    rec.legs = {k: v[:CALL_S * RATE] for k, v in rec.legs.items()}
+    assert all(len(v) == CALL_S * RATE for v in rec.legs.values())
+    rec.encode("mulaw")
+    return rec
+
+
+def test_a_20_minute_call_killed_near_its_end_re_decodes_at_most_one_segment_and_one_interval_per_leg(
+    kafka_settings: Settings, start_worker: Any
+) -> None:
+    rec = twenty_minute_call()
+    total_s = sum(len(x) for x in rec.legs.values()) / RATE
+    # A small in-flight budget: the segmenter cannot run far ahead of inference, whose audio a crash loses.
+    worker = start_worker(max_inflight_audio_mb=str(INFLIGHT_MB), max_segment_ms=str(MAX_SEGMENT_MS),
+                          commit_interval_s=str(COMMIT_INTERVAL_S), checkpoint_interval_ms=str(CHECKPOINT_INTERVAL_MS))
+    assert LEG_AUDIO in worker.metrics_text(), f"the worker exports no {LEG_AUDIO}"
+    replay, call_ids = replay_in_background(kafka_settings, [rec], realtime=False, prefix="long")
+
+    wait_for("85 % of the call fed", lambda: worker.metric(LEG_AUDIO) >= 0.85 * total_s, timeout_s=600, worker=worker)
+    # The rate the worker takes audio at (all legs): "one commit interval" of audio at this speed.
+    t0, fed0 = time.monotonic(), read_metric(worker, LEG_AUDIO)
+    wait_for("90 % of the call fed", lambda: worker.metric(LEG_AUDIO) >= 0.9 * total_s, timeout_s=300, worker=worker)
+    old = read_metric(worker, LEG_AUDIO)
+    rate = (old - fed0) / (time.monotonic() - t0)
+    worker.kill9()
+    replay.join()
+    worker.start()  # same group, same store
+    n_legs = len(rec.legs)
+    inflight_s = INFLIGHT_MB * 1024 * 1024 / (16000 * 4)  # float32 at 16 kHz
+    intervals_s = COMMIT_INTERVAL_S + CHECKPOINT_INTERVAL_MS / 1000
+    bound = n_legs * (MAX_SEGMENT_MS / 1000 + SLACK_S) + inflight_s + rate * intervals_s
+
+    def figures() -> tuple[float, str]:
+        re_decoded = old + read_metric(worker, LEG_AUDIO) - total_s
+        return re_decoded, (
+            f"re-decoded after the kill: {re_decoded:.1f} s of {total_s:.0f} s of leg audio (bound {bound:.1f} s "
+            f"= {n_legs} legs x ({MAX_SEGMENT_MS / 1000:.0f} s segment + {SLACK_S:.0f} s) + {inflight_s:.1f} s in "
+            f"flight + {rate:.1f} s/s x {intervals_s:.0f} s of intervals; at real-time speed "
+            f"{n_legs * (MAX_SEGMENT_MS / 1000 + intervals_s + SLACK_S):.1f} s); "
+            f"{read_metric(worker, 'callqa_frames_dropped_total', reason='before_checkpoint'):.0f} frames dropped as "
+            f"before the checkpoint, {read_metric(worker, 'callqa_calls_resumed_total'):.0f} call(s) resumed")
+
+    try:
+        rows = worker.wait_for_calls(call_ids, timeout_s=300)
+    except TimeoutError:
+        raise AssertionError(f"the call did not finish after the restart; {figures()[1]}") from None
+    re_decoded, summary = figures()
+    print(f"\n{summary}")
+    assert rows[0]["end_reason"] == "end"
+    assert re_decoded >= 0, "less audio was fed than the call has: audio was skipped"
+    assert re_decoded <= bound
+    assert read_metric(worker, "callqa_calls_resumed_total") >= 1
+    calls = GroupStores([worker]).read(call_ids)
+    assert calls.inconsistencies(call_ids) == []
+
+
+# ---- the paused call, checked last --------------------------------------------------------------
+def test_a_3_minute_pause_without_frames_keeps_one_call_with_both_halves_transcribed(paused_call: PausedCall) -> None:
+    paused_call.replay.join(timeout=HOLD_MS / 1000 + 120)
+    assert not paused_call.replay.is_alive()
+    worker = paused_call.worker
+    rows = worker.wait_for_calls(paused_call.call_ids, timeout_s=180)
+    assert rows[0]["end_reason"] == "end"
+    # Finished once, at its end event: never closed by the timeout (and reopened) during the pause.
+    assert worker.metric("callqa_calls_finished_total") == 1
+    assert worker.metric("callqa_calls_finished_total", how="end") == 1
+    assert worker.metric("callqa_calls_reopened_total") == 0
+    segments = worker.query("SELECT leg, start_ms, end_ms, text FROM segments FINAL WHERE call_id = {c:String} "
+                            "AND is_final = 1 ORDER BY start_ms", c=paused_call.call_ids[0])
+    before = [s for s in segments if s["end_ms"] <= paused_call.hold_start_ms]
+    after = [s for s in segments if s["start_ms"] >= paused_call.hold_end_ms]
+    assert len(before) >= 2 and len(after) >= 2, f"{len(before)} segments before the pause, {len(after)} after"
+    assert len(before) + len(after) == len(segments), "a segment spans the pause"
+    assert all(s["text"].strip() for s in segments)
+    assert rows[0]["segments"] == len(segments)
