@@ -162,7 +162,7 @@ class CallProcessor:
                 rejected.append(self._reject(tp, offset, frame, exc))
                 continue
             self.offsets.consumed(tp, offset, call.call_id)
-            self.clock.advance(tp, frame.produced_at_ms)
+            self.clock.advance(tp, frame.produced_at_ms, consumed_ms)
             call.audio_tp = tp
             call.last_frame_produced_ms = max(call.last_frame_produced_ms, frame.produced_at_ms)
             call.last_activity_ms = consumed_ms
@@ -269,7 +269,8 @@ class CallProcessor:
         """How the call should be closed now ("end", "abort", "timeout"), or None to keep it open."""
         tp = call.audio_tp
         assert tp is not None  # set by the first frame or event
-        return close_reason(call, self.lag(tp), self.clock.now(tp), wall, timeout_ms, grace_ms)
+        return close_reason(call, self.lag(tp), self.clock.now(tp), wall, timeout_ms, grace_ms,
+                            self.clock.idle_ms(tp, wall))
 
     async def make_durable(self) -> dict[TopicPartition, int]:
         """Make finished calls and due checkpoints durable, move the offsets they hold; return what may

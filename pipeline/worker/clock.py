@@ -9,31 +9,43 @@ from pipeline.worker.state import CallState
 
 
 class StreamClock:
-    """Stream time per audio partition: the newest producer timestamp consumed from it."""
+    """Stream time per audio partition: the newest producer timestamp consumed from it; and when (wall
+    time) a frame of it was last consumed."""
 
     def __init__(self) -> None:
         self._produced: dict[TopicPartition, int] = {}
+        self._consumed_at: dict[TopicPartition, int] = {}
 
-    def advance(self, tp: TopicPartition, produced_at_ms: int) -> None:
+    def advance(self, tp: TopicPartition, produced_at_ms: int, consumed_at_ms: int = 0) -> None:
         self._produced[tp] = max(self._produced.get(tp, 0), produced_at_ms)
+        self._consumed_at[tp] = max(self._consumed_at.get(tp, 0), consumed_at_ms)
 
     def now(self, tp: TopicPartition) -> int:
         return self._produced.get(tp, 0)
+
+    def idle_ms(self, tp: TopicPartition, wall_ms: int) -> int:
+        """Wall time since a frame of ``tp`` was last consumed (large when none ever was)."""
+        return wall_ms - self._consumed_at.get(tp, 0)
 
     def forget(self, tps: set[TopicPartition]) -> None:
         """Partitions no longer assigned: their stream time starts afresh if they come back."""
         for tp in tps:
             self._produced.pop(tp, None)
+            self._consumed_at.pop(tp, None)
 
 
 def close_reason(call: CallState, lag: int, partition_now_ms: int, wall_ms: int, timeout_ms: float,
-                 grace_ms: int) -> str | None:
+                 grace_ms: int, partition_idle_ms: int | None = None) -> str | None:
     """How the call should be closed now ("end", "abort", "timeout"), or None to keep it open.
 
     ``lag``: messages not yet consumed on the call's audio partition (-1 unknown); ``partition_now_ms``:
-    that partition's stream time (``StreamClock.now``).
+    that partition's stream time (``StreamClock.now``); ``partition_idle_ms``: wall time since a frame of
+    it was consumed (None: not known, then ``lag`` alone decides).
     """
-    caught_up = lag == 0
+    # A lag of 0 alone is not enough: the consumer's high-water mark is the one of its last fetch, so in a
+    # backlog it reads 0 for a moment whenever the fetched records are all processed. Caught up also
+    # means the partition gave nothing for a grace period (else a long call's tail would be cut off).
+    caught_up = lag == 0 and (partition_idle_ms is None or partition_idle_ms >= grace_ms)
     # Caught up, the wall clock is stream time; behind, the partition's newest producer time is.
     stream_now = wall_ms if caught_up else partition_now_ms
     if call.end is not None and (

@@ -57,3 +57,19 @@ def test_an_unknown_position_still_closes_a_call_after_ten_timeouts_of_wall_time
     call = _call()
     assert close_reason(call, -1, 0, T0 + 10 * 30_000 - 1, TIMEOUT_MS, GRACE_MS) is None
     assert close_reason(call, -1, 0, T0 + 10 * 30_000, TIMEOUT_MS, GRACE_MS) == "timeout"
+
+
+def test_a_momentary_zero_lag_while_frames_still_flow_does_not_close_the_call() -> None:
+    """In a backlog the end event is read long before the call's last frames, and the consumer's lag reads
+    0 whenever the fetched records are all processed: only a partition quiet for the grace is caught up."""
+    call = _call(end="end", end_at_ms=T0 + 600_000)  # a 10-minute call replayed fast: the end came first
+    wall = T0 + 60_000
+    assert close_reason(call, 0, T0 + 1_000, wall, TIMEOUT_MS, GRACE_MS, partition_idle_ms=40) is None
+    assert close_reason(call, 0, T0 + 1_000, wall, TIMEOUT_MS, GRACE_MS, partition_idle_ms=GRACE_MS) == "end"
+
+
+def test_stream_clock_says_how_long_a_partition_gave_nothing() -> None:
+    clock = StreamClock()
+    clock.advance(("audio", 0), 500, consumed_at_ms=T0)
+    assert clock.idle_ms(("audio", 0), T0 + 700) == 700
+    assert clock.idle_ms(("audio", 1), T0) >= T0  # never consumed: idle since forever
