@@ -12,7 +12,6 @@ import shutil
 import subprocess
 import wave
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -21,9 +20,10 @@ from pipeline.asr.engine import LegFrontEnd
 from pipeline.audio import codecs
 from pipeline.audio.resample import resample
 from pipeline.config import Settings
-from pipeline.contracts.messages import AudioFrame, CallEvent, Message, TranscriptSegment
+from pipeline.contracts.messages import AudioFrame, CallEvent
 from pipeline.qa.call import QaConfig
 from pipeline.worker.calls import CallProcessor
+from pipeline.worker.memory import MemoryPorts
 from pipeline.worker.ports import Transcription
 
 pytestmark = pytest.mark.skipif(shutil.which("text2wave") is None, reason="festival is missing")
@@ -79,26 +79,6 @@ class ScriptedTranscriber:
         return Transcription(self.texts[index], -0.1, 0.0, 0.9, "scripted", 1, 1, 0.0, 0.0)
 
 
-class Recorder:
-    """The output port and the row sink: keeps what was published and written."""
-
-    def __init__(self) -> None:
-        self.messages: list[Message] = []
-        self.rows: list[tuple[str, Any]] = []
-
-    async def publish(self, topic: str, key: str, message: Message) -> Any:
-        self.messages.append(message)
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        done.set_result(None)
-        return done
-
-    async def write(self, table: str, rows: Any) -> None:
-        self.rows += [(table, r) for r in rows]
-
-    async def flush(self) -> None:
-        return None
-
-
 async def _settle() -> None:
     for _ in range(100):  # let every task that can run, run (no I/O is involved)
         await asyncio.sleep(0)
@@ -107,7 +87,7 @@ async def _settle() -> None:
 async def _run_call(legs: dict[str, bytes], finish_order: list[int]) -> tuple[list[str], list[int]]:
     settings = Settings()
     transcriber = ScriptedTranscriber([heard for _, _, heard in TURNS])
-    recorder = Recorder()
+    recorder = MemoryPorts()
     processor = CallProcessor(settings, transcriber, recorder, recorder,  # type: ignore[arg-type]
                               lambda rate, enc: LegFrontEnd(rate, enc, settings),
                               QaConfig.from_settings(settings))  # fmt: skip
@@ -133,7 +113,7 @@ async def _run_call(legs: dict[str, bytes], finish_order: list[int]) -> tuple[li
             await asyncio.sleep(0.01)
 
     await asyncio.wait_for(finished(), timeout=60)  # a call that never completes fails, not hangs
-    finals = [m for m in recorder.messages if isinstance(m, TranscriptSegment) and m.is_final]
+    finals = recorder.finals()
     return [m.text for m in sorted(finals, key=lambda m: m.start_ms)], transcriber.finished
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -20,10 +19,11 @@ from pipeline.audio import codecs
 from pipeline.audio.files import load_audio
 from pipeline.audio.resample import resample
 from pipeline.config import Settings
-from pipeline.contracts.messages import AudioFrame, CallCheckpoint, CallEvent, Message, TranscriptSegment
+from pipeline.contracts.messages import AudioFrame, CallCheckpoint, CallEvent
 from pipeline.qa.call import QaConfig
 from pipeline.worker.calls import CallProcessor
 from pipeline.worker.checkpoints import MemoryCheckpointStore
+from pipeline.worker.memory import MemoryPorts
 from pipeline.worker.ports import Transcription
 
 CALL = Path(__file__).resolve().parents[2] / "samples" / "calls" / "call_01.wav"
@@ -45,26 +45,9 @@ class AudioNamedTranscriber:
                              "fake", 1, 1, 0.0, 0.0)
 
 
-class Recorder:
-    def __init__(self) -> None:
-        self.messages: list[Message] = []
-        self.rows: list[tuple[str, Any]] = []
-
-    async def publish(self, topic: str, key: str, message: Message) -> Any:
-        self.messages.append(message)
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        done.set_result(None)
-        return done
-
-    async def write(self, table: str, rows: Any) -> None:
-        self.rows += [(table, r) for r in rows]
-
-    async def flush(self) -> None:
-        return None
-
-    def finals(self) -> dict[str, tuple[int, int, str]]:
-        return {m.segment_id: (m.start_ms, m.end_ms, m.text) for m in self.messages
-                if isinstance(m, TranscriptSegment) and m.is_final}
+class Recorder(MemoryPorts):
+    def final_spans(self) -> dict[str, tuple[int, int, str]]:
+        return {m.segment_id: (m.start_ms, m.end_ms, m.text) for m in self.finals()}
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +105,7 @@ async def test_resumed_call_matches_the_uninterrupted_one(legs: dict[str, bytes]
         await reference.on_frames(batch)
         await _settle(reference)
     await _finish(reference, n)
-    want = ref_out.finals()
+    want = ref_out.final_spans()
     assert len(want) >= 4
 
     # The first owner: commits every 50 frames per leg (1 s of audio), "crashes" at 70 % of the call.
@@ -152,11 +135,11 @@ async def test_resumed_call_matches_the_uninterrupted_one(legs: dict[str, bytes]
     # Legs are snapshotted apart: replayed frames of the leg whose snapshot is newer are skipped by seq.
     assert second.metrics.frames_dropped.labels("before_checkpoint")._value.get() > 0
 
-    got = {**first_out.finals(), **second_out.finals()}
+    got = {**first_out.final_spans(), **second_out.final_spans()}
     assert got == want, "same segment ids, times and texts as the uninterrupted run"
     # Re-decoded audio: what both decoded, less the call's speech: at most the open segments at the
     # checkpoint plus a commit interval (here 2 batches = 1 s per leg) and the checkpoint spacing.
-    overlap = set(first_out.finals()) & set(second_out.finals())
+    overlap = set(first_out.final_spans()) & set(second_out.final_spans())
     redecoded_s = sum((want[s][1] - want[s][0]) / 1000 for s in overlap)
     bound_s = 2 * (settings.max_segment_ms + 1000 * settings.commit_interval_s + settings.checkpoint_interval_ms) / 1000
     assert redecoded_s <= bound_s, f"{redecoded_s:.1f} s of speech decoded twice (bound {bound_s:.1f} s)"

@@ -17,12 +17,13 @@ import pytest
 
 from pipeline.asr.engine import LegFrontEnd
 from pipeline.config import Settings
-from pipeline.contracts.messages import AudioFrame, CallEvent, Message, TranscriptSegment
+from pipeline.contracts.messages import AudioFrame, CallEvent, TranscriptSegment
 from pipeline.ingest.replay import ReplayOptions, load_recording
 from pipeline.qa.call import QaConfig
 from pipeline.worker.calls import CallProcessor
 from pipeline.worker.frames import RejectedFrame
 from pipeline.worker.health import WorkerHealth
+from pipeline.worker.memory import MemoryPorts
 from pipeline.worker.ports import Transcription
 
 SAMPLE = Path(__file__).resolve().parents[2] / "samples" / "calls" / "call_01.wav"
@@ -49,27 +50,17 @@ class FakeTranscriber:
         return Transcription(f"heard {digest}", -0.1, 0.0, 0.9, "fake", 1, 1, 0.0, 0.0)
 
 
-class Recorder:
-    """The output port and the row sink; ``fail_table``: writes to that table raise (a bug downstream)."""
+class Recorder(MemoryPorts):
+    """The in-memory ports; ``fail_table``: writes to that table raise (a bug downstream)."""
 
     def __init__(self, fail_table: str = "") -> None:
-        self.messages: list[Message] = []
-        self.rows: list[tuple[str, Any]] = []
+        super().__init__()
         self.fail_table = fail_table
-
-    async def publish(self, topic: str, key: str, message: Message) -> Any:
-        self.messages.append(message)
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        done.set_result(None)
-        return done
 
     async def write(self, table: str, rows: Any) -> None:
         if table == self.fail_table:
             raise RuntimeError(f"cannot map rows of {table}")
-        self.rows += [(table, r) for r in rows]
-
-    async def flush(self) -> None:
-        return None
+        await super().write(table, rows)
 
 
 def _processor(recorder: Recorder, transcriber: FakeTranscriber) -> CallProcessor:
