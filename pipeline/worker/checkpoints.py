@@ -75,10 +75,6 @@ def leg_position_ms(leg: LegState) -> int:
     return leg.frames_released * leg.frame_ms
 
 
-def audio_position_ms(call: CallState) -> int:
-    return max((leg_position_ms(leg) for leg in call.legs.values()), default=0)
-
-
 def take_leg_snapshot(call: CallState, leg: LegState, resume_offset: int) -> LegSnapshot:
     return LegSnapshot(leg_checkpoint(leg), len(call.announced.get(leg.leg, [])), resume_offset, leg_position_ms(leg))
 
