@@ -36,10 +36,10 @@ def test_narrowband_keeps_length_and_loses_everything_above_4_khz(speech, condit
     assert received.dtype == np.float32 and received.size == speech.size
     assert _band_energy(speech, 4100, 8000) > 1e-3 * _band_energy(speech, 0, 4000)
     assert _band_energy(received, 4100, 8000) < 1e-4 * _band_energy(received, 0, 4000)
-    # Below 3.5 kHz the speech itself survives.
+    # Below 3.4 kHz the speech itself survives (the two filters differ only near 4 kHz).
     low_pass = resample(resample(speech, 16000, 8000), 8000, 16000)
     correlation = np.corrcoef(received, low_pass)[0, 1]
-    assert correlation > (0.9999 if condition == "8k" else 0.99)
+    assert correlation > (0.999 if condition == "8k" else 0.99)
 
 
 def _snr_db(clean: np.ndarray, noisy: np.ndarray) -> float:

@@ -30,29 +30,35 @@ def _spans(segments: list[SpeechSegment]) -> list[tuple[int, int]]:
 
 
 def test_resumed_front_end_closes_the_same_segments(mulaw_frames: list[bytes]) -> None:
+    """Resumed at many quiet moments, the next segments are the uninterrupted leg's, bit for bit
+    (a handover re-decodes them, and the store drops the repeat by segment id only if it is equal)."""
     settings = Settings()
     whole = LegFrontEnd(8000, "mulaw", settings)
     reference = [s for f in mulaw_frames for s in whole.accept(f)] + whole.finish()
     assert len(reference) >= 3, "the recording should hold several segments"
 
     first = LegFrontEnd(8000, "mulaw", settings)
-    before: list[SpeechSegment] = []
-    cut = None
+    closed: list[SpeechSegment] = []
+    resumed_at = 0
     for k, frame in enumerate(mulaw_frames):
-        before += first.accept(frame)
-        # Snapshot at the first quiet moment after the second segment closed.
-        if len(before) >= 2 and not first.segmenter.in_speech:
-            cut = k + 1
-            break
-    assert cut is not None
-    resumed = LegFrontEnd(8000, "mulaw", settings)
-    resumed.restore(*first.snapshot())
-    after = [s for f in mulaw_frames[cut:] for s in resumed.accept(f)] + resumed.finish()
-
-    assert _spans(before + after) == _spans(reference)
-    for got, want in zip(before + after, reference, strict=True):
-        assert got.index == want.index
-        np.testing.assert_allclose(got.audio, want.audio, atol=1e-5)
+        closed += first.accept(frame)
+        if k % 9 or first.segmenter.in_speech:
+            continue
+        resumed = LegFrontEnd(8000, "mulaw", settings)
+        resumed.restore(*first.snapshot())
+        after: list[SpeechSegment] = []
+        for later in mulaw_frames[k + 1:]:
+            after += resumed.accept(later)
+            if len(after) == 2:
+                break
+        else:
+            after += resumed.finish()
+        resumed_at += 1
+        for got, want in zip(after, reference[len(closed):], strict=False):
+            assert (got.index, got.start_sample, got.end_sample) == (want.index, want.start_sample,
+                                                                      want.end_sample), f"resumed at frame {k}"
+            assert np.array_equal(got.audio, want.audio), f"resumed at frame {k}"
+    assert resumed_at >= 30
 
 
 def test_snapshot_refused_inside_a_segment(mulaw_frames: list[bytes]) -> None:
@@ -71,13 +77,13 @@ def test_resampler_restored_matches_the_uninterrupted_stream(rate: int) -> None:
     chunks = [x[i:i + rate // 50] for i in range(0, x.size, rate // 50)]
     whole = StreamResampler(rate, 16000)
     reference = np.concatenate([whole.process(c) for c in chunks] + [whole.flush()])
-    for cut in (1, 77, 160):
+    for cut in (1, 2, 5, 9, 10, 77, 160, 249):
         head = StreamResampler(rate, 16000)
         out = [head.process(c) for c in chunks[:cut]]
         tail = StreamResampler.restored(rate, 16000, head.snapshot())
         out += [tail.process(c) for c in chunks[cut:]] + [tail.flush()]
         got = np.concatenate(out)
         assert got.size == reference.size
-        # soxr's filter on a shifted block grid: equal to float rounding, not bit for bit.
-        np.testing.assert_allclose(got, reference, atol=1e-6)
+        # Bit for bit: a VAD probability moved by float rounding can move a segment boundary.
+        assert np.array_equal(got, reference)
         assert tail.samples_out == reference.size
