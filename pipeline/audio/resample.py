@@ -7,7 +7,6 @@ from math import ceil, gcd
 
 import numpy as np
 import soxr
-from numpy.lib.stride_tricks import as_strided
 
 QUALITY = "HQ"
 # The streaming filter: input samples each output reaches when upsampling (scaled up when downsampling),
@@ -18,6 +17,12 @@ QUALITY = "HQ"
 TAPS = 128
 KAISER_BETA = 8.6
 PASSBAND = 0.955
+# The stream computes in integers held exactly by float64: input as 16-bit sample values (what every
+# telephony codec decodes to, so nothing is lost) and weights scaled by 2**30. Each product is exact and
+# every partial sum stays below 2**53, so a sum does not depend on the order BLAS or numpy add in.
+INPUT_SCALE = 2.0**15
+WEIGHT_SCALE = 2.0**30
+INPUT_LIMIT = 4.0  # |sample| clipped here (far above full scale) so the sums stay exact
 
 
 def resample(x: np.ndarray, sr_in: int, sr_out: int) -> np.ndarray:
@@ -42,47 +47,32 @@ class ResamplerSnapshot:
 
 
 def _kernel_table(up: int, down: int) -> tuple[np.ndarray, int]:
-    """Windowed-sinc weights [up, taps] for each output phase, and the kernel's half width.
+    """Windowed-sinc weights [up, taps] for each output phase (integers, see WEIGHT_SCALE) and the
+    kernel's half width.
 
     Output ``j`` falls at input time ``t = j * down / up``; its phase is ``(j * down) % up`` and its
     taps are the ``taps`` input samples around ``t``. Each row sums to 1 (unit gain at DC).
     """
     ratio = max(1.0, down / up)  # downsampling: a wider kernel with a lower cut-off
     half = ceil(TAPS * ratio / 2)
-    taps = 1 << (2 * half - 1).bit_length()  # a power of two (see _produce); the extra taps weigh 0
     cutoff = min(1.0, up / down) * PASSBAND  # in units of the input's Nyquist frequency
     frac = np.arange(up)[:, None] / up
-    tau = frac + (half - 1) - np.arange(taps)[None, :]  # t - (input index) of each tap
-    tau = np.where(np.arange(taps)[None, :] < 2 * half, tau, half)  # padding taps: window 0
+    tau = frac + (half - 1) - np.arange(2 * half)[None, :]  # t - (input index) of each tap
     window = np.i0(KAISER_BETA * np.sqrt(np.clip(1 - (tau / half) ** 2, 0, None))) / np.i0(KAISER_BETA)
     weights = cutoff * np.sinc(cutoff * tau) * window
-    weights[:, 2 * half:] = 0.0
     weights /= weights.sum(axis=1, keepdims=True)
-    return weights.astype(np.float32), half
-
-
-def _sum_taps(terms: np.ndarray) -> np.ndarray:
-    """``terms`` summed over its first axis (a power of two long) by halving it.
-
-    Elementwise adds in an order fixed by the tap count alone: an output's value never depends on how
-    many others were computed with it (BLAS and numpy's reductions pick their order by shape and
-    alignment), which is what makes a restored stream bit-exact.
-    """
-    while terms.shape[0] > 1:
-        width = terms.shape[0] // 2
-        terms = terms[:width] + terms[width:]
-    return np.asarray(terms[0], dtype=np.float32)
+    return np.round(weights * WEIGHT_SCALE), half
 
 
 class StreamResampler:
     """Converts a mono stream chunk by chunk with a windowed-sinc polyphase filter.
 
-    Output ``j`` is computed from exactly the ``taps`` input samples around its time, with the same
-    weights and the same arithmetic whatever the chunking, so the output does not depend on how the
-    input arrived. Its whole state is those input samples and two counters: a stream restored from a
-    snapshot goes on bit for bit as the uninterrupted one. (Call checkpoints need that: libsoxr's
-    state cannot be saved, and a fresh soxr stream primed with recent input drifted by whole samples,
-    which moved VAD decisions and so segment boundaries after a handover.)
+    Output ``j`` is computed from exactly the ``taps`` input samples around its time, in exact
+    arithmetic (see INPUT_SCALE), so the output does not depend on how the input was chunked. Its
+    whole state is those input samples and two counters: a stream restored from a snapshot goes on
+    bit for bit as the uninterrupted one. (Call checkpoints need that: libsoxr's state cannot be saved,
+    and a fresh soxr stream primed with recent input drifted by whole samples, which moved VAD
+    decisions and so segment boundaries after a handover.)
 
     An output is produced once the input it reaches has arrived (``taps // 2`` samples of look-ahead,
     8 ms at 8 kHz); ``flush`` at the end of the stream returns the rest, as if zeros followed.
@@ -96,11 +86,10 @@ class StreamResampler:
         self._passthrough = sr_in == sr_out
         self._weights, self._half = _kernel_table(self._up, self._down)
         self._taps = self._weights.shape[1]
-        self._weights_by_tap = np.ascontiguousarray(self._weights.T)[:, :, None]  # [tap, phase, 1]
         self.samples_in = 0
         self.samples_out = 0
-        # Input from index ``samples_in - len(_buffer)`` on; before the stream began, silence.
-        self._buffer = np.zeros(self._half, dtype=np.float32)
+        # Input (as 16-bit sample values) from index ``samples_in - len(_buffer)`` on; silence before.
+        self._buffer = np.zeros(self._half, dtype=np.float64)
 
     def process(self, chunk: np.ndarray) -> np.ndarray:
         """Output available after feeding ``chunk`` (1-D float)."""
@@ -109,7 +98,7 @@ class StreamResampler:
         if self._passthrough:
             self.samples_out += chunk.size
             return chunk.copy()
-        self._buffer = np.concatenate([self._buffer, chunk])
+        self._buffer = np.concatenate([self._buffer, _as_levels(chunk)])
         # Output j is ready once its last tap, floor(j * down / up) + half, has arrived.
         ready = self.samples_in - self._half
         first_in = self.samples_in - self._buffer.size
@@ -122,9 +111,9 @@ class StreamResampler:
             return np.zeros(0, dtype=np.float32)
         total = (2 * self.samples_in * self._up + self._down) // (2 * self._down)
         first_in = self.samples_in - self._buffer.size
-        self._buffer = np.concatenate([self._buffer, np.zeros(self._taps, dtype=np.float32)])
+        self._buffer = np.concatenate([self._buffer, np.zeros(self._taps, dtype=np.float64)])
         tail = self._produce(total, first_in)
-        self._buffer = np.zeros(self._half, dtype=np.float32)
+        self._buffer = np.zeros(self._half, dtype=np.float64)
         return tail
 
     def _produce(self, end: int, first_in: int) -> np.ndarray:
@@ -133,34 +122,32 @@ class StreamResampler:
         start = self.samples_out
         if end <= start:
             return np.zeros(0, dtype=np.float32)
-        if self._down == 1 and self._taps == 2 * self._half:
-            out = self._upsample(start, end, first_in)
+        if self._down == 1:
+            sums = self._upsample(start, end, first_in)
         else:
             at = np.arange(start, end, dtype=np.int64) * self._down
             lowest = at // self._up - self._half + 1 - first_in  # buffer index of each output's first tap
-            # Taps past the kernel's real ones (padding to a power of two) weigh 0: clip their reach.
-            taps = np.take(self._buffer, lowest[:, None] + np.arange(self._taps), mode="clip")
-            out = _sum_taps((taps * self._weights[at % self._up]).T)
+            taps = self._buffer[lowest[:, None] + np.arange(self._taps)]
+            sums = np.einsum("ij,ij->i", taps, self._weights[at % self._up])
         self.samples_out = end
         keep_from = end * self._down // self._up - self._half + 1 - first_in
         self._buffer = self._buffer[max(0, keep_from):]
-        return out
+        return (sums * (1.0 / (INPUT_SCALE * WEIGHT_SCALE))).astype(np.float32)
 
     def _upsample(self, start: int, end: int, first_in: int) -> np.ndarray:
         """``_produce`` for an integer ratio (8 -> 16 kHz): outputs come in whole groups of ``up``, one
-        group per input sample, whose taps are one sliding window of the input (no gather)."""
+        group per input sample; each phase is one correlation of the input with its weights."""
         first, count = start // self._up, (end - start) // self._up
         lowest = first - self._half + 1 - first_in
-        buffer = self._buffer[lowest:]
-        step = buffer.strides[0]
-        windows = as_strided(buffer, (self._taps, count), (step, step), writeable=False)  # [tap, input]
-        # [tap, phase, input]: the tap axis first, so each halving adds two contiguous blocks.
-        groups = _sum_taps(windows[:, None, :] * self._weights_by_tap)  # [phase, input]
-        return np.ascontiguousarray(groups.T).reshape(-1)
+        window = self._buffer[lowest : lowest + count + self._taps - 1]
+        sums = np.empty(count * self._up, dtype=np.float64)
+        for phase in range(self._up):
+            sums[phase :: self._up] = np.correlate(window, self._weights[phase], "valid")
+        return sums
 
     def snapshot(self) -> ResamplerSnapshot:
-        history = self._buffer if not self._passthrough else np.zeros(0, dtype=np.float32)
-        return ResamplerSnapshot(self.samples_in, self.samples_out, history.copy())
+        history = self._buffer / INPUT_SCALE if not self._passthrough else np.zeros(0)
+        return ResamplerSnapshot(self.samples_in, self.samples_out, history.astype(np.float32))
 
     @classmethod
     def restored(cls, sr_in: int, sr_out: int, snap: ResamplerSnapshot) -> StreamResampler:
@@ -168,5 +155,10 @@ class StreamResampler:
         stream = cls(sr_in, sr_out)
         stream.samples_in, stream.samples_out = snap.samples_in, snap.samples_out
         if not stream._passthrough:
-            stream._buffer = np.asarray(snap.history, dtype=np.float32).copy()
+            stream._buffer = _as_levels(np.asarray(snap.history, dtype=np.float32))
         return stream
+
+
+def _as_levels(samples: np.ndarray) -> np.ndarray:
+    """Float samples as 16-bit sample values (float64 integers); exact for decoded telephony audio."""
+    return np.round(np.clip(samples, -INPUT_LIMIT, INPUT_LIMIT).astype(np.float64) * INPUT_SCALE)
