@@ -30,6 +30,8 @@ schemas_app = typer.Typer(no_args_is_help=True, help="Avro contracts and their s
 app.add_typer(broker_app, name="broker")
 app.add_typer(topics_app, name="topics")
 app.add_typer(schemas_app, name="schemas")
+bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks (not tests) of the live pipeline.")
+app.add_typer(bench_app, name="bench")
 
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
@@ -272,6 +274,43 @@ def analyze(
     engine = Engine.load(settings=settings)
     if asyncio.run(analyze_paths(paths, engine, config, options, emit, err_console)):
         raise typer.Exit(1)
+
+
+@bench_app.command("live")
+def bench_live(
+    calls: Annotated[int, typer.Option(help="Concurrent calls (legs = 2 x calls); with --search, where it starts.")] = 6,
+    search: Annotated[bool, typer.Option(
+        "--search", help="Find the most concurrent calls held with P99 <= --p99-max-s and lag not growing; "
+                         "then, at that load, max_batch 1 and the engine alone.")] = False,
+    compare: Annotated[bool, typer.Option(
+        "--compare", help="Without --search: also max_batch 1 and the engine alone at --calls.")] = False,
+    warmup_s: Annotated[float, typer.Option(help="Traffic before the steady window (s).")] = 30.0,
+    hold_s: Annotated[float, typer.Option(help="The steady window everything is measured over (s).")] = 120.0,
+    cores: Annotated[str, typer.Option(help="CPU list the worker is pinned to (taskset), e.g. 0 or 0-1; "
+                                            "default: every core.")] = "",
+    p99_max_s: Annotated[float, typer.Option(help="Highest P99 final latency a level may have (s).")] = 1.5,
+    max_calls: Annotated[int, typer.Option(help="--search goes no higher.")] = 256,
+    seed: Annotated[int, typer.Option(help="Traffic seed: the same seed and calls give the same calls.")] = 1,
+    out: Annotated[Path | None, typer.Option(help="Folder for live-<stamp>.json, live.json and live.png "
+                                                  "(default bench/results).")] = None,
+) -> None:
+    """Live-traffic capacity benchmark: Poisson call arrivals in real time through the broker and one worker."""
+    from pipeline.bench.benchmark import BenchOptions, parse_cores, run_benchmark
+    from pipeline.bench.live import LevelConfig
+    from pipeline.bench.report import RESULTS, print_report
+
+    if calls < 1 or hold_s <= 0 or warmup_s < 0:
+        raise typer.BadParameter("--calls must be >= 1, --hold-s > 0 and --warmup-s >= 0")
+    try:
+        pinned = parse_cores(cores)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    level = LevelConfig(calls=calls, cores=pinned, warmup_s=warmup_s, hold_s=hold_s, seed=seed, p99_max_s=p99_max_s)
+    options = BenchOptions(level, search=search, compare=compare, max_calls=max_calls, out=out or RESULTS)
+    doc, paths = run_benchmark(options, console)
+    print_report(doc, console)
+    for path in paths:
+        console.print(f"wrote {path}")
 
 
 @app.command("settings")

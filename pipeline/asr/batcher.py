@@ -1,15 +1,19 @@
 """SegmentBatcher: one per worker process, shared by all streams, turning segments into batched decodes.
 
-Streams `await batcher.submit(segment)`. A collector task gathers segments until `max_batch` are waiting
-or the oldest has waited `max_wait_ms`, takes the oldest segment's window bucket first (so one batch
-pads little), and runs the batch in a single worker thread: ONNX Runtime spreads one batch over its
-intra-op threads, and one batch at a time keeps latency predictable. The queue is bounded: when it is
-full, `submit` waits (back-pressure up to the stream consumers).
+Streams `await batcher.submit(segment)`. A collector task waits for a free inference thread, then
+gathers segments until `max_batch` are waiting or the oldest has waited `max_wait_ms`, takes the oldest
+segment's window bucket first (so one batch pads little), and hands the batch to that thread. With
+`inference_threads` > 1 several batches run at once, each on its own core (ONNX Runtime releases the
+GIL while it runs): one batch spread over intra-op threads left a core idle in its serial parts and
+contended with the event loop. While every thread is busy, segments queue, so batches grow with the
+load. The queue is bounded: when it is full, `submit` waits (back-pressure up to the stream consumers).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -55,13 +59,20 @@ class SegmentBatcher:
         max_wait_ms: float = 30.0,
         queue_size: int = 256,
         window: WindowPolicy | None = None,
+        inference_threads: int = 1,
     ) -> None:
         self._recognizer = recognizer
         self.max_batch = max_batch
         self.max_wait_s = max_wait_ms / 1000.0
         self._window = window or recognizer.decoder.options.window
         self._queue: asyncio.Queue[_Pending | None] = asyncio.Queue(maxsize=queue_size)
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="asr-batch")
+        self.inference_threads = max(1, inference_threads)
+        self._executor = ThreadPoolExecutor(
+            max_workers=self.inference_threads, thread_name_prefix="asr-batch", initializer=_name_os_thread
+        )
+        self._free_threads = asyncio.Semaphore(self.inference_threads)
+        self._running: set[asyncio.Task[None]] = set()
+        self._failure: BaseException | None = None  # a batch task's bug: the batcher is dead
         self._task: asyncio.Task[None] | None = None
         self._closed = False
 
@@ -72,6 +83,7 @@ class SegmentBatcher:
             max_batch=settings.max_batch,
             max_wait_ms=settings.max_wait_ms,
             queue_size=settings.batcher_queue_size,
+            inference_threads=inference_threads(settings.inference_threads),
         )
 
     @property
@@ -85,6 +97,8 @@ class SegmentBatcher:
     @property
     def error(self) -> BaseException | None:
         """Why the collector task stopped before ``close()`` (a bug: queued segments wait forever), or None."""
+        if self._failure is not None and not self._closed:
+            return self._failure
         task = self._task
         if task is None or not task.done() or self._closed:
             return None
@@ -136,15 +150,37 @@ class SegmentBatcher:
     async def _collect(self) -> None:
         pending: list[_Pending] = []
         closing = False
-        while not (closing and not pending):
-            if not pending:
-                item = await self._queue.get()
-                if item is None:
-                    break
-                pending.append(item)
-            closing = await self._gather(pending) or closing
-            batch, pending = self._take_batch(pending)
+        try:
+            while not (closing and not pending):
+                if not pending:
+                    item = await self._queue.get()
+                    if item is None:
+                        break
+                    pending.append(item)
+                # A batch forms only once a thread can take it: while all are busy, segments keep
+                # arriving, and the next batch holds all of them (up to max_batch).
+                await self._free_threads.acquire()
+                closing = await self._gather(pending) or closing
+                batch, pending = self._take_batch(pending)
+                task = asyncio.create_task(self._run_and_release(batch), name="segment-batch")
+                self._running.add(task)
+                task.add_done_callback(self._running.discard)
+        finally:
+            if self._running:
+                await asyncio.gather(*self._running, return_exceptions=True)
+
+    async def _run_and_release(self, batch: list[_Pending]) -> None:
+        try:
             await self._run(batch)
+        except BaseException as exc:
+            # A bug (recognize isolates a segment's own failure): its segments would wait forever, so
+            # the batcher is dead, `error` says why, and the worker's health check stops the worker.
+            self._failure = exc
+            if self._task is not None:
+                self._task.cancel()
+            raise
+        finally:
+            self._free_threads.release()
 
     async def _gather(self, pending: list[_Pending]) -> bool:
         """Add queued segments to `pending` until max_batch or the oldest's deadline; True on close."""
@@ -191,6 +227,18 @@ class SegmentBatcher:
                 p.future.set_exception(result)
             else:
                 p.future.set_result(result)
+
+
+def _name_os_thread() -> None:
+    """Name the inference thread for the OS too (Python 3.11 names only its own Thread object), so
+    per-thread CPU in /proc, top -H or the live benchmark shows where inference time goes."""
+    with contextlib.suppress(OSError):  # not Linux: only the name in tools is lost
+        Path("/proc/thread-self/comm").write_text("asr-batch")
+
+
+def inference_threads(setting: int) -> int:
+    """Batches run at once: ``setting``, or with 0 one per core this process may use."""
+    return setting if setting > 0 else max(1, len(os.sched_getaffinity(0)))
 
 
 def check_newer(offered: int, running: int, name: str) -> None:

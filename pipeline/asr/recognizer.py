@@ -32,6 +32,7 @@ def decode_options(settings: AsrSettings, model: WhisperOnnx) -> DecodeOptions:
         window=WindowPolicy(settings.window_bucket_s),
         max_tokens_per_second=settings.max_tokens_per_second,
         full_window_retry=settings.full_window_retry,
+        retry_bucket_s=settings.retry_window_bucket_s,
         suppress_ids=tuple(model.manifest.suppress_ids),
         suppress_ids_begin=tuple(model.manifest.suppress_ids_begin),
     )
@@ -54,7 +55,7 @@ def segment_features(segment: SegmentAudio) -> np.ndarray:
 
 
 class Recognizer:
-    """A model version and its greedy decoder. Not thread-safe: one batch at a time."""
+    """A model version and its greedy decoder; `recognize` may run in several threads at once."""
 
     def __init__(self, model: WhisperOnnx, options: DecodeOptions) -> None:
         self.model = model

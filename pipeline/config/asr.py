@@ -27,11 +27,19 @@ class AsrSettings(BaseModel):
     full_window_retry: bool = Field(
         True, description="Decode again in the full 30 s window a segment that hit the token cap or looped."
     )
+    retry_window_bucket_s: float = Field(
+        10.0, ge=0.0,
+        description="Bucket of the first, cheaper retry window (s) before the full 30 s one (0 = straight to 30 s).",
+    )
     max_batch: int = Field(16, description="Most segments decoded together in one batch.")
     max_wait_ms: float = Field(30.0, description="Longest a segment waits in the batcher for others to join it (ms).")
     batcher_queue_size: int = Field(256, description="Segments queued in the batcher before submit() waits.")
     intra_op_threads: int = Field(
         1, description="ONNX Runtime intra-op threads per session (0 = all cores); 1 leaves a core to the agents.",
+    )
+    # Batches run at once, each on one intra-op thread: measured in bench/results/live.json.
+    inference_threads: int = Field(
+        0, ge=0, description="Batches decoded at once, one thread each (0 = one per core the process may use).",
     )
     # Not a secret (it only verifies), so a plain string: the key itself, or where to read it.
     model_public_key: str = Field(

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -112,3 +114,38 @@ async def test_swap_refuses_older_and_serves_newer(
     await batcher.close()
     assert (before.model_version, after.model_version) == (1, 2)
     assert after.text == before.text
+
+
+class MeetingRecognizer:
+    """Each batch waits until another batch is running at the same time (or gives up after 20 s)."""
+
+    name, version = "meeting", 1
+
+    def __init__(self, parties: int) -> None:
+        self.barrier = threading.Barrier(parties, timeout=20)
+        self.met = 0
+
+    def recognize(self, segments: Any, waits: Any = None) -> list[Any]:
+        try:
+            self.barrier.wait()
+            self.met += 1
+        except threading.BrokenBarrierError:
+            pass
+        return [SegmentRejectedError("not decoded here") for _ in segments]
+
+
+class OneWindow:
+    def window_frames(self, frames: int) -> int:
+        return 3000
+
+
+async def test_batches_run_at_once_on_several_inference_threads() -> None:
+    recognizer = MeetingRecognizer(parties=2)
+    batcher = SegmentBatcher(recognizer, window=OneWindow(), max_batch=1, max_wait_ms=1,  # type: ignore[arg-type]
+                             inference_threads=2)
+    await batcher.start()
+    segment = AudioSegment(0, 1000, np.zeros(16000, np.float32))
+    outcomes = await asyncio.gather(*(batcher.submit(segment) for _ in range(2)), return_exceptions=True)
+    await batcher.close()
+    assert all(isinstance(o, SegmentRejectedError) for o in outcomes)
+    assert recognizer.met == 2, "the two batches did not run at the same time"

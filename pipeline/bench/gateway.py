@@ -1,0 +1,144 @@
+"""Sends planned calls in real time, as a media gateway does: a start event when a call connects, both
+legs' 20 ms μ-law frames as their audio happens (keyed by call id), an end event after the last frame.
+
+``pipeline.ingest.replay.TelephonyReplay`` starts every call at once; here each call starts at its own
+arrival time, so the pacing is a 20 ms tick over every open call (arrivals are on the frame grid, so a
+frame is never held back to the next tick). The wall time of traffic time 0 is recorded: a turn's last
+frame is due at that + the call's arrival + the turn's end, the reference its final's latency is
+measured from. How late the ticks ran is recorded too (a late gateway inflates every latency).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pipeline.bench.traffic import FRAME_BYTES, FRAME_MS, RATE, CallPlan, NoiseBed, TurnLibrary, render_leg
+from pipeline.broker.producer import ContractProducer
+from pipeline.contracts.messages import LEGS, AudioFrame, CallEvent, now_ms
+
+TENANT = "bench"
+
+
+@dataclass
+class CallStream:
+    """One call being sent: its legs' μ-law audio and the next frame; builds messages, sends nothing."""
+
+    plan: CallPlan
+    legs: dict[str, bytes] = field(repr=False)
+    next_frame: int = 0
+
+    @classmethod
+    def render(cls, plan: CallPlan, library: TurnLibrary, noise: NoiseBed) -> CallStream:
+        return cls(plan, {leg: render_leg(plan, leg, library, noise) for leg in LEGS})
+
+    @property
+    def done(self) -> bool:
+        return self.next_frame >= self.plan.frames
+
+    @property
+    def agent_id(self) -> str:
+        return f"agent-{zlib.crc32(self.plan.call_id.encode()) % 100:02d}"
+
+    def start_event(self) -> CallEvent:
+        return CallEvent(self.plan.call_id, "start", tenant=TENANT, agent_id=self.agent_id, queue="bench",
+                         legs=list(LEGS), sample_rate=RATE, encoding="mulaw")
+
+    def end_event(self) -> CallEvent:
+        return CallEvent(self.plan.call_id, "end", tenant=TENANT, agent_id=self.agent_id, queue="bench",
+                         legs=list(LEGS), sample_rate=RATE, encoding="mulaw",
+                         frame_counts=dict.fromkeys(LEGS, self.plan.frames))
+
+    def frames_until(self, end_frame: int) -> list[AudioFrame]:
+        """Both legs' frames from the next one up to ``end_frame`` (exclusive, capped at the call's end)."""
+        frames = []
+        produced = now_ms()
+        for k in range(self.next_frame, min(end_frame, self.plan.frames)):
+            for leg, audio in self.legs.items():
+                frames.append(AudioFrame(
+                    call_id=self.plan.call_id, leg=leg,  # type: ignore[arg-type]
+                    seq=k, start_ms=k * FRAME_MS, sample_rate=RATE, encoding="mulaw",
+                    payload=audio[k * FRAME_BYTES:(k + 1) * FRAME_BYTES], produced_at_ms=produced,
+                ))
+            self.next_frame = k + 1
+        return frames
+
+
+@dataclass
+class GatewayReport:
+    """What was sent: the wall time of traffic time 0, per call whether it started and ended."""
+
+    started_wall_s: float = 0.0
+    started: set[str] = field(default_factory=set)
+    ended: set[str] = field(default_factory=set)
+    frames_sent: int = 0
+    events_sent: int = 0
+    late_ms: list[float] = field(default_factory=list, repr=False)  # per tick: when sent - when due
+
+    def lateness(self) -> dict[str, float]:
+        if not self.late_ms:
+            return {"p50_ms": 0.0, "p99_ms": 0.0, "max_ms": 0.0}
+        values = np.asarray(self.late_ms)
+        return {"p50_ms": round(float(np.percentile(values, 50)), 1),
+                "p99_ms": round(float(np.percentile(values, 99)), 1), "max_ms": round(float(values.max()), 1)}
+
+
+class LiveGateway:
+    """Sends calls at their arrival times, in real time, through one producer."""
+
+    def __init__(self, producer: ContractProducer, audio_topic: str, events_topic: str, library: TurnLibrary,
+                 noise: NoiseBed) -> None:
+        self.producer = producer
+        self.audio_topic = audio_topic
+        self.events_topic = events_topic
+        self.library = library
+        self.noise = noise
+        noise.data  # noqa: B018 - built now, not at the first call's arrival
+
+    def run(self, plans: Sequence[CallPlan], until_s: float, stop: threading.Event,
+            report: GatewayReport | None = None, on_tick: Callable[[float], None] | None = None) -> GatewayReport:
+        """Send until traffic time ``until_s`` (calls still open then just stop, as at a capture's end) or
+        ``stop``. ``report`` is filled as it goes (others may read it while this runs)."""
+        report = report or GatewayReport()
+        pending = sorted(plans, key=lambda p: p.arrival_s)
+        arrival_tick = {p.call_id: round(p.arrival_s * 1000 / FRAME_MS) for p in plans}
+        active: list[CallStream] = []
+        began = time.monotonic()
+        report.started_wall_s = time.time() - (time.monotonic() - began)
+        tick = 0
+        while tick * FRAME_MS / 1000 <= until_s:
+            due = began + tick * FRAME_MS / 1000
+            if stop.wait(max(0.0, due - time.monotonic())):
+                break
+            while pending and arrival_tick[pending[0].call_id] <= tick:
+                active.append(self._start(pending.pop(0), report))
+            for stream in active:
+                self._send_frames(stream, tick - arrival_tick[stream.plan.call_id], report)
+            active = [s for s in active if not s.done]
+            report.late_ms.append((time.monotonic() - due) * 1000)
+            if on_tick is not None:
+                on_tick(tick * FRAME_MS / 1000)
+            tick += 1
+        self.producer.flush()
+        return report
+
+    def _start(self, plan: CallPlan, report: GatewayReport) -> CallStream:
+        stream = CallStream.render(plan, self.library, self.noise)
+        self.producer.send(self.events_topic, plan.call_id, stream.start_event())
+        report.events_sent += 1
+        report.started.add(plan.call_id)
+        return stream
+
+    def _send_frames(self, stream: CallStream, frames_due: int, report: GatewayReport) -> None:
+        for frame in stream.frames_until(frames_due):
+            self.producer.send(self.audio_topic, stream.plan.call_id, frame)
+            report.frames_sent += 1
+        if stream.done:
+            self.producer.send(self.events_topic, stream.plan.call_id, stream.end_event())
+            report.events_sent += 1
+            report.ended.add(stream.plan.call_id)

@@ -1,0 +1,141 @@
+"""Final transcripts matched to the turns they transcribe; latency from the end of speech; pure.
+
+A final is matched to the turn of its leg it overlaps most. Its speech ended when that turn's last
+frame was due: the wall time of traffic time 0 + the call's arrival + the turn's end. When the
+segmenter split a turn at a pause inside it, each final but the turn's last ends before the turn does:
+their speech ended at their own end (the segmenter's, which includes its 150 ms post-roll), not at the
+turn's, which has not been spoken yet. Latency = when the transcript was written to its topic (the
+record's Kafka timestamp) - when its speech ended.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from pipeline.bench.traffic import CallPlan, Turn
+
+PERCENTILES = (50, 95, 99)
+
+
+@dataclass(frozen=True)
+class FinalSeen:
+    """A final transcript as read from the transcripts topic."""
+
+    call_id: str
+    leg: str
+    segment_id: str
+    start_ms: int
+    end_ms: int
+    text: str
+    written_s: float  # Kafka timestamp of the record (wall clock, s)
+    received_s: float  # when the benchmark read it (wall clock, s)
+    batch_size: int
+
+    @property
+    def audio_s(self) -> float:
+        return (self.end_ms - self.start_ms) / 1000
+
+
+@dataclass(frozen=True)
+class MatchedFinal:
+    final: FinalSeen
+    turn: Turn | None  # None: it overlaps no turn of its leg (noise taken for speech)
+    speech_end_s: float | None  # wall clock
+    split: bool = False  # the segmenter closed it inside its turn
+
+    @property
+    def latency_s(self) -> float | None:
+        return None if self.speech_end_s is None else self.final.written_s - self.speech_end_s
+
+
+def _overlap(turn: Turn, final: FinalSeen) -> int:
+    return min(turn.end_ms, final.end_ms) - max(turn.start_ms, final.start_ms)
+
+
+def unique_finals(finals: Iterable[FinalSeen]) -> list[FinalSeen]:
+    """One final per segment id (at-least-once delivery may write one twice: the first counts)."""
+    first: dict[tuple[str, str], FinalSeen] = {}
+    for f in sorted(finals, key=lambda f: f.written_s):
+        first.setdefault((f.call_id, f.segment_id), f)
+    return list(first.values())
+
+
+def match_finals(finals: Iterable[FinalSeen], plans: Mapping[str, CallPlan], started_wall_s: float) -> list[MatchedFinal]:
+    """Every final of a planned call, matched to its turn (finals of other calls are left out)."""
+    by_turn: dict[tuple[str, int], list[FinalSeen]] = {}
+    unmatched: list[MatchedFinal] = []
+    for final in unique_finals(finals):
+        plan = plans.get(final.call_id)
+        if plan is None:
+            continue
+        overlaps = [(_overlap(t, final), i) for i, t in enumerate(plan.turns) if t.leg == final.leg]
+        best = max(overlaps, default=(0, -1))
+        if best[0] <= 0:
+            unmatched.append(MatchedFinal(final, None, None))
+        else:
+            by_turn.setdefault((final.call_id, best[1]), []).append(final)
+    matched: list[MatchedFinal] = []
+    for (call_id, index), group in by_turn.items():
+        plan = plans[call_id]
+        turn = plan.turns[index]
+        at = started_wall_s + plan.arrival_s
+        group.sort(key=lambda f: f.start_ms)
+        for f in group[:-1]:
+            end_ms = min(f.end_ms, turn.end_ms)
+            matched.append(MatchedFinal(f, turn, at + end_ms / 1000, split=True))
+        matched.append(MatchedFinal(group[-1], turn, at + turn.end_ms / 1000))
+    return matched + unmatched
+
+
+@dataclass(frozen=True)
+class LatencySummary:
+    count: int
+    p50_s: float | None
+    p95_s: float | None
+    p99_s: float | None
+    max_s: float | None
+    mean_s: float | None
+
+    def as_json(self) -> dict[str, object]:
+        def r(x: float | None) -> float | None:
+            return None if x is None else round(x, 3)
+
+        return {"finals": self.count, "p50_s": r(self.p50_s), "p95_s": r(self.p95_s), "p99_s": r(self.p99_s),
+                "max_s": r(self.max_s), "mean_s": r(self.mean_s)}
+
+
+def summarize(latencies: Sequence[float]) -> LatencySummary:
+    if not latencies:
+        return LatencySummary(0, None, None, None, None, None)
+    values = np.asarray(latencies, dtype=float)
+    p50, p95, p99 = (float(np.percentile(values, q)) for q in PERCENTILES)
+    return LatencySummary(len(values), p50, p95, p99, float(values.max()), float(values.mean()))
+
+
+def window_latency(matched: Iterable[MatchedFinal], from_s: float, to_s: float) -> LatencySummary:
+    """Latency of the finals whose speech ended in [from_s, to_s) (wall clock)."""
+    return summarize([m.latency_s for m in matched
+                      if m.speech_end_s is not None and m.latency_s is not None and from_s <= m.speech_end_s < to_s])
+
+
+def written_in(finals: Iterable[FinalSeen], from_s: float, to_s: float) -> list[FinalSeen]:
+    """Finals whose transcript was written in [from_s, to_s) (wall clock)."""
+    return [f for f in finals if from_s <= f.written_s < to_s]
+
+
+def batch_sizes(finals: Sequence[FinalSeen]) -> dict[str, object]:
+    """Batch sizes from the finals' own ``batch_size`` (exact): segments per size, and the batches that makes
+    (a batch of b segments holds b of them; batches cut by the window's edges make this an estimate)."""
+    by_size: dict[int, int] = {}
+    for f in finals:
+        by_size[f.batch_size] = by_size.get(f.batch_size, 0) + 1
+    batches = sum(n / size for size, n in by_size.items() if size > 0)
+    return {
+        "segments": len(finals), "batches": round(batches, 1),
+        "mean_size": round(len(finals) / batches, 2) if batches else None,  # per batch
+        "mean_size_per_segment": round(sum(s * n for s, n in by_size.items()) / len(finals), 2) if finals else None,
+        "segments_by_size": {str(size): by_size[size] for size in sorted(by_size)},
+    }

@@ -1,0 +1,586 @@
+"""One load level of the live benchmark, the search over levels, and the comparisons at the found load.
+
+A level: fresh topics and consumer group, one real `callqa worker` process (its own web port, its own
+embedded store in the run's folder, pinned with taskset to the cores given), the traffic of N calls sent
+in real time for a warm-up, a steady window and a short tail (so segments whose speech ended in the
+window can close), then a drain until the worker is idle. Everything is measured over the steady
+window: final latency from the end of speech, throughput, the worker's CPU per part, RSS, consumer lag,
+batch sizes, and the calls actually open.
+
+A level is met when its finals' P99 latency is at most ``p99_max_s``, the lag is not growing over the
+window (the worker does not fall further behind the live audio: the least-squares slope of how many
+seconds of audio it is behind stays under LAG_SLOPE_MAX), it drained, and finals came.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager, suppress
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from pipeline.bench import probes
+from pipeline.bench.gateway import GatewayReport, LiveGateway
+from pipeline.bench.latency import (
+    FinalSeen,
+    MatchedFinal,
+    batch_sizes,
+    match_finals,
+    unique_finals,
+    window_latency,
+    written_in,
+)
+from pipeline.bench.traffic import (
+    FRAME_MS,
+    CallPlan,
+    NoiseBed,
+    TrafficSpec,
+    TurnLibrary,
+    mean_open,
+    plan_traffic,
+)
+from pipeline.broker.local import free_port
+from pipeline.broker.producer import ContractProducer
+from pipeline.broker.security import ClientErrors, admin_client, kafka_config
+from pipeline.broker.topics import ensure_topics
+from pipeline.config import Settings
+from pipeline.contracts import Serde, TranscriptSegment
+from pipeline.worker.process import WorkerProcess, worker_env
+
+# "Lag not growing": the worker falls behind the live audio by less than 1 s per 100 s of window.
+LAG_SLOPE_MAX = 0.01
+FRAMES_PER_S_PER_LEG = 1000 // FRAME_MS
+# No new final for this long, with nothing lagging or queued: the worker is idle. Longer than a batch takes
+# unless the level is far over its capacity (then P99 fails whether or not its last finals are counted).
+DRAIN_QUIET_S = 8.0
+ASSIGNMENT_TIMEOUT_S = 90.0
+
+
+class BenchError(RuntimeError):
+    """A level could not be measured; the message is one line saying why (and where the worker log is)."""
+
+
+@dataclass(frozen=True)
+class LevelConfig:
+    calls: int
+    cores: tuple[int, ...]
+    warmup_s: float = 30.0
+    hold_s: float = 120.0
+    tail_s: float = 5.0
+    drain_timeout_s: float = 90.0
+    sample_s: float = 2.0
+    seed: int = 1
+    max_batch: int | None = None  # None: the worker's own setting
+    p99_max_s: float = 1.5
+
+    @property
+    def traffic(self) -> TrafficSpec:
+        return TrafficSpec(self.calls, seed=self.seed)
+
+    @property
+    def horizon_s(self) -> float:
+        return self.warmup_s + self.hold_s + self.tail_s
+
+    @property
+    def label(self) -> str:
+        return f"{self.calls} calls" + ("" if self.max_batch is None else f", max_batch {self.max_batch}")
+
+
+@dataclass
+class LevelRun:
+    """A measured level: its figures (``result``, JSON-ready) and what the comparisons need."""
+
+    config: LevelConfig
+    result: dict[str, Any]
+    plans: list[CallPlan] = field(repr=False)
+    window_finals: list[FinalSeen] = field(repr=False)  # written inside the steady window
+
+    @property
+    def met(self) -> bool:
+        return bool(self.result["met"])
+
+
+# ---- the pieces of a level -------------------------------------------------------------------------------
+class TranscriptTap(threading.Thread):
+    """Reads the transcripts topic from its beginning; keeps every final with its Kafka timestamp."""
+
+    def __init__(self, settings: Settings, serde: Serde) -> None:
+        super().__init__(name="bench-transcripts", daemon=True)
+        self.topic = settings.topic_transcripts
+        self.serde = serde
+        self.consumer = Consumer({**kafka_config(settings), "group.id": f"bench-live-{uuid.uuid4().hex}",
+                                  "enable.auto.commit": False})
+        partitions = self.consumer.list_topics(self.topic, timeout=10).topics[self.topic].partitions
+        self.consumer.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in partitions])
+        self.halt = threading.Event()
+        self._lock = threading.Lock()
+        self._finals: list[FinalSeen] = []
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            while not self.halt.is_set():
+                msg = self.consumer.poll(0.2)
+                if msg is not None and not msg.error() and msg.value():
+                    self._keep(msg)
+        except BaseException as exc:  # noqa: BLE001 - handed to the level by finals()
+            self.error = exc
+        finally:
+            self.consumer.close()
+
+    def _keep(self, msg: Any) -> None:
+        received = time.time()
+        segment = self.serde.decode(msg.value(), TranscriptSegment)
+        if not segment.is_final:
+            return
+        kind, stamp_ms = msg.timestamp()
+        written = stamp_ms / 1000 if kind != 0 and stamp_ms > 0 else received  # 0: no timestamp
+        final = FinalSeen(segment.call_id, segment.leg, segment.segment_id, segment.start_ms, segment.end_ms,
+                          segment.text, written, received, segment.batch_size)
+        with self._lock:
+            self._finals.append(final)
+
+    def finals(self) -> list[FinalSeen]:
+        if self.error is not None:
+            raise BenchError(f"reading {self.topic} failed: {type(self.error).__name__}: {self.error}")
+        with self._lock:
+            return list(self._finals)
+
+    def stop(self) -> None:
+        self.halt.set()
+        self.join(timeout=10)
+
+
+class Background(threading.Thread):
+    """Runs ``fn`` in a thread; ``check()`` raises its exception in the caller's."""
+
+    def __init__(self, name: str, fn: Callable[[], Any]) -> None:
+        super().__init__(name=name, daemon=True)
+        self.fn = fn
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller by check()
+            self.error = exc
+
+    def check(self) -> None:
+        if self.error is not None:
+            raise BenchError(f"{self.name} failed: {type(self.error).__name__}: {self.error}") from self.error
+
+
+def topic_names(prefix: str) -> dict[str, str]:
+    """Every topic setting (checkpoints included, and any added later), fresh for this level."""
+    return {name: f"{prefix}.{name.removeprefix('topic_')}" for name in Settings.model_fields
+            if name.startswith("topic_")}
+
+
+@contextmanager
+def level_worker(config: LevelConfig, settings: Settings, topics: dict[str, str], folder: Path) -> Iterator[WorkerProcess]:
+    """A worker on the level's topics and consumer group, pinned to the level's cores; stopped, its store
+    and the topics removed on the way out (its log stays in ``folder``)."""
+    port = free_port()
+    overrides = {**topics, "worker_id": settings.worker_id, "web_port": str(port),
+                 "bootstrap_servers": settings.bootstrap, "clickhouse_url": f"chdb://{(folder / 'store').resolve()}",
+                 "model_watch_interval_s": "0"}  # no hot reload in the middle of a measurement
+    if config.max_batch is not None:
+        overrides["max_batch"] = str(config.max_batch)
+    env = worker_env(overrides)
+    env["FAUST_DATADIR"] = str((folder / "faust").resolve())  # faust's own folder, not in the working dir
+    worker = WorkerProcess(env, port, folder / "worker.log", cpus=",".join(map(str, config.cores)))
+    try:
+        ensure_topics(settings)
+        try:
+            worker.start()
+        except RuntimeError as exc:
+            raise BenchError(f"the worker did not start: {last_log_line(worker)}") from exc
+        wait_assigned(worker)
+        yield worker
+    finally:
+        with suppress(Exception):
+            worker.stop()
+        delete_topics(settings, topics)
+        for part in ("store", "faust"):
+            shutil.rmtree(folder / part, ignore_errors=True)
+
+
+def wait_assigned(worker: WorkerProcess) -> None:
+    """Until the worker holds its input partitions (frames sent before would only queue up)."""
+    deadline = time.monotonic() + ASSIGNMENT_TIMEOUT_S
+    while time.monotonic() < deadline:
+        alive(worker)
+        with suppress(OSError):
+            if worker.metric("callqa_rebalances_total") >= 1:
+                return
+        time.sleep(0.5)
+    raise BenchError(f"the worker got no partitions in {ASSIGNMENT_TIMEOUT_S:.0f} s (log: {worker.log_path})")
+
+
+def alive(worker: WorkerProcess) -> None:
+    if not worker.alive():
+        raise BenchError(f"the worker exited ({worker.exit_code}): {last_log_line(worker)}")
+
+
+def last_log_line(worker: WorkerProcess) -> str:
+    """The worker log's line that says why it failed: its first ERROR, else its last line."""
+    lines = [ln.strip() for ln in worker.log_tail(300).splitlines() if ln.strip()]
+    first_error = next((ln for ln in lines if "[ERROR]" in ln or "Crashed reason=" in ln), None)
+    return f"{(first_error or (lines or ['(empty log)'])[-1])[:300]} (log: {worker.log_path})"
+
+
+def delete_topics(settings: Settings, topics: dict[str, str]) -> None:
+    admin = admin_client(settings, ClientErrors(settings))
+    for future in admin.delete_topics(list(topics.values()), operation_timeout=30).values():
+        with suppress(Exception):
+            future.result()
+
+
+# ---- a level ---------------------------------------------------------------------------------------------
+@dataclass
+class Watch:
+    """What the level loop collects while the traffic runs and the worker drains."""
+
+    samples: list[probes.MetricsSample] = field(default_factory=list)
+    cpu_start: tuple[float, probes.CpuSnapshot] | None = None
+    cpu_end: tuple[float, probes.CpuSnapshot] | None = None
+    thread_names: dict[int, str] = field(default_factory=dict)  # OS thread id -> Python thread name
+    drained_after_s: float | None = None
+
+    def end_window(self, pid: int) -> None:
+        self.cpu_end = (time.monotonic(), probes.cpu_snapshot(pid))
+        # Names again: a pool's threads start when first needed, maybe after the window began.
+        self.thread_names.update(probes.python_thread_names(pid))
+
+    def sample(self, worker: WorkerProcess, audio_topic: str, t_s: float) -> probes.MetricsSample | None:
+        assert worker.proc is not None
+        try:
+            text = probes.fetch_metrics(worker.web_port)
+            rss = probes.rss_bytes(worker.proc.pid)
+        except OSError:
+            alive(worker)
+            return None  # a slow answer under load: the next sample will do
+        sample = probes.parse_metrics(text, t_s, audio_topic, rss)
+        self.samples.append(sample)
+        return sample
+
+
+def run_level(config: LevelConfig, library: TurnLibrary, work: Path, console: Console) -> LevelRun:
+    prefix = f"bench.live.{config.calls}c{'' if config.max_batch is None else f'.b{config.max_batch}'}." \
+             f"{uuid.uuid4().hex[:6]}"
+    topics = topic_names(prefix)
+    settings = Settings(**topics, worker_id=prefix)  # type: ignore[arg-type]
+    plans = plan_traffic(library, config.traffic, config.horizon_s, prefix)
+    with ExitStack() as stack:
+        with console.status(f"{config.label}: starting a worker (model, VAD, store, consumer group)..."):
+            worker = stack.enter_context(level_worker(config, settings, topics, work / prefix))
+        serde = Serde.from_settings(settings.schema_registry_url)
+        tap = TranscriptTap(settings, serde)
+        tap.start()
+        try:
+            gateway = LiveGateway(ContractProducer.from_settings(settings, serde), settings.topic_audio,
+                                  settings.topic_call_events, library, NoiseBed(config.traffic.max_call_s))
+            report, watch = drive(config, worker, gateway, plans, tap, settings.topic_audio, console)
+            finals = tap.finals()
+        finally:
+            tap.stop()
+        assert worker.proc is not None
+        return measure(config, plans, finals, report, watch, worker.proc.pid)
+
+
+def drive(config: LevelConfig, worker: WorkerProcess, gateway: LiveGateway, plans: list[CallPlan],
+          tap: TranscriptTap, audio_topic: str, console: Console) -> tuple[GatewayReport, Watch]:
+    """Send the traffic while sampling the worker; take CPU snapshots at the window's ends; then drain."""
+    assert worker.proc is not None
+    pid = worker.proc.pid
+    report, watch, stop = GatewayReport(), Watch(), threading.Event()
+    sender = Background("the gateway", lambda: gateway.run(plans, config.horizon_s, stop, report))
+    window_end = config.warmup_s + config.hold_s
+    columns = (TextColumn("[bold]{task.description}[/bold]"), BarColumn(), TextColumn("{task.fields[phase]}"),
+               TextColumn("finals {task.fields[finals]}, lag {task.fields[lag]} frames"), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        task = progress.add_task(config.label, total=config.horizon_s, phase="warm-up", finals=0, lag="-")
+        sender.start()
+        next_sample = 0.0
+        try:
+            while sender.is_alive():
+                t = time.time() - report.started_wall_s if report.started_wall_s else 0.0
+                if t >= next_sample:
+                    sample = watch.sample(worker, audio_topic, t)
+                    next_sample = t + config.sample_s
+                    if sample is not None:
+                        progress.update(task, lag=sample.audio_lag if sample.audio_lag is not None else "-")
+                if watch.cpu_start is None and t >= config.warmup_s:
+                    watch.cpu_start = (time.monotonic(), probes.cpu_snapshot(pid))
+                    watch.thread_names = probes.python_thread_names(pid)
+                if watch.cpu_end is None and t >= window_end:
+                    watch.end_window(pid)
+                phase = "warm-up" if t < config.warmup_s else "steady" if t < window_end else "tail"
+                progress.update(task, completed=min(t, config.horizon_s), phase=phase, finals=len(tap.finals()))
+                alive(worker)
+                time.sleep(0.1)
+        finally:
+            stop.set()
+            sender.join(timeout=30)
+        sender.check()
+        if watch.cpu_end is None:  # the tail is shorter than a loop turn: the window ended with the traffic
+            watch.end_window(pid)
+        progress.update(task, phase="draining")
+        watch.drained_after_s = drain(config, worker, tap, watch, audio_topic, report.started_wall_s)
+    return report, watch
+
+
+def drain(config: LevelConfig, worker: WorkerProcess, tap: TranscriptTap, watch: Watch, audio_topic: str,
+          started_wall_s: float) -> float | None:
+    """Seconds until the worker is idle (nothing lagging or queued, no new final for DRAIN_QUIET_S), or None
+    when it did not get there within the drain timeout."""
+    began = time.monotonic()
+    count, quiet_since = len(tap.finals()), time.monotonic()
+    while time.monotonic() - began < config.drain_timeout_s:
+        time.sleep(1.0)
+        sample = watch.sample(worker, audio_topic, time.time() - started_wall_s)
+        now_count = len(tap.finals())
+        if now_count != count:
+            count, quiet_since = now_count, time.monotonic()
+        idle = sample is not None and not sample.audio_lag and not sample.queue_depth
+        if idle and time.monotonic() - quiet_since >= DRAIN_QUIET_S:
+            return time.monotonic() - began
+    return None
+
+
+# ---- figures of a level ----------------------------------------------------------------------------------
+def measure(config: LevelConfig, plans: list[CallPlan], finals: list[FinalSeen], report: GatewayReport,
+            watch: Watch, pid: int) -> LevelRun:
+    """A level's figures over its steady window, JSON-ready."""
+    if watch.cpu_start is None or watch.cpu_end is None:
+        raise BenchError("the traffic stopped before the steady window began")
+    wall0 = report.started_wall_s
+    window = (wall0 + config.warmup_s, wall0 + config.warmup_s + config.hold_s)  # wall clock
+    finals = unique_finals(finals)
+    matched = match_finals(finals, {p.call_id: p for p in plans}, wall0)
+    latency = window_latency(matched, *window)
+    written = written_in(finals, *window)
+    speech_s = sum(f.audio_s for f in written)
+    cpu = probes.cpu_split(pid, watch.cpu_start[1], watch.cpu_end[1], watch.cpu_end[0] - watch.cpu_start[0],
+                           watch.thread_names)
+    in_window = [s for s in watch.samples if config.warmup_s <= s.t_s <= config.warmup_s + config.hold_s]
+    timeline = lag_timeline(watch.samples, plans)
+    slope = lag_slope(timeline, config.warmup_s, config.warmup_s + config.hold_s)
+    calls_mean, calls_min, calls_max = mean_open(plans, config.warmup_s, config.warmup_s + config.hold_s)
+    why_not = verdict(config, latency.p99_s, slope, watch.drained_after_s, latency.count)
+    result: dict[str, Any] = {
+        "calls": config.calls, "legs": 2 * config.calls, "max_batch": config.max_batch or Settings().max_batch,
+        "cores": list(config.cores), "seed": config.seed,
+        "window_s": {"warmup": config.warmup_s, "hold": config.hold_s, "tail": config.tail_s},
+        "calls_open": {"mean": round(calls_mean, 2), "min": calls_min, "max": calls_max},
+        "legs_open_mean": round(2 * calls_mean, 2),
+        "calls_started": len(report.started), "calls_ended": len(report.ended),
+        "latency": latency.as_json(),
+        "finals": finals_figures(finals, matched, written, turns_in_window(plans, matched, wall0, *window)),
+        "throughput": {"speech_s_per_s": round(speech_s / config.hold_s, 3),
+                       "finals_per_s": round(len(written) / config.hold_s, 3)},
+        "worker": worker_figures(cpu, in_window, speech_s),
+        "lag": {"slope_s_per_s": None if slope is None else round(slope, 4),
+                "growing": slope is None or slope > LAG_SLOPE_MAX,
+                "max_frames": max((s["lag_frames"] for s in timeline if s["lag_frames"] is not None), default=None)},
+        "batches": {**batch_sizes(written), f"{probes.BATCH_SIZE}_histogram":
+                    probes.histogram_between(in_window[0], in_window[-1]) if len(in_window) >= 2 else None},
+        "gateway": {"frames_sent": report.frames_sent, "events_sent": report.events_sent,
+                    "tick_late": report.lateness()},
+        "drain": {"drained": watch.drained_after_s is not None,
+                  "after_s": None if watch.drained_after_s is None else round(watch.drained_after_s, 1)},
+        "met": not why_not, "why_not": why_not,
+        "timeline": timeline,
+    }
+    return LevelRun(config, result, plans, written)
+
+
+def finals_figures(finals: list[FinalSeen], matched: list[MatchedFinal], written: list[FinalSeen],
+                   turns: tuple[int, int]) -> dict[str, int]:
+    return {
+        "received": len(finals), "matched": sum(1 for m in matched if m.turn is not None),
+        "unmatched": sum(1 for m in matched if m.turn is None), "split_turns": sum(1 for m in matched if m.split),
+        "written_in_window": len(written),
+        # Turns whose speech ended in the window, and those no final was matched to (lost, or decoded as
+        # silence): a sanity figure, near 0 when every turn is transcribed.
+        "turns_in_window": turns[0], "turns_without_final": turns[1],
+    }
+
+
+def worker_figures(cpu: probes.CpuSplit, in_window: list[probes.MetricsSample], speech_s: float) -> dict[str, Any]:
+    rss = [s.rss_bytes for s in in_window if s.rss_bytes]
+    return {
+        **cpu.as_json(),
+        "rss_mb": {"start": mb(rss[0]), "end": mb(rss[-1]), "max": mb(max(rss))} if rss else None,
+        # What the inference thread gets done per CPU second: compares batching policies at any load.
+        "speech_s_per_inference_cpu_s": round(speech_s / cpu.inference_s, 2) if cpu.inference_s else None,
+    }
+
+
+def turns_in_window(plans: Sequence[CallPlan], matched: Sequence[MatchedFinal], wall0: float, from_s: float,
+                    to_s: float) -> tuple[int, int]:
+    """Turns whose speech ended in [from_s, to_s) (wall clock), and how many of them no final was matched to."""
+    heard = {(m.final.call_id, id(m.turn)) for m in matched if m.turn is not None}
+    ending = [(p.call_id, t) for p in plans for t in p.turns if from_s <= wall0 + p.arrival_s + t.end_ms / 1000 < to_s]
+    return len(ending), sum(1 for call_id, t in ending if (call_id, id(t)) not in heard)
+
+
+def mb(n: float) -> float:
+    return round(n / 2**20, 1)
+
+
+def lag_timeline(samples: Sequence[probes.MetricsSample], plans: Sequence[CallPlan]) -> list[dict[str, Any]]:
+    """Per sample: frames the worker is behind, and as seconds of the live audio (frames / the frame rate
+    of the calls open then), its queue, calls and memory."""
+    out = []
+    for s in samples:
+        open_calls = sum(1 for p in plans if p.open_at(s.t_s))
+        rate = 2 * open_calls * FRAMES_PER_S_PER_LEG
+        behind = None if s.audio_lag is None or rate == 0 else s.audio_lag / rate
+        out.append({"t_s": round(s.t_s, 1), "lag_frames": s.audio_lag,
+                    "behind_s": None if behind is None else round(behind, 3), "queue": s.queue_depth,
+                    "worker_calls": s.active_calls, "calls_open": open_calls, "rss_mb": mb(s.rss_bytes)})
+    return out
+
+
+def lag_slope(timeline: Sequence[dict[str, Any]], from_s: float, to_s: float) -> float | None:
+    """Least-squares slope of seconds-behind over the window (s per s); None with fewer than 3 samples."""
+    points = [(s["t_s"], s["behind_s"]) for s in timeline if from_s <= s["t_s"] <= to_s and s["behind_s"] is not None]
+    if len(points) < 3:
+        return None
+    t, behind = np.asarray(points, dtype=float).T
+    return float(np.polyfit(t, behind, 1)[0])
+
+
+def verdict(config: LevelConfig, p99: float | None, slope: float | None, drained_after: float | None,
+            finals: int) -> list[str]:
+    """Why a level is not met (empty: met)."""
+    why = []
+    if finals == 0:
+        why.append("no final whose speech ended in the window")
+    elif p99 is not None and p99 > config.p99_max_s:
+        why.append(f"P99 {p99:.2f} s > {config.p99_max_s:g} s")
+    if slope is None:
+        why.append("too few lag samples in the window")
+    elif slope > LAG_SLOPE_MAX:
+        why.append(f"lag growing ({slope * 100:.1f} s behind per 100 s)")
+    if drained_after is None:
+        why.append(f"not drained {config.drain_timeout_s:g} s after the traffic stopped")
+    return why
+
+
+# ---- search and comparisons ------------------------------------------------------------------------------
+def search(run: Callable[[int], LevelRun], start: int, max_calls: int, resolution: float) -> tuple[LevelRun | None, list[LevelRun]]:
+    """The most calls whose level is met: double from ``start`` until a level fails (or ``max_calls``),
+    then bisect between the last met and the first failed until they are within ``resolution`` of the
+    met one (at least 1 call). Returns that level (None if even 1 call fails) and every level run."""
+    tried: dict[int, LevelRun] = {}
+
+    def met(n: int) -> bool:
+        tried[n] = run(n)
+        return tried[n].met
+
+    lo, hi, n = 0, max_calls + 1, max(1, min(start, max_calls))
+    while n < hi:
+        if not met(n):
+            hi = n
+        else:
+            lo = n
+            if n == max_calls:
+                break
+            n = min(2 * n, max_calls)
+    while hi - lo > max(1, int(lo * resolution)):
+        mid = (lo + hi) // 2
+        if met(mid):
+            lo = mid
+        else:
+            hi = mid
+    return tried.get(lo), [tried[k] for k in sorted(tried)]
+
+
+def batching_gain(batched: LevelRun, single: LevelRun) -> dict[str, Any]:
+    """Dynamic batching against batch size 1 on the same traffic."""
+    t_b, t_1 = (r.result["throughput"]["speech_s_per_s"] for r in (batched, single))
+    e_b, e_1 = (r.result["worker"]["speech_s_per_inference_cpu_s"] for r in (batched, single))
+    return {
+        "calls": batched.config.calls, "max_batch": batched.result["max_batch"],
+        "throughput_ratio": round(t_b / t_1, 2) if t_1 else None,
+        "per_inference_cpu_ratio": round(e_b / e_1, 2) if e_b and e_1 else None,
+        "batch1": {k: single.result[k] for k in ("latency", "throughput", "lag", "met", "why_not")},
+        "batch1_keeps_up": single.met,
+        "definition": "throughput_ratio (the gain): speech seconds of finals written per wall second in the steady "
+                      "window, dynamic batching / max_batch 1, the same traffic (seed) at this load. When batch "
+                      "size 1 keeps up too it is about 1 and says little: per_inference_cpu_ratio (speech seconds "
+                      "per CPU second of the inference thread, batched / batch 1) then shows what batching saves.",
+    }
+
+
+def engine_alone(run: LevelRun, library: TurnLibrary, max_speech_s: float = 600.0) -> dict[str, Any]:
+    """The engine alone (no Kafka, no worker) on the segments the worker decoded in the level's window:
+    each cut from the generated leg where the worker cut it, at 16 kHz as the worker's resampler gives it,
+    decoded in batches of max_batch in the order the worker wrote them, on the level's cores."""
+    from pipeline.asr.engine import Engine
+
+    segments = window_segments(run, library, max_speech_s)
+    settings = Settings(max_batch=run.result["max_batch"])  # type: ignore[call-arg]
+    affinity = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, set(run.config.cores))  # this thread, and the ONNX Runtime threads it creates
+    try:
+        engine = Engine.load(settings=settings)
+        engine.transcribe_segments(segments[: settings.max_batch])  # warm-up: first-run allocations
+        wall, cpu = time.perf_counter(), time.process_time()
+        engine.transcribe_segments(segments, keep_silence=True)
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    finally:
+        os.sched_setaffinity(0, affinity)
+    speech_s = sum(s.audio.size for s in segments) / 16000
+    pipeline = run.result["throughput"]["speech_s_per_s"]
+    ceiling = speech_s / wall if wall > 0 else 0.0
+    return {
+        "calls": run.config.calls, "segments": len(segments), "speech_s": round(speech_s, 1), "wall_s": round(wall, 2),
+        "cpu_s": round(cpu, 2), "max_batch": settings.max_batch, "cores": list(run.config.cores),
+        "speech_s_per_s": round(ceiling, 2), "pipeline_speech_s_per_s": pipeline,
+        "pipeline_efficiency": round(pipeline / ceiling, 3) if ceiling else None,
+    }
+
+
+def window_segments(run: LevelRun, library: TurnLibrary, max_speech_s: float) -> list[Any]:
+    """The audio of the finals written in the window (the first ``max_speech_s`` seconds of them)."""
+    from pipeline.asr.results import AudioSegment
+    from pipeline.audio import codecs
+    from pipeline.audio.resample import StreamResampler
+    from pipeline.bench.traffic import render_leg
+
+    chosen: list[FinalSeen] = []
+    total = 0.0
+    for final in sorted(run.window_finals, key=lambda f: f.written_s):
+        if total >= max_speech_s:
+            break
+        chosen.append(final)
+        total += final.audio_s
+    by_id = {p.call_id: p for p in run.plans}
+    noise = NoiseBed(run.config.traffic.max_call_s)
+    audio: dict[int, Any] = {}
+    for call_id, leg in sorted({(f.call_id, f.leg) for f in chosen}):
+        samples = codecs.decode(render_leg(by_id[call_id], leg, library, noise), "mulaw")
+        resampler = StreamResampler(8000, 16000)
+        leg_16k = np.concatenate([resampler.process(samples), resampler.flush()])
+        for i, f in enumerate(chosen):  # one leg's 16 kHz audio at a time: slice it, then let it go
+            if (f.call_id, f.leg) == (call_id, leg):
+                audio[i] = AudioSegment(f.start_ms, f.end_ms, leg_16k[f.start_ms * 16:f.end_ms * 16].copy())
+    return [audio[i] for i in range(len(chosen))]
+
+
+def with_batch(config: LevelConfig, max_batch: int) -> LevelConfig:
+    return replace(config, max_batch=max_batch)

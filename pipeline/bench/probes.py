@@ -1,0 +1,228 @@
+"""What the benchmark reads off a running worker: its Prometheus /metrics, and from /proc its threads'
+CPU time and its resident memory.
+
+CPU is split by thread: the event loop (the main thread: faust's asyncio loop runs the agents, the front
+ends and the VAD), inference (the batcher's ``asr-batch*`` threads, where ONNX Runtime decodes), native
+pools (threads without a name of their own, e.g. ONNX Runtime's extra intra-op threads when
+intra_op_threads > 1) and other (named native threads such as ClickHouse's, other Python threads, threads
+that exited: the process total minus the rest). Python 3.11 does not give its threads' names to the OS,
+so the names come from ``py-spy dump`` (the thread ids it prints are the OS's); without py-spy the
+busiest unnamed thread is taken for the inference thread, and the JSON says so.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+INFERENCE_THREAD_PREFIX = "asr-batch"
+BATCH_SIZE = "callqa_batch_size"  # the batcher's histogram (pipeline/worker/metrics.py)
+CONSUMER_LAG = "callqa_consumer_lag"  # messages behind the log end, per input partition
+QUEUE_DEPTH = "callqa_batcher_queue_depth"
+FINALS = "callqa_segments_total"  # label kind="final"
+
+
+# ---- CPU and memory from /proc -----------------------------------------------------------------------
+def _cpu_seconds(stat_text: str) -> float:
+    # The name (field 2) may hold spaces and parentheses: count fields from the last ')'.
+    fields = stat_text[stat_text.rfind(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime (fields 14 and 15)
+
+
+@dataclass(frozen=True)
+class CpuSnapshot:
+    """CPU seconds of a process (exited threads included) and of each live thread, by thread id."""
+
+    process_s: float
+    threads: dict[int, tuple[str, float]] = field(default_factory=dict)  # tid -> (name, CPU s)
+
+
+def cpu_snapshot(pid: int) -> CpuSnapshot:
+    proc = Path(f"/proc/{pid}")
+    threads: dict[int, tuple[str, float]] = {}
+    for task in (proc / "task").iterdir():
+        try:
+            name = (task / "comm").read_text().strip()
+            threads[int(task.name)] = (name, _cpu_seconds((task / "stat").read_text()))
+        except (OSError, ValueError, IndexError):
+            continue  # the thread exited while we looked
+    return CpuSnapshot(_cpu_seconds((proc / "stat").read_text()), threads)
+
+
+def python_thread_names(pid: int) -> dict[int, str]:
+    """OS thread id -> Python thread name, from ``py-spy dump`` (without pausing the process); empty when
+    py-spy is not installed or may not read the process."""
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not Path(spy).exists():
+        return {}
+    try:
+        done = subprocess.run([spy, "dump", "--nonblocking", "--pid", str(pid)],  # noqa: S603 - our own tool
+                              capture_output=True, text=True, timeout=20, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    return {int(m[1]): m[2] for m in re.finditer(r'^Thread (\d+) \(.*?\): "(.*)"$', done.stdout, re.MULTILINE)}
+
+
+MAIN = "main (event loop)"
+UNNAMED = "unnamed native threads"
+
+
+def thread_label(tid: int, pid: int, comm: str, main_comm: str, python_names: dict[int, str]) -> str:
+    """What a thread is called in the split: the event loop, its Python name (a pool's threads under one
+    name: "asr-batch_0" -> "asr-batch"), its own OS name, or unnamed (it kept the process's name)."""
+    if tid == pid:
+        return MAIN
+    if tid in python_names:
+        return _group_name(python_names[tid])
+    return _group_name(comm) if comm != main_comm else UNNAMED
+
+
+@dataclass(frozen=True)
+class CpuSplit:
+    """CPU seconds a worker used between two snapshots, by part; ``wall_s`` the time between them."""
+
+    wall_s: float
+    total_s: float
+    by_label: dict[str, float]
+    inference_by: str  # how the inference thread was found: "thread name" or "busiest unnamed thread"
+
+    @property
+    def event_loop_s(self) -> float:
+        return self.by_label.get(MAIN, 0.0)
+
+    @property
+    def inference_s(self) -> float:
+        return sum(v for k, v in self.by_label.items() if k.startswith(INFERENCE_THREAD_PREFIX))
+
+    @property
+    def native_pools_s(self) -> float:
+        return self.by_label.get(UNNAMED, 0.0)
+
+    @property
+    def other_s(self) -> float:
+        return max(0.0, self.total_s - self.event_loop_s - self.inference_s - self.native_pools_s)
+
+    @property
+    def cores_used(self) -> float:
+        return self.total_s / self.wall_s if self.wall_s > 0 else 0.0
+
+    def as_json(self) -> dict[str, object]:
+        parts = {"event_loop": self.event_loop_s, "inference": self.inference_s,
+                 "native_pools": self.native_pools_s, "other": self.other_s}
+        return {
+            "cores_used": round(self.cores_used, 3),
+            "cpu_s": {**{k: round(v, 2) for k, v in parts.items()}, "total": round(self.total_s, 2)},
+            # Cores each part kept busy on average (1.0 = one core all the time).
+            "cores": {k: round(v / self.wall_s, 3) if self.wall_s > 0 else 0.0 for k, v in parts.items()},
+            "inference_thread_by": self.inference_by,
+            "cpu_s_by_thread": {k: round(v, 2) for k, v in sorted(self.by_label.items(), key=lambda kv: -kv[1])},
+        }
+
+
+def _group_name(name: str) -> str:
+    """Threads of one pool under one name ("asr-batch_0" -> "asr-batch", "ThreadPoolExecutor-1_3" -> ...)."""
+    return re.sub(r"([-_]\d+)+$", "", name) or name
+
+
+def cpu_split(pid: int, before: CpuSnapshot, after: CpuSnapshot, wall_s: float,
+              python_names: dict[int, str]) -> CpuSplit:
+    main_comm = after.threads.get(pid, ("", 0.0))[0]
+    used: dict[int, tuple[str, float]] = {}
+    for tid, (comm, cpu) in after.threads.items():
+        # A thread born in the window: all of its time.
+        used[tid] = (thread_label(tid, pid, comm, main_comm, python_names), cpu - before.threads.get(tid, (comm, 0.0))[1])
+    inference_by = "thread name"
+    if not any(label.startswith(INFERENCE_THREAD_PREFIX) for label, _ in used.values()):
+        unnamed = [tid for tid, (label, _) in used.items() if label == UNNAMED]
+        if unnamed:  # no names to go by: under load the inference thread is by far the busiest of these
+            busiest = max(unnamed, key=lambda tid: used[tid][1])
+            used[busiest] = (INFERENCE_THREAD_PREFIX, used[busiest][1])
+            inference_by = "busiest unnamed thread (py-spy not available)"
+    by_label: dict[str, float] = {}
+    for label, seconds in used.values():
+        by_label[label] = by_label.get(label, 0.0) + seconds
+    return CpuSplit(wall_s, after.process_s - before.process_s, by_label, inference_by)
+
+
+def rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+# ---- /metrics ------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class MetricsSample:
+    """One scrape of the worker's /metrics, ``t_s`` in traffic time."""
+
+    t_s: float
+    audio_lag: int | None  # frames behind the audio topic's end, all partitions (None: not reported yet)
+    queue_depth: float
+    active_calls: float
+    active_legs: float
+    finals: float
+    batch_buckets: dict[float, float]  # upper bound -> batches of at most that many segments (cumulative)
+    batch_count: float
+    batch_sum: float
+    rss_bytes: int = 0
+
+
+def fetch_metrics(port: int, timeout_s: float = 5.0) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=timeout_s) as resp:  # noqa: S310
+        return str(resp.read().decode())
+
+
+def parse_metrics(text: str, t_s: float, audio_topic: str, rss: int = 0) -> MetricsSample:
+    lag: int | None = None
+    values = {QUEUE_DEPTH: 0.0, "callqa_active_calls": 0.0, "callqa_active_legs": 0.0}
+    finals = batch_count = batch_sum = 0.0
+    buckets: dict[float, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == CONSUMER_LAG and sample.labels.get("topic") == audio_topic:
+                lag = (lag or 0) + int(sample.value)
+            elif sample.name in values:
+                values[sample.name] = sample.value
+            elif sample.name == f"{FINALS}" and sample.labels.get("kind") == "final":
+                finals = sample.value
+            elif sample.name == f"{BATCH_SIZE}_bucket":
+                buckets[float(sample.labels["le"])] = sample.value
+            elif sample.name == f"{BATCH_SIZE}_count":
+                batch_count = sample.value
+            elif sample.name == f"{BATCH_SIZE}_sum":
+                batch_sum = sample.value
+    return MetricsSample(t_s, lag, values[QUEUE_DEPTH], values["callqa_active_calls"],
+                         values["callqa_active_legs"], finals, buckets, batch_count, batch_sum, rss)
+
+
+def histogram_between(first: MetricsSample, last: MetricsSample) -> dict[str, object]:
+    """The ``callqa_batch_size`` histogram's observations between two scrapes: how many, their mean, and
+    how many in each bucket ("1", "2", "3-4", ...: its upper bounds). The worker observes it once per final
+    segment, with the size of the batch that segment was decoded in."""
+    count = last.batch_count - first.batch_count
+    histogram: dict[str, int] = {}
+    below = lower = 0.0
+    for bound in sorted(last.batch_buckets):
+        cumulative = last.batch_buckets[bound] - first.batch_buckets.get(bound, 0.0)
+        histogram[_bucket_label(lower, bound)] = int(round(cumulative - below))
+        below, lower = cumulative, bound
+    return {"observations": int(count),
+            "mean": round((last.batch_sum - first.batch_sum) / count, 2) if count else None,
+            "buckets": {k: v for k, v in histogram.items() if v}}
+
+
+def _bucket_label(lower: float, upper: float) -> str:
+    if upper == float("inf"):
+        return f">{lower:g}"
+    low = int(lower) + 1
+    return f"{int(upper)}" if low >= upper else f"{low}-{int(upper)}"

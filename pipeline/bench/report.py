@@ -1,0 +1,243 @@
+"""The live benchmark's output: a JSON document (``live-<UTC stamp>.json`` and ``live.json``, the latest),
+a PNG plot (``live.png``: latency percentiles and throughput against concurrent calls), a rich table
+and a Markdown table for the README naming the machine and the commit."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+from contextlib import suppress
+from dataclasses import asdict
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from pipeline.bench.live import LAG_SLOPE_MAX, LevelConfig
+from pipeline.config import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "bench" / "results"
+# Settings that change the figures: the model and its numeric path, batching, threads, segmentation.
+SETTINGS_THAT_MATTER = (
+    "model", "quantization", "window_bucket_s", "max_batch", "max_wait_ms", "batcher_queue_size", "intra_op_threads",
+    "inference_threads",
+    "endpoint_silence_ms", "max_segment_ms", "vad_threshold", "frame_batch_max", "frame_batch_within_ms",
+    "max_poll_records", "audio_partitions", "partial_interval_ms", "max_inflight_audio_mb", "commit_interval_s",
+)
+DEFINITIONS = {
+    "latency": "per final segment: the Kafka timestamp of its transcript record - the wall time its speech ended "
+               "(the traffic's start + the call's arrival + the end of the ground-truth turn it overlaps most, "
+               "the time that turn's last frame was due; a final the segmenter closed inside its turn: its own "
+               "end). Percentiles over the finals whose speech ended in the steady window.",
+    "throughput": "pipeline throughput: speech audio seconds decoded per wall second = the audio length "
+                  "(end_ms - start_ms) of the finals whose transcript was written in the steady window / the "
+                  "window's length",
+    "engine_ceiling": "the same segments (cut from the generated legs where the worker cut them, 16 kHz) decoded "
+                      "by the engine alone (no Kafka, no worker: Engine.transcribe_segments, batches of max_batch "
+                      "in the order the worker wrote them, on the same cores): audio seconds / wall second",
+    "pipeline_efficiency": "pipeline throughput at the found load / engine ceiling",
+    "lag_growing": f"the least-squares slope, over the window, of how far the worker is behind the live audio "
+                   f"(frames behind the audio topic's end / the frame rate of the calls open) exceeds "
+                   f"{LAG_SLOPE_MAX} s per s",
+    "legs_per_core": "2 x the most concurrent calls whose level met the criteria / the cores the worker was "
+                     "pinned to (taskset)",
+    "cores_used": "the worker's CPU seconds in the window / the window's length (event loop: its main thread; "
+                  "inference: the asr-batch* threads; native_pools: threads without a name of their own, e.g. "
+                  "ONNX Runtime's extra intra-op threads; other: the rest of the process)",
+}
+
+
+# ---- the document ----------------------------------------------------------------------------------------
+def machine() -> dict[str, Any]:
+    model = ""
+    with suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.partition(":")[2].strip()
+                break
+    return {"cpu_model": model or platform.processor(), "cores": os.cpu_count(),
+            "cores_available": len(os.sched_getaffinity(0)), "platform": platform.platform(),
+            "python": platform.python_version()}
+
+
+def git_commit() -> dict[str, Any]:
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False)  # noqa: S603,S607
+        return done.stdout.strip()
+
+    return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+
+
+def settings_that_matter(settings: Settings) -> dict[str, Any]:
+    return {name: getattr(settings, name) for name in SETTINGS_THAT_MATTER if hasattr(settings, name)}
+
+
+def document(config: LevelConfig, levels: list[dict[str, Any]], *, stamp: str, search: dict[str, Any] | None,
+             batching: dict[str, Any] | None, engine: dict[str, Any] | None) -> dict[str, Any]:
+    spec = config.traffic
+    return {
+        "benchmark": "callqa bench live", "started": stamp, "machine": machine(), "git": git_commit(),
+        "settings": settings_that_matter(Settings()),
+        "traffic": {**{k: v for k, v in asdict(spec).items() if k != "calls"}, "mean_call_s": spec.mean_call_s,
+                    "frame_ms": 20, "encoding": "mulaw", "sample_rate": 8000,
+                    "arrivals": "Poisson, rate calls / mean_call_s; the level's calls in progress at the start"},
+        "criteria": {"p99_max_s": config.p99_max_s, "hold_s": config.hold_s, "lag_slope_max_s_per_s": LAG_SLOPE_MAX},
+        "definitions": DEFINITIONS,
+        "levels": levels, "search": search, "batching": batching, "engine_alone": engine,
+    }
+
+
+def write_json(doc: dict[str, Any], out: Path, stamp: str) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(doc, indent=1, default=float) + "\n"
+    paths = [out / f"live-{stamp}.json", out / "live.json"]
+    for path in paths:
+        path.write_text(text)
+    return paths
+
+
+def utc_stamp() -> str:
+    return datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+
+
+# ---- plot ---------------------------------------------------------------------------------------------------
+def plot(doc: dict[str, Any], path: Path) -> Path:
+    """P50/P95/P99 final latency (left axis) and throughput (right axis) against concurrent calls."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    batched = sorted((lv for lv in doc["levels"] if lv["max_batch"] != 1 or not doc.get("batching")),
+                     key=lambda lv: lv["calls"])
+    calls = [lv["calls"] for lv in batched]
+    fig, left = plt.subplots(figsize=(8, 4.8), dpi=110)
+    for q, style in (("p50", "o-"), ("p95", "s-"), ("p99", "^-")):
+        left.plot(calls, [nan_if_none(lv["latency"][f"{q}_s"]) for lv in batched], style, label=f"{q.upper()} latency")
+    left.axhline(doc["criteria"]["p99_max_s"], color="grey", linestyle="--", linewidth=1,
+                 label=f"P99 bound {doc['criteria']['p99_max_s']:g} s")
+    single = [lv for lv in doc["levels"] if lv["max_batch"] == 1 and doc.get("batching")]
+    if single:
+        left.plot([lv["calls"] for lv in single], [nan_if_none(lv["latency"]["p99_s"]) for lv in single], "x",
+                  color="black", markersize=9, label="P99, max_batch 1")
+    left.set_xlabel("concurrent calls (target; legs = 2 x calls)")
+    left.set_ylabel("final latency from end of speech (s)")
+    right = left.twinx()
+    right.plot(calls, [lv["throughput"]["speech_s_per_s"] for lv in batched], "d:", color="tab:purple",
+               label="throughput")
+    right.set_ylabel("speech audio s decoded / wall s")
+    left.set_ylim(bottom=0)
+    right.set_ylim(bottom=0)
+    left.set_xlim(0, max([*calls, *(lv["calls"] for lv in single), 1]) * 1.1 + 1)
+    left.xaxis.set_major_locator(MaxNLocator(integer=True))
+    handles = left.get_legend_handles_labels()[0] + right.get_legend_handles_labels()[0]
+    left.legend(handles=handles, loc="upper left", fontsize=8)
+    m, g = doc["machine"], doc["git"]
+    left.set_title(f"callqa bench live: {m['cpu_model']}, {len(batched[0]['cores']) if batched else '?'} cores "
+                   f"pinned, {g['commit'][:10]}{' (dirty)' if g['dirty'] else ''}", fontsize=9)
+    left.grid(alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def nan_if_none(x: float | None) -> float:
+    return float("nan") if x is None else x
+
+
+# ---- tables ---------------------------------------------------------------------------------------------------
+def _s(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def _cores(w: dict[str, Any]) -> str:
+    c = w["cores"]
+    return (f"{w['cores_used']:.2f} ({c['event_loop']:.2f}/{c['inference']:.2f}/"
+            f"{c.get('native_pools', 0.0) + c['other']:.2f})")
+
+
+def _table(title: str, *headers: str) -> Table:
+    return Table(*headers, title=title, box=box.SIMPLE_HEAD, padding=(0, 1), show_edge=False, collapse_padding=True)
+
+
+def level_tables(doc: dict[str, Any]) -> list[Table]:
+    """Latency and load per level, then the worker's side; each fits an 80-column terminal."""
+    latency = _table("callqa bench live: final latency (s) from end of speech", "calls", "held", "legs", "batch",
+                     "finals", "P50", "P95", "P99", "speech/s", "lag", "met")
+    worker = _table("worker cores kept busy, RSS MB; frames sent late (P99 ms)", "calls", "batch", "cores", "loop",
+                    "infer", "native", "other", "RSS", "batch avg", "late")
+    for lv in doc["levels"]:
+        lat, w, c = lv["latency"], lv["worker"], lv["worker"]["cores"]
+        latency.add_row(
+            str(lv["calls"]), f"{lv['calls_open']['mean']:.1f}", str(lv["legs"]), str(lv["max_batch"]),
+            str(lat["finals"]), _s(lat["p50_s"]), _s(lat["p95_s"]), _s(lat["p99_s"]),
+            f"{lv['throughput']['speech_s_per_s']:.2f}", "growing" if lv["lag"]["growing"] else "flat",
+            "[green]yes[/green]" if lv["met"] else "[red]no[/red]",
+        )
+        worker.add_row(
+            str(lv["calls"]), str(lv["max_batch"]), f"{w['cores_used']:.2f}",
+            *(f"{c.get(k, 0.0):.2f}" for k in ("event_loop", "inference", "native_pools", "other")),
+            "-" if not w["rss_mb"] else f"{w['rss_mb']['max']:.0f}", _s(lv["batches"].get("mean_size")),
+            f"{lv['gateway']['tick_late']['p99_ms']:.0f}",
+        )
+    return [latency, worker]
+
+
+def summary_lines(doc: dict[str, Any]) -> list[str]:
+    lines = []
+    if doc.get("search"):
+        s = doc["search"]
+        lines.append(f"most concurrent calls met: {s['calls']} ({s['legs']} legs) on {s['cores']} cores = "
+                     f"[bold]{s['legs_per_core']} legs per core[/bold]" if s["calls"] else
+                     "no level met the criteria, not even 1 call")
+    if doc.get("batching"):
+        b = doc["batching"]
+        batch1 = "met" if b["batch1_keeps_up"] else "not met: " + "; ".join(b["batch1"]["why_not"])
+        lines.append(f"batching gain at {b['calls']} calls: {b['throughput_ratio']}x the throughput of max_batch 1 "
+                     f"(that level {batch1}); per inference-CPU second {b['per_inference_cpu_ratio']}x")
+    if doc.get("engine_alone"):
+        e = doc["engine_alone"]
+        lines.append(f"engine alone: {e['speech_s_per_s']} speech s/s on {len(e['cores'])} cores; pipeline "
+                     f"{e['pipeline_speech_s_per_s']} -> efficiency {e['pipeline_efficiency']}")
+    return lines
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    """A README table: machine and commit, then one row per level."""
+    m, g = doc["machine"], doc["git"]
+    head = (f"`callqa bench live`, {doc['started']}: {m['cpu_model']} ({m['cores']} cores), commit "
+            f"`{g['commit'][:10]}`{' (uncommitted changes)' if g['dirty'] else ''}, model {doc['settings'].get('model')} "
+            f"{doc['settings'].get('quantization')}, calls of {doc['traffic']['min_call_s']:g}-"
+            f"{doc['traffic']['max_call_s']:g} s arriving as a Poisson process, {doc['criteria']['hold_s']:g} s "
+            f"steady window.")
+    rows = ["| calls (held) | legs | pinned cores | max batch | P50 s | P95 s | P99 s | speech s/s | lag growing "
+            "| worker cores (loop/inference/rest) | RSS MB | met |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|:--|:--|---:|:--|"]
+    for lv in doc["levels"]:
+        lat, w = lv["latency"], lv["worker"]
+        rows.append(
+            f"| {lv['calls']} ({lv['calls_open']['mean']:.1f}) | {lv['legs']} | {len(lv['cores'])} | {lv['max_batch']} "
+            f"| {_s(lat['p50_s'])} | {_s(lat['p95_s'])} | {_s(lat['p99_s'])} "
+            f"| {lv['throughput']['speech_s_per_s']:.2f} | {'yes' if lv['lag']['growing'] else 'no'} "
+            f"| {_cores(w)} | {'-' if not w['rss_mb'] else round(w['rss_mb']['max'])} "
+            f"| {'yes' if lv['met'] else 'no: ' + '; '.join(lv['why_not'])} |")
+    tail = [line.replace("[bold]", "**").replace("[/bold]", "**") for line in summary_lines(doc)]
+    return "\n".join([head, "", *rows, *([""] + tail if tail else [])])
+
+
+def print_report(doc: dict[str, Any], console: Console) -> None:
+    for table in level_tables(doc):
+        console.print(table)
+    for line in summary_lines(doc):
+        console.print(line)
+    console.print("\n[bold]README table[/bold] (Markdown):\n")
+    console.print(markdown(doc), markup=False, highlight=False, soft_wrap=True)
