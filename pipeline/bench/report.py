@@ -25,7 +25,8 @@ ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "bench" / "results"
 # Settings that change the figures: the model and its numeric path, batching, threads, segmentation.
 SETTINGS_THAT_MATTER = (
-    "model", "quantization", "window_bucket_s", "max_batch", "max_wait_ms", "batcher_queue_size", "intra_op_threads",
+    "model", "quantization", "window_bucket_s", "full_window_retry", "retry_window_bucket_s", "max_batch", "max_wait_ms",
+    "batcher_queue_size", "intra_op_threads",
     "inference_threads",
     "endpoint_silence_ms", "max_segment_ms", "vad_threshold", "frame_batch_max", "frame_batch_within_ms",
     "max_poll_records", "audio_partitions", "partial_interval_ms", "max_inflight_audio_mb", "commit_interval_s",

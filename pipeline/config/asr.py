@@ -37,9 +37,11 @@ class AsrSettings(BaseModel):
     intra_op_threads: int = Field(
         1, description="ONNX Runtime intra-op threads per session (0 = all cores); 1 leaves a core to the agents.",
     )
-    # Batches run at once, each on one intra-op thread: measured in bench/results/live.json.
+    # 1: on 2 cores, 2 threads made batches smaller (1.2 vs 2.6 segments) without more inference CPU
+    # (the decode loop's Python and the event loop share the GIL): 10 calls, P99 14.0 s against 6.3 s
+    # (bench/results/live-20261130T225858Z.json, live-20261130T230226Z.json). Try it with more cores.
     inference_threads: int = Field(
-        0, ge=0, description="Batches decoded at once, one thread each (0 = one per core the process may use).",
+        1, ge=0, description="Batches decoded at once, one thread each (0 = one per core the process may use).",
     )
     # Not a secret (it only verifies), so a plain string: the key itself, or where to read it.
     model_public_key: str = Field(

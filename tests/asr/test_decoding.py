@@ -84,3 +84,21 @@ def test_looping_short_window_is_retried_in_full_window(recognizer: Recognizer) 
     assert len(results[0].tokens) <= 1
     if results[0].stopped_by_guard:
         assert results[0].window_frames == MAX_WINDOW_FRAMES
+
+
+def test_a_guarded_row_is_retried_at_the_retry_bucket_before_the_full_window(recognizer: Recognizer) -> None:
+    """The cheap retry (10 s) comes first; only a row that still loops there pays for 30 s."""
+    windows: list[int] = []
+
+    class Recording(GreedyDecoder):
+        def _decode_once(self, mels, durations_s, window):  # type: ignore[no-untyped-def]
+            windows.append(window.window_frames(mels[0].shape[1]))
+            return super()._decode_once(mels, durations_s, window)
+
+    options = replace(recognizer.decoder.options, window=WindowPolicy(5.0), retry_bucket_s=10.0,
+                      max_tokens_per_second=0.0, token_allowance=1)
+    audio = (0.1 * np.random.default_rng(0).standard_normal(32000)).astype(np.float32)
+    results, _ = Recording(recognizer.model, options).decode([log_mel_spectrogram(audio)], [2.0])
+    assert windows[:2] == [500, 1000]
+    assert windows[2:] == ([MAX_WINDOW_FRAMES] if results[0].window_frames == MAX_WINDOW_FRAMES else [])
+    assert windows[-1] == results[0].window_frames
