@@ -50,6 +50,9 @@ class Serde:
         self.schemas = load_schema_files(schemas_dir)
         self._parsed = {name: parse_schema(s) for name, s in self.schemas.items()}
         self._ids: dict[str, int] = {}
+        # Writer schema by id: an id names one schema for good (registries never change what an id
+        # means), and parsing it again for every 20 ms audio frame cost a JSON dump per message.
+        self._writers: dict[int, tuple[str, Any]] = {}
         self._by_name = {cls.SCHEMA: cls for cls in ALL_MESSAGES}
 
     @classmethod
@@ -97,12 +100,15 @@ class Serde:
         magic, schema_id = HEADER.unpack_from(data)
         if magic != MAGIC:
             raise ContractError(f"magic byte is {magic}, not 0: not Confluent wire format")
-        try:
-            writer_raw = self.registry.schema_for(schema_id)
-        except RegistryError as exc:
-            raise ContractError(str(exc)) from exc
-        name = f"{writer_raw['namespace']}.{writer_raw['name']}"
-        return schema_id, name, _parse_cached(json.dumps(writer_raw, sort_keys=True))
+        known = self._writers.get(schema_id)
+        if known is None:
+            try:
+                writer_raw = self.registry.schema_for(schema_id)
+            except RegistryError as exc:  # not cached: a later registration may still make it known
+                raise ContractError(str(exc)) from exc
+            name = f"{writer_raw['namespace']}.{writer_raw['name']}"
+            known = self._writers[schema_id] = (name, _parse_cached(json.dumps(writer_raw, sort_keys=True)))
+        return schema_id, known[0], known[1]
 
     @staticmethod
     def _body(data: bytes, schema_id: int, writer: Any, reader: Any) -> dict[str, Any]:
