@@ -155,7 +155,11 @@ class StreamResampler:
         stream = cls(sr_in, sr_out)
         stream.samples_in, stream.samples_out = snap.samples_in, snap.samples_out
         if not stream._passthrough:
-            stream._buffer = _as_levels(np.asarray(snap.history, dtype=np.float32))
+            history = _as_levels(np.asarray(snap.history, dtype=np.float32))
+            # The next output's first tap must be in the history. A snapshot from an older callqa
+            # (soxr, which lagged by up to ~100 ms) may not reach back that far: silence stands in.
+            reach = snap.samples_in - (snap.samples_out * stream._down // stream._up - stream._half + 1)
+            stream._buffer = np.concatenate([np.zeros(max(0, reach - history.size)), history])
         return stream
 
 

@@ -10,7 +10,7 @@ import pytest
 from pipeline.asr.engine import LegFrontEnd
 from pipeline.audio import codecs
 from pipeline.audio.files import load_audio
-from pipeline.audio.resample import StreamResampler, resample
+from pipeline.audio.resample import ResamplerSnapshot, StreamResampler, resample
 from pipeline.config import Settings
 from pipeline.segmentation.segmenter import SpeechSegment
 
@@ -87,3 +87,16 @@ def test_resampler_restored_matches_the_uninterrupted_stream(rate: int) -> None:
         # Bit for bit: a VAD probability moved by float rounding can move a segment boundary.
         assert np.array_equal(got, reference)
         assert tail.samples_out == reference.size
+
+
+def test_resampler_restores_a_snapshot_whose_history_is_short() -> None:
+    """A checkpoint written by an older callqa (soxr lagged its input) still restores: what its
+    history lacks is taken as silence, and the output keeps its length and timing."""
+    x = np.random.default_rng(5).standard_normal(8000).astype(np.float32) * 0.1
+    whole = StreamResampler(8000, 16000)
+    reference = np.concatenate([whole.process(x), whole.flush()])
+    old = ResamplerSnapshot(samples_in=4000, samples_out=6340, history=x[3200:4000])  # 830 samples behind
+    tail = StreamResampler.restored(8000, 16000, old)
+    rest = np.concatenate([tail.process(x[4000:]), tail.flush()])
+    assert rest.size == reference.size - 6340
+    np.testing.assert_allclose(rest[400:], reference[6740:], atol=1e-6)  # once past the missing input
