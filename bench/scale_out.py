@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import subprocess
 import threading
@@ -45,6 +44,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from pipeline.bench.report import git_commit, machine
 from pipeline.broker.local import LocalKafka, free_port
 from pipeline.broker.producer import ContractProducer
 from pipeline.broker.security import ClientErrors, admin_client
@@ -84,25 +84,6 @@ class PartFailed(RuntimeError):
 
 
 # ---- machine, topics, workers ---------------------------------------------------------------------------
-def machine() -> dict[str, Any]:
-    model = ""
-    with suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.partition(":")[2].strip()
-                break
-    return {"cpus": os.cpu_count(), "cpu_model": model or platform.processor(), "platform": platform.platform(),
-            "python": platform.python_version(), "taskset": shutil.which("taskset") is not None}
-
-
-def git_commit() -> dict[str, Any]:
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False).stdout.strip()
-
-    dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
-    return {"commit": git("rev-parse", "HEAD"), "dirty": dirty}
-
-
 def topic_fields() -> list[str]:
     """Every topic setting (including any added later, e.g. checkpoints), so a part's topics are all fresh."""
     return [name for name in Settings.model_fields if name.startswith("topic_")]
@@ -745,7 +726,7 @@ def main() -> None:
         for store in work.glob("*/store-*"):
             shutil.rmtree(store, ignore_errors=True)
     console.print(summary_table(parts))
-    doc = {"machine": machine(), "git": git_commit(), "started": stamp, "quick": args.quick, "sizes": size,
+    doc = {"machine": {**machine(), "taskset": shutil.which("taskset") is not None}, "git": git_commit(), "started": stamp, "quick": args.quick, "sizes": size,
            "notes": notes, "worker_logs": str(work.relative_to(ROOT)), "parts": parts}
     RESULTS.mkdir(parents=True, exist_ok=True)
     text = json.dumps(doc, indent=1, default=float) + "\n"
