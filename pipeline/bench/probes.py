@@ -5,9 +5,11 @@ CPU is split by thread: the event loop (the main thread: faust's asyncio loop ru
 ends and the VAD), inference (the batcher's ``asr-batch*`` threads, where ONNX Runtime decodes), native
 pools (threads without a name of their own, e.g. ONNX Runtime's extra intra-op threads when
 intra_op_threads > 1) and other (named native threads such as ClickHouse's, other Python threads, threads
-that exited: the process total minus the rest). Python 3.11 does not give its threads' names to the OS,
-so the names come from ``py-spy dump`` (the thread ids it prints are the OS's); without py-spy the
-busiest unnamed thread is taken for the inference thread, and the JSON says so.
+that exited: the process total minus the rest). The batcher names its threads for the OS
+(``/proc/<pid>/task/*/comm``); Python 3.11 does not do that for its other threads (faust's Kafka consumer
+thread), whose names come from ``py-spy dump`` when py-spy is installed. A worker whose inference threads
+carry no name (older than the batcher's naming) has its busiest unnamed thread taken for inference, and
+the JSON says so.
 """
 
 from __future__ import annotations
@@ -146,7 +148,7 @@ def cpu_split(pid: int, before: CpuSnapshot, after: CpuSnapshot, wall_s: float,
         if unnamed:  # no names to go by: under load the inference thread is by far the busiest of these
             busiest = max(unnamed, key=lambda tid: used[tid][1])
             used[busiest] = (INFERENCE_THREAD_PREFIX, used[busiest][1])
-            inference_by = "busiest unnamed thread (py-spy not available)"
+            inference_by = "busiest unnamed thread (no thread names)"
     by_label: dict[str, float] = {}
     for label, seconds in used.values():
         by_label[label] = by_label.get(label, 0.0) + seconds
