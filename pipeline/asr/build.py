@@ -13,7 +13,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from pipeline.asr.ct2 import find_source, load_source, load_suppress_config
 from pipeline.asr.graph import build_decoder, build_encoder
-from pipeline.asr.manifest import GRAPH_FORMAT, Manifest, model_versions, sha256_of
+from pipeline.asr.manifest import GRAPH_FORMAT, GRAPH_REVISION, Manifest, model_versions, sha256_of
 from pipeline.asr.signing import sign_model
 
 SAMPLE_RATE = 16000
@@ -86,6 +86,7 @@ def build_model(
             suppress_ids_begin=suppress["suppress_ids_begin"],
             tools=_tool_versions(),
             graph_format=GRAPH_FORMAT,
+            graph_revision=GRAPH_REVISION,
         )
         manifest.write(work)
         if sign_key is not None:

@@ -46,7 +46,7 @@ def build(
     name: Annotated[str, typer.Argument(help="tiny.en or base")] = "tiny.en",
     version: Annotated[int | None, typer.Option(help="Version number (default: next free).")] = None,
     if_needed: Annotated[bool, typer.Option(
-        "--if-needed", help="Only build when no version of this graph format exists (what make runs).",
+        "--if-needed", help="Only build when no version of this graph format and revision exists (what make runs).",
     )] = False,
     key: Annotated[Path | None, typer.Option(
         help="Ed25519 private key (callqa models keygen): sign the version before it appears.",
@@ -54,13 +54,20 @@ def build(
 ) -> None:
     """Build fp32 and int8 ONNX graphs of a Whisper model into models_dir/<name>/<version>/."""
     from pipeline.asr.build import build_model  # onnx is imported only when building
-    from pipeline.asr.manifest import GRAPH_FORMAT, Manifest, ModelNotBuiltError, latest_model_folder
+    from pipeline.asr.manifest import (
+        GRAPH_FORMAT,
+        GRAPH_REVISION,
+        Manifest,
+        ModelNotBuiltError,
+        latest_model_folder,
+    )
 
     models_dir = Path(get_settings().models_dir)
     if if_needed:
         try:
             folder = latest_model_folder(models_dir, name)
-            if Manifest.read(folder).graph_format == GRAPH_FORMAT:
+            built = Manifest.read(folder)
+            if (built.graph_format, built.graph_revision) == (GRAPH_FORMAT, GRAPH_REVISION):
                 console.print(f"{name}: version {folder.name} is built ({folder})")
                 return
         except ModelNotBuiltError:

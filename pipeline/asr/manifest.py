@@ -10,6 +10,10 @@ from pathlib import Path
 MANIFEST_FILE = "manifest.json"
 # Bumped whenever the graphs' inputs/outputs change: a folder built with another format is rebuilt.
 GRAPH_FORMAT = 2
+# Bumped when pipeline/asr/graph.py changes the graphs but not their inputs and outputs (GRAPH_FORMAT):
+# an older build still loads, and `callqa models build --if-needed` builds a newer version to get it.
+# 1: attention scores as k·qᵀ, LogSoftmax instead of ReduceLogSumExp (same tokens, faster steps).
+GRAPH_REVISION = 1
 
 
 class ModelIntegrityError(RuntimeError):
@@ -50,6 +54,7 @@ class Manifest:
     suppress_ids_begin: list[int]
     tools: dict[str, str] = field(default_factory=dict)
     graph_format: int = 0
+    graph_revision: int = 0
 
     def write(self, folder: Path) -> None:
         (folder / MANIFEST_FILE).write_text(json.dumps(asdict(self), indent=2) + "\n")

