@@ -33,6 +33,11 @@ class FinalSeen:
     written_s: float  # Kafka timestamp of the record (wall clock, s)
     received_s: float  # when the benchmark read it (wall clock, s)
     batch_size: int
+    # The worker's own timings (wall clock, s): what the latency is made of (see ``stages``).
+    closed_s: float | None = None  # the segmenter closed the segment
+    wait_s: float = 0.0  # in the batcher before its batch ran
+    inference_s: float = 0.0  # its batch's encoder + decoder
+    produced_s: float | None = None  # the worker produced the transcript record
 
     @property
     def audio_s(self) -> float:
@@ -119,6 +124,44 @@ def window_latency(matched: Iterable[MatchedFinal], from_s: float, to_s: float) 
     """Latency of the finals whose speech ended in [from_s, to_s) (wall clock)."""
     return summarize([m.latency_s for m in matched
                       if m.speech_end_s is not None and m.latency_s is not None and from_s <= m.speech_end_s < to_s])
+
+
+STAGES = ("endpoint", "after_close", "batcher_wait", "inference", "kafka_write")
+STAGE_DOC = (
+    "a final's latency split by the worker's own timings: endpoint = speech end -> the segmenter closed the "
+    "segment (trailing silence, VAD windows, frames queued before the event loop took them); after_close = "
+    "closed -> transcript produced; kafka_write = produced -> the record's Kafka timestamp (the three add up "
+    "to the latency). batcher_wait and inference (its batch's encoder + decoder) are inside after_close, "
+    "except for a segment decoded early (CALLQA_EARLY_DECODE), whose decode began before it closed"
+)
+
+
+def stages(matched: Iterable[MatchedFinal], from_s: float, to_s: float) -> dict[str, object]:
+    """P50/P99 of each stage over the window's finals, and the mean stage mix of the slowest 5 % (where the
+    tail's time goes). Finals without the worker's timings are left out."""
+    rows: list[tuple[float, tuple[float, ...], FinalSeen]] = []
+    for m in matched:
+        f, latency = m.final, m.latency_s
+        if (m.speech_end_s is None or latency is None or f.closed_s is None or f.produced_s is None
+                or not from_s <= m.speech_end_s < to_s):
+            continue
+        rows.append((latency, (f.closed_s - m.speech_end_s, f.produced_s - f.closed_s, f.wait_s, f.inference_s,
+                               f.written_s - f.produced_s), f))
+    if not rows:
+        return {"finals": 0}
+    parts = np.asarray([r[1] for r in rows])
+    latencies = np.asarray([r[0] for r in rows])
+    slow = parts[latencies >= np.percentile(latencies, 95)]
+    slowest = sorted(rows, key=lambda r: -r[0])[:5]
+    return {
+        "finals": len(rows),
+        "p50_s": {name: round(float(np.percentile(parts[:, i], 50)), 3) for i, name in enumerate(STAGES)},
+        "p99_s": {name: round(float(np.percentile(parts[:, i], 99)), 3) for i, name in enumerate(STAGES)},
+        "slowest_5pct_mean_s": {name: round(float(slow[:, i].mean()), 3) for i, name in enumerate(STAGES)},
+        "slowest": [{"latency_s": round(latency, 3), "audio_s": round(f.audio_s, 2), "batch_size": f.batch_size,
+                     **{name: round(v, 3) for name, v in zip(STAGES, split, strict=True)}}
+                    for latency, split, f in slowest],
+    }
 
 
 def written_in(finals: Iterable[FinalSeen], from_s: float, to_s: float) -> list[FinalSeen]:

@@ -37,6 +37,7 @@ from pipeline.bench.latency import (
     MatchedFinal,
     batch_sizes,
     match_finals,
+    stages,
     unique_finals,
     window_latency,
     written_in,
@@ -147,7 +148,10 @@ class TranscriptTap(threading.Thread):
         kind, stamp_ms = msg.timestamp()
         written = stamp_ms / 1000 if kind != 0 and stamp_ms > 0 else received  # 0: no timestamp
         final = FinalSeen(segment.call_id, segment.leg, segment.segment_id, segment.start_ms, segment.end_ms,
-                          segment.text, written, received, segment.batch_size)
+                          segment.text, written, received, segment.batch_size,
+                          closed_s=segment.segment_closed_at_ms / 1000 if segment.segment_closed_at_ms else None,
+                          wait_s=segment.batcher_wait_ms / 1000, inference_s=segment.inference_ms / 1000,
+                          produced_s=segment.produced_at_ms / 1000 if segment.produced_at_ms else None)
         with self._lock:
             self._finals.append(final)
 
@@ -387,6 +391,7 @@ def measure(config: LevelConfig, plans: list[CallPlan], finals: list[FinalSeen],
         "legs_open_mean": round(2 * calls_mean, 2),
         "calls_started": len(report.started), "calls_ended": len(report.ended),
         "latency": latency.as_json(),
+        "stages": stages(matched, *window),
         "finals": finals_figures(finals, matched, written, turns_in_window(plans, matched, wall0, *window)),
         "throughput": {"speech_s_per_s": round(speech_s / config.hold_s, 3),
                        "finals_per_s": round(len(written) / config.hold_s, 3)},

@@ -18,6 +18,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from pipeline.bench.latency import STAGE_DOC
 from pipeline.bench.live import LAG_SLOPE_MAX, LevelConfig
 from pipeline.config import Settings
 
@@ -29,9 +30,10 @@ SETTINGS_THAT_MATTER = (
     "batcher_queue_size", "intra_op_threads",
     "inference_threads",
     "endpoint_silence_ms", "max_segment_ms", "vad_threshold", "frame_batch_max", "frame_batch_within_ms",
-    "max_poll_records", "audio_partitions", "partial_interval_ms", "max_inflight_audio_mb", "commit_interval_s",
+    "max_poll_records", "audio_partitions", "partial_interval_ms", "early_decode", "max_inflight_audio_mb", "commit_interval_s",
 )
 DEFINITIONS = {
+    "stages": STAGE_DOC,
     "latency": "per final segment: the Kafka timestamp of its transcript record - the wall time its speech ended "
                "(the traffic's start + the call's arrival + the end of the ground-truth turn it overlaps most, "
                "the time that turn's last frame was due; a final the segmenter closed inside its turn: its own "

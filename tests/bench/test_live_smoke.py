@@ -83,7 +83,9 @@ def test_engine_alone_decodes_the_levels_segments(tmp_path: Path) -> None:
     speech = sum(f.audio_s for f in finals)
     assert engine["segments"] == len(finals) and engine["speech_s"] == pytest.approx(speech, abs=0.1)
     assert engine["max_batch"] == 4 and engine["wall_s"] > 0
-    assert engine["pipeline_efficiency"] == pytest.approx(1.0 / engine["speech_s_per_s"], rel=0.01)
+    # Both figures are rounded (efficiency to 3 places), so compare to within that rounding, not relatively:
+    # the faster the engine, the smaller the efficiency and the larger a relative rounding error.
+    assert engine["pipeline_efficiency"] == pytest.approx(1.0 / engine["speech_s_per_s"], abs=1e-3)
 
 
 def test_batching_gain_compares_the_same_load() -> None:

@@ -11,7 +11,7 @@ import pytest
 
 from pipeline.audio import codecs
 from pipeline.bench.gateway import CallStream
-from pipeline.bench.latency import FinalSeen, match_finals, window_latency
+from pipeline.bench.latency import FinalSeen, match_finals, stages, window_latency
 from pipeline.bench.traffic import (
     FRAME_BYTES,
     FRAME_MS,
@@ -212,3 +212,23 @@ def test_a_turn_split_by_the_segmenter_ends_its_first_part_at_that_part_s_end(li
     assert len(matched) == 2
     assert matched[0].split and matched[0].latency_s == pytest.approx(5.0 - 4.15)
     assert not matched[1].split and matched[1].latency_s == pytest.approx(9.9 - 9.0)
+
+
+def test_latency_stages_add_up_to_the_latency(library: TurnLibrary) -> None:
+    wall0 = 1000.0
+    plan = _plan(10.0, [("agent", 1000, 5000), ("customer", 6000, 9000)], library)
+    end_agent, end_customer = wall0 + 15.0, wall0 + 19.0  # wall times the turns' speech ended
+    finals = [  # decoded after closing; decoded early (its decode began before it closed)
+        replace(_final("agent", 700, 5150, end_agent + 1.0), closed_s=end_agent + 0.6, wait_s=0.03,
+                inference_s=0.3, produced_s=end_agent + 0.99),
+        replace(_final("customer", 5700, 9150, end_customer + 0.7), closed_s=end_customer + 0.6, wait_s=0.03,
+                inference_s=0.3, produced_s=end_customer + 0.69),
+        _final("agent", 700, 5150, end_agent + 5.0, segment="no-timings"),  # left out
+    ]
+    got = stages(match_finals(finals, {"c1": plan}, wall0), wall0, wall0 + 60)
+    assert got["finals"] == 2
+    slowest = got["slowest"]
+    assert isinstance(slowest, list) and [round(s["latency_s"], 2) for s in slowest] == [1.0, 0.7]
+    for row in slowest:
+        assert row["endpoint"] + row["after_close"] + row["kafka_write"] == pytest.approx(row["latency_s"], abs=0.002)
+    assert slowest[1]["after_close"] < slowest[1]["batcher_wait"] + slowest[1]["inference"]  # early
