@@ -95,6 +95,12 @@ class SegmentBatcher:
         return self._queue.qsize()
 
     @property
+    def idle(self) -> bool:
+        """No segment queued and no batch running (a segment the collector is gathering others for is
+        neither: it may be joined)."""
+        return self._queue.qsize() == 0 and not self._running
+
+    @property
     def error(self) -> BaseException | None:
         """Why the collector task stopped before ``close()`` (a bug: queued segments wait forever), or None."""
         if self._failure is not None and not self._closed:
@@ -214,9 +220,12 @@ class SegmentBatcher:
         now = time.perf_counter()
         waits = [(now - p.enqueued) * 1000 for p in live]
         loop = asyncio.get_running_loop()
+        # Nothing else waits for the cores (no segment queued, no other batch running): this batch may
+        # encode on all of them (Recognizer.recognize's ``wide``; the same text either way).
+        wide = self._queue.qsize() == 0 and len(self._running) <= 1
         try:
             results = await loop.run_in_executor(
-                self._executor, recognizer.recognize, [p.segment for p in live], waits
+                self._executor, recognizer.recognize, [p.segment for p in live], waits, wide
             )
         except Exception as exc:  # noqa: BLE001 - recognize isolates per segment; this is a last resort
             results = [exc] * len(live)

@@ -176,7 +176,7 @@ class GreedyDecoder:
         self.numbers = NumberTokens.of(model.vocabulary.tokens)
 
     def _encode(
-        self, mels: list[np.ndarray], window: WindowPolicy
+        self, mels: list[np.ndarray], window: WindowPolicy, wide: bool = False
     ) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray, list[int]]:
         """Encode each window-length group once; return cross K/V padded to the longest, and its mask."""
         windows = [window.window_frames(m.shape[1]) for m in mels]
@@ -187,7 +187,7 @@ class GreedyDecoder:
         cross: list[tuple[np.ndarray, np.ndarray]] = []
         mask = np.zeros((len(mels), longest), np.float32)
         for frames, rows in groups.items():
-            encoded = self.model.encode(np.stack([pad_window(mels[r], frames) for r in rows]))
+            encoded = self.model.encode(np.stack([pad_window(mels[r], frames) for r in rows]), wide)
             if not cross:
                 shape = (len(mels), encoded[0][0].shape[1], longest, encoded[0][0].shape[3])
                 cross = [(np.zeros(shape, np.float32), np.zeros(shape, np.float32)) for _ in encoded]
@@ -198,10 +198,11 @@ class GreedyDecoder:
         return cross, mask, windows
 
     def decode(
-        self, mels: list[np.ndarray], durations_s: list[float]
+        self, mels: list[np.ndarray], durations_s: list[float], wide: bool = False
     ) -> tuple[list[DecodedSegment], BatchTimings]:
-        """Decode a batch; rows a guard stopped in a short window are retried in longer ones."""
-        results, timings = self._decode_once(mels, durations_s, self.options.window)
+        """Decode a batch; rows a guard stopped in a short window are retried in longer ones.
+        ``wide``: encode on the model's wide encoder (nothing else is waiting for the cores)."""
+        results, timings = self._decode_once(mels, durations_s, self.options.window, wide)
         if not self.options.full_window_retry:
             return results, timings
         for window in (WindowPolicy(self.options.retry_bucket_s), WindowPolicy(0)):
@@ -212,7 +213,7 @@ class GreedyDecoder:
             ]
             if not retry:
                 continue
-            again, more = self._decode_once([mels[r] for r in retry], [durations_s[r] for r in retry], window)
+            again, more = self._decode_once([mels[r] for r in retry], [durations_s[r] for r in retry], window, wide)
             for r, result in zip(retry, again, strict=True):
                 results[r] = result
             timings = BatchTimings(
@@ -221,10 +222,10 @@ class GreedyDecoder:
         return results, timings
 
     def _decode_once(
-        self, mels: list[np.ndarray], durations_s: list[float], window: WindowPolicy
+        self, mels: list[np.ndarray], durations_s: list[float], window: WindowPolicy, wide: bool = False
     ) -> tuple[list[DecodedSegment], BatchTimings]:
         started = time.perf_counter()
-        cross, mask, windows = self._encode(mels, window)
+        cross, mask, windows = self._encode(mels, window, wide)
         encoded = time.perf_counter()
         caps = np.array([self.options.token_cap(d) for d in durations_s])
         rows = len(mels)

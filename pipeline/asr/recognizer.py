@@ -6,6 +6,7 @@ non-finite, too long) or a failure while decoding it yields an exception in its 
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -38,6 +39,13 @@ def decode_options(settings: AsrSettings, model: WhisperOnnx) -> DecodeOptions:
     )
 
 
+def wide_encoder_threads(setting: int) -> int:
+    """Threads of the idle-time encoder: the setting, or (0) every core this process may run on."""
+    if setting > 0:
+        return setting
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def segment_features(segment: SegmentAudio) -> np.ndarray:
     """Log-mel [n_mels, frames] of a segment's 16 kHz audio, after checking it is usable."""
     audio = np.asarray(segment.audio)
@@ -64,7 +72,8 @@ class Recognizer:
     @classmethod
     def load(cls, folder: Path, settings: AsrSettings) -> Recognizer:
         """Load a model version; signed by the trusted key when settings name one."""
-        model = WhisperOnnx.load(folder, settings.quantization, settings.intra_op_threads, trusted_key(settings))
+        model = WhisperOnnx.load(folder, settings.quantization, settings.intra_op_threads, trusted_key(settings),
+                                 wide_encoder_threads(settings.idle_encoder_threads))
         return cls(model, decode_options(settings, model))
 
     @property
@@ -76,9 +85,10 @@ class Recognizer:
         return self.model.manifest.version
 
     def recognize(
-        self, segments: Sequence[SegmentAudio], queue_waits_ms: Sequence[float] | None = None
+        self, segments: Sequence[SegmentAudio], queue_waits_ms: Sequence[float] | None = None, wide: bool = False
     ) -> list[TranscriptResult | Exception]:
-        """Transcribe the segments as one batch; each slot holds its result or its own exception."""
+        """Transcribe the segments as one batch; each slot holds its result or its own exception.
+        ``wide``: nothing else waits for the cores, so the encoder may use them all (same text)."""
         waits = list(queue_waits_ms) if queue_waits_ms is not None else [0.0] * len(segments)
         slots: list[TranscriptResult | Exception] = []
         usable: list[int] = []
@@ -91,7 +101,7 @@ class Recognizer:
             except Exception as exc:  # noqa: BLE001 - any bad input fails only its own slot
                 slots.append(exc)
         for i, result in zip(
-            usable, self._decode_isolating(mels, [segments[i] for i in usable]), strict=True
+            usable, self._decode_isolating(mels, [segments[i] for i in usable], wide), strict=True
         ):
             slots[i] = (
                 replace(result, timings=replace(result.timings, queue_wait_ms=waits[i]))
@@ -101,25 +111,25 @@ class Recognizer:
         return slots
 
     def _decode_isolating(
-        self, mels: list[np.ndarray], segments: list[SegmentAudio]
+        self, mels: list[np.ndarray], segments: list[SegmentAudio], wide: bool = False
     ) -> list[TranscriptResult | Exception]:
         """Decode together; if the batch fails, decode each alone so only the culprit fails."""
         if not mels:
             return []
         try:
-            return list(self._decode(mels, segments))
+            return list(self._decode(mels, segments, wide))
         except Exception as exc:  # noqa: BLE001
             if len(mels) == 1:
                 return [exc]
         out: list[TranscriptResult | Exception] = []
         for mel, segment in zip(mels, segments, strict=True):
-            out.extend(self._decode_isolating([mel], [segment]))
+            out.extend(self._decode_isolating([mel], [segment], wide))
         return out
 
-    def _decode(self, mels: list[np.ndarray], segments: list[SegmentAudio]) -> list[TranscriptResult]:
+    def _decode(self, mels: list[np.ndarray], segments: list[SegmentAudio], wide: bool = False) -> list[TranscriptResult]:
         started = time.perf_counter()
         decoded, timings = self.decoder.decode(
-            mels, [np.asarray(s.audio).size / SAMPLE_RATE for s in segments]
+            mels, [np.asarray(s.audio).size / SAMPLE_RATE for s in segments], wide
         )
         batch_timings = SegmentTimings(
             batch_size=len(mels),

@@ -43,6 +43,14 @@ class AsrSettings(BaseModel):
     inference_threads: int = Field(
         1, ge=0, description="Batches decoded at once, one thread each (0 = one per core the process may use).",
     )
+    # A batch that runs while no other segment waits (a lone long turn, a retry in the 30 s window) may
+    # encode on more threads: bit-identical output, a 30 s window 677 -> 386 ms on 2 cores. Off (1) by
+    # default: at 1 call it took P99 2.26 -> 2.07 s, but at 10 calls on 2 cores most batches start with
+    # the queue empty (they take all of it), the second thread took 0.24 cores from the event loop, and
+    # P99 went 6.32 -> 8.42 s. For workers with cores to spare.
+    idle_encoder_threads: int = Field(
+        1, ge=0, description="Encoder threads for a batch nothing else waits behind (1 = off, 0 = every core the worker may use).",
+    )
     # Not a secret (it only verifies), so a plain string: the key itself, or where to read it.
     model_public_key: str = Field(
         "", description="Ed25519 key trusted to sign model manifests (file path or base64); set = signatures required.",

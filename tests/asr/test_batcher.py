@@ -13,6 +13,7 @@ import pytest
 from pipeline.asr.batcher import BatcherClosedError, ModelVersionError, SegmentBatcher
 from pipeline.asr.recognizer import Recognizer, SegmentRejectedError
 from pipeline.asr.results import AudioSegment
+from pipeline.config import Settings
 from pipeline.eval.dataset import EvalUtterance
 
 
@@ -73,10 +74,10 @@ def test_decode_failure_is_isolated_to_its_segment(
     poison = segments[2].audio.size // 160
     real_decode = recognizer.decoder.decode
 
-    def decode(mels, durations):  # type: ignore[no-untyped-def]
+    def decode(mels, durations, wide=False):  # type: ignore[no-untyped-def]
         if any(m.shape[1] == poison for m in mels):
             raise RuntimeError("onnxruntime failed")
-        return real_decode(mels, durations)
+        return real_decode(mels, durations, wide)
 
     monkeypatch.setattr(recognizer.decoder, "decode", decode)
     slots = recognizer.recognize(segments)
@@ -125,7 +126,7 @@ class MeetingRecognizer:
         self.barrier = threading.Barrier(parties, timeout=20)
         self.met = 0
 
-    def recognize(self, segments: Any, waits: Any = None) -> list[Any]:
+    def recognize(self, segments: Any, waits: Any = None, wide: bool = False) -> list[Any]:
         try:
             self.barrier.wait()
             self.met += 1
@@ -149,3 +150,42 @@ async def test_batches_run_at_once_on_several_inference_threads() -> None:
     await batcher.close()
     assert all(isinstance(o, SegmentRejectedError) for o in outcomes)
     assert recognizer.met == 2, "the two batches did not run at the same time"
+
+
+async def test_the_idle_wide_encoder_gives_the_same_tokens(
+    built: Any, asr_settings: Settings, eval_sets: dict[str, list[EvalUtterance]]
+) -> None:
+    """A batch nothing waits behind encodes on every core: bit-identical, so text never depends on load."""
+    settings = asr_settings.model_copy(update={"quantization": "fp32", "intra_op_threads": 1, "idle_encoder_threads": 2})
+    recognizer = Recognizer.load(built.folder, settings)
+    assert recognizer.model.encoder_wide is not None
+    segments = _mixed(eval_sets)
+    narrow, wide = recognizer.recognize(segments), recognizer.recognize(segments, wide=True)
+    for a, b in zip(narrow, wide, strict=True):
+        assert not isinstance(a, Exception) and not isinstance(b, Exception)
+        assert (a.tokens, a.avg_logprob, a.no_speech_prob) == (b.tokens, b.avg_logprob, b.no_speech_prob)
+
+
+class WideRecorder:
+    """Records, per batch, whether the batcher let it encode wide."""
+
+    name, version = "wide", 1
+
+    def __init__(self) -> None:
+        self.wide: list[bool] = []
+
+    def recognize(self, segments: Any, waits: Any = None, wide: bool = False) -> list[Any]:
+        self.wide.append(wide)
+        return [SegmentRejectedError("not decoded here") for _ in segments]
+
+
+async def test_only_a_batch_nothing_waits_behind_runs_wide() -> None:
+    recognizer = WideRecorder()
+    batcher = SegmentBatcher(recognizer, window=OneWindow(), max_batch=1, max_wait_ms=1)  # type: ignore[arg-type]
+    await batcher.start()
+    segment = AudioSegment(0, 1000, np.zeros(16000, np.float32))
+    await asyncio.gather(batcher.submit(segment), return_exceptions=True)
+    await asyncio.gather(*(batcher.submit(segment) for _ in range(3)), return_exceptions=True)
+    await batcher.close()
+    assert recognizer.wide[0] is True  # alone
+    assert recognizer.wide[1] is False and recognizer.wide[-1] is True  # two waited behind the first
