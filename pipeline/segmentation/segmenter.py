@@ -109,6 +109,25 @@ class Segmenter:
         """Start of the open segment (pre-roll included), as its SpeechSegment will have it."""
         return None if self._open is None else self._open.start // SAMPLES_PER_MS
 
+    def provisional_end(self) -> tuple[int, int] | None:
+        """(start_sample, end_sample) the open segment will have if it closes at its endpoint, once that
+        is known: its trailing silence has passed the post-roll, so no sample of it is still to come.
+        None while speech goes on, or when it is too short to be kept. If speech resumes before the
+        endpoint the segment grows instead (or is cut at ``max_segment_ms``): callers compare keys."""
+        segment = self._open
+        if segment is None or segment.silence_since is None:
+            return None
+        end = segment.silence_since + self._ms["post_roll"]
+        if self._windows_done * WINDOW < end:
+            return None
+        if segment.speech_windows * WINDOW // SAMPLES_PER_MS < self.settings.min_speech_ms:
+            return None
+        return segment.start, end
+
+    def provisional_audio(self, start: int, end: int) -> np.ndarray:
+        """The audio ``[start, end)`` of the open segment (``provisional_end``'s samples), a copy."""
+        return self._audio.slice(start, end)
+
     def open_segment_audio(self) -> np.ndarray | None:
         """The audio of the open segment so far (for partial transcripts), or None."""
         return None if self._open is None else self._audio.slice(self._open.start, self._audio.end)

@@ -54,6 +54,7 @@ from pipeline.worker.dead_letters import (
     message_dead_letter,
     segment_dead_letter,
 )
+from pipeline.worker.early import EarlyDecoder
 from pipeline.worker.frames import FrameError, RejectedFrame, check_frame, check_leg_format, check_seq_jump
 from pipeline.worker.legs import LegState
 from pipeline.worker.metrics import WorkerMetrics
@@ -109,6 +110,7 @@ class CallProcessor:
         self.finished: OrderedDict[str, None] = OrderedDict()  # recently finished calls (bounded)
         self.awaiting_release: list[CallState] = []
         self.partials = PartialTranscripts(settings, transcriber, self.budget, output, sink, self.metrics)
+        self.early = EarlyDecoder(transcriber, self.metrics, settings.early_decode)
         # Checkpoints: where calls resume after a crash or rebalance, read per audio partition on assignment.
         self.checkpoints: CheckpointStore = checkpoints or MemoryCheckpointStore()
         self.resume_points: dict[int, dict[str, CallCheckpoint]] = {}
@@ -188,6 +190,7 @@ class CallProcessor:
                 # so the call completes only after it, and a failure stays with the call, not the batch).
                 self._spawn(call, self._emit_released(call, call.analyzer.release(self._watermarks(call))))
         for call, leg, _ in touched.values():
+            self.early.update(leg)
             if self.settings.partial_interval_ms > 0:
                 self._maybe_partial(call, leg)
             if call.end is not None and not call.finishing and call.frames_complete():
@@ -534,11 +537,12 @@ class CallProcessor:
 
     async def _submit(self, call: CallState, leg: LegState, seg: SpeechSegment, consumed_ms: int) -> None:
         nbytes = seg.audio.nbytes
+        early = self.early.take(leg, seg)  # now: the leg's next update would drop it
         await self.budget.acquire(nbytes)  # back-pressure: the agent waits, Kafka fetching pauses
-        self._spawn(call, self._transcribe(call, leg, seg, consumed_ms, nbytes))
+        self._spawn(call, self._transcribe(call, leg, seg, consumed_ms, nbytes, early))
 
     async def _transcribe(self, call: CallState, leg: LegState, seg: SpeechSegment, consumed_ms: int,
-                          nbytes: int) -> None:
+                          nbytes: int, early: asyncio.Task[Transcription] | None = None) -> None:
         closed_ms = now_ms()
         seg_id = segment_id(call.call_id, leg.leg, seg.start_ms)
         assert call.analyzer is not None
@@ -546,7 +550,8 @@ class CallProcessor:
         # down the sink's write() waits, so does this, and the agents stop taking frames.
         try:
             try:
-                result = await self.transcriber.transcribe(seg.audio)
+                # The early decode ran on exactly these samples: the same text, sooner.
+                result = await (early if early is not None else self.transcriber.transcribe(seg.audio))
             except TranscriberDeadError:
                 raise  # not this segment's fault: the call fails, the worker exits, a restart replays it
             except Exception as exc:  # noqa: BLE001 - one failed segment must not stop the call

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -10,6 +11,9 @@ from pipeline.asr.engine import LegFrontEnd
 from pipeline.audio import codecs
 from pipeline.segmentation.segmenter import SpeechSegment
 from pipeline.worker.reorder import FrameReorderBuffer, ReleasedFrame
+
+if TYPE_CHECKING:
+    from pipeline.worker.early import EarlyDecode
 
 
 @dataclass
@@ -29,6 +33,8 @@ class LegState:
     partial_start_ms: int | None = None
     partial_len_ms: int = 0
     partial_inflight: bool = False
+    # The open segment decoded before its endpoint (pipeline/worker/early.py), or None.
+    early: EarlyDecode | None = None
     # Resumed from a checkpoint: frames before this seq are in it (replayed input, skipped and counted).
     resumed_from_seq: int = 0
     before_checkpoint: int = 0

@@ -20,6 +20,8 @@ DEAD_LETTER_REASONS = (ContractError.__name__,)
 MODEL_REFUSAL_REASONS = ("version", "format", "integrity", "signature", "canary")
 # Kinds of call task (pipeline/worker/calls.py TASK_KINDS).
 TASK_KINDS = ("segment", "emit", "finish", "partial")
+# What became of early decodes (pipeline/worker/early.py).
+EARLY_DECODE_OUTCOMES = ("started", "used", "overtaken")
 
 # Delays of a few tens of ms up to tens of seconds (a backlog after an overload).
 DELAY_BUCKETS = (0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0)
@@ -59,6 +61,13 @@ class WorkerMetrics:
             registry=r,
         )
         self.frames = Counter("callqa_frames_total", "Audio frames consumed.", registry=r)
+        self.early_decodes = Counter(
+            "callqa_early_decodes_total",
+            "Open segments decoded before their endpoint: started, used for the final, overtaken by speech.",
+            ["outcome"], registry=r,
+        )
+        for outcome in EARLY_DECODE_OUTCOMES:
+            self.early_decodes.labels(outcome)
         self.frames_dropped = Counter(
             "callqa_frames_dropped_total", "Frames not used, by reason.", ["reason"], registry=r,
         )

@@ -39,3 +39,8 @@ class SegmentTranscriber(Protocol):
     """The shared micro-batcher, seen from the worker: waits (back-pressure) when its queue is full."""
 
     async def transcribe(self, audio_16k: np.ndarray) -> Transcription: ...
+
+    @property
+    def idle(self) -> bool:
+        """Nothing queued or being decoded: spare capacity (early decoding uses only that)."""
+        ...

@@ -46,6 +46,10 @@ class BatcherTranscriber:
     async def close(self) -> None:
         await self.batcher.close()
 
+    @property
+    def idle(self) -> bool:
+        return self.batcher.idle
+
     async def transcribe(self, audio_16k: np.ndarray) -> Transcription:
         self.metrics.batcher_queue_depth.set(self.batcher.queued)
         n_ms = len(audio_16k) // 16

@@ -71,6 +71,8 @@ class ScriptedTranscriber:
         self.go = [asyncio.Event() for _ in texts]
         self.finished: list[int] = []
 
+    idle = False  # no early decodes (pipeline/worker/early.py): each segment decoded once, at its end
+
     async def transcribe(self, audio_16k: np.ndarray) -> Transcription:
         index = self.submitted
         self.submitted += 1

@@ -150,3 +150,26 @@ def test_accept_many_needs_one_shared_vad(settings, vad) -> None:
 
     with pytest.raises(ValueError, match="share"):
         accept_many([Segmenter(settings, vad), Segmenter(settings, SileroVad())], [np.zeros(320)] * 2)
+
+
+def test_provisional_end_is_the_endpoint_segment_it_becomes(call_01_legs, settings, vad) -> None:
+    """Early decoding transcribes the provisional segment before its endpoint: every segment closed at
+    its endpoint was provisional with the same samples first, and one whose speech resumed was not."""
+    for leg in call_01_legs:
+        segmenter = Segmenter(settings, vad)
+        last: dict[tuple[int, int], np.ndarray] = {}
+        closed: list[SpeechSegment] = []
+        for i in range(0, leg.size, 320):
+            for seg in segmenter.accept(leg[i : i + 320]):
+                closed.append(seg)
+                if seg.reason == "endpoint":
+                    key = (seg.start_sample, seg.end_sample)
+                    assert key in last, f"segment {key} closed without a provisional end"
+                    np.testing.assert_array_equal(last[key], seg.audio)
+            key_now = segmenter.provisional_end()
+            if key_now is not None and key_now not in last:
+                last[key_now] = segmenter.provisional_audio(*key_now)
+        endpoint_keys = {(s.start_sample, s.end_sample) for s in closed if s.reason == "endpoint"}
+        assert len(endpoint_keys) >= 3
+        # Provisional ends that speech overtook (a pause shorter than the endpoint) closed nothing.
+        assert set(last) >= endpoint_keys

@@ -38,6 +38,8 @@ class AudioNamedTranscriber:
     def __init__(self) -> None:
         self.decoded_s = 0.0
 
+    idle = False  # no early decodes (pipeline/worker/early.py): each segment decoded once, at its end
+
     async def transcribe(self, audio_16k: np.ndarray) -> Transcription:
         self.decoded_s += audio_16k.size / 16000
         await asyncio.sleep(0)

@@ -44,6 +44,8 @@ class FakeTranscriber:
     def __init__(self) -> None:
         self.heard: list[str] = []
 
+    idle = False  # no early decodes (pipeline/worker/early.py): each segment decoded once, at its end
+
     async def transcribe(self, audio_16k: np.ndarray) -> Transcription:
         digest = hashlib.sha256(audio_16k.astype(np.float32).tobytes()).hexdigest()[:16]
         self.heard.append(digest)

@@ -1,0 +1,91 @@
+"""Early decoding: a leg's open segment is transcribed before its endpoint, while the batcher is idle.
+
+A segment closes after ``endpoint_silence_ms`` of silence (500 ms), but its audio ends at the last speech
+plus ``post_roll_ms`` (150 ms): from then on, the segment it will be if no speech resumes is known sample
+for sample (``Segmenter.provisional_end``). Decoding it then, instead of at the endpoint, takes about
+the endpoint's remaining 350 ms off the final's latency. Decoding is deterministic and independent of
+the batch, so the early text is the text the closed segment would get; when speech resumes first, or
+the segment is cut another way, the early decode is dropped (cancelled if its batch has not run).
+
+Only while the batcher has nothing queued or running: spare capacity is spent, and a final waiting for
+inference is never delayed by a guess. At most one early decode per leg is in flight; its audio is a
+copy of the open segment's, which the leg holds anyway, so it is not charged to the in-flight budget.
+
+Off by default (``early_decode``): it sped up finals at one call, but in three of six runs at four calls
+the worker fell behind its input (pipeline/config/worker.py has the figures); until that is understood,
+it is a setting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+from pipeline.segmentation.segmenter import SpeechSegment
+from pipeline.worker.legs import LegState
+from pipeline.worker.metrics import WorkerMetrics
+from pipeline.worker.ports import SegmentTranscriber, Transcription
+
+log = logging.getLogger("callqa.worker")
+
+
+@dataclass
+class EarlyDecode:
+    """An open segment's provisional samples [start, end) and the transcription running for them."""
+
+    start_sample: int
+    end_sample: int
+    task: asyncio.Task[Transcription]
+
+
+class EarlyDecoder:
+    """Starts, hands over and drops the early decodes of legs (``LegState.early``)."""
+
+    def __init__(self, transcriber: SegmentTranscriber, metrics: WorkerMetrics, enabled: bool) -> None:
+        self.transcriber = transcriber
+        self.metrics = metrics
+        self.enabled = enabled
+
+    def update(self, leg: LegState) -> None:
+        """After a leg took audio: drop an early decode its segment outgrew; start one when due and idle."""
+        if not self.enabled:
+            return
+        segmenter = leg.front_end.segmenter
+        key = segmenter.provisional_end()
+        current = leg.early
+        if current is not None and (current.start_sample, current.end_sample) == key:
+            return
+        if current is not None:
+            self._drop(leg, "overtaken")  # speech resumed (or the segment was cut): not this segment
+        if key is None or not self.transcriber.idle:
+            return
+        audio = segmenter.provisional_audio(*key)
+        task = asyncio.create_task(self.transcriber.transcribe(audio), name="early-decode")
+        task.add_done_callback(_retrieve)
+        leg.early = EarlyDecode(key[0], key[1], task)
+        self.metrics.early_decodes.labels("started").inc()
+
+    def take(self, leg: LegState, seg: SpeechSegment) -> asyncio.Task[Transcription] | None:
+        """The early decode of ``seg`` if one ran for exactly its samples (then the leg's is cleared)."""
+        current = leg.early
+        if current is None:
+            return None
+        if (current.start_sample, current.end_sample) != (seg.start_sample, seg.end_sample):
+            self._drop(leg, "overtaken")
+            return None
+        leg.early = None
+        self.metrics.early_decodes.labels("used").inc()
+        return current.task
+
+    def _drop(self, leg: LegState, outcome: str) -> None:
+        assert leg.early is not None
+        leg.early.task.cancel()  # skipped by the batcher if its batch has not run yet
+        leg.early = None
+        self.metrics.early_decodes.labels(outcome).inc()
+
+
+def _retrieve(task: asyncio.Task[Transcription]) -> None:
+    """A dropped early decode's failure matters to no one; one that is used is awaited and raises there."""
+    if not task.cancelled() and task.exception() is not None:
+        log.debug("early decode failed: %s", task.exception())
