@@ -45,6 +45,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from pipeline.bench.report import git_commit, machine
+from pipeline.broker.groups import GroupNotStableError, group_assignment
+from pipeline.broker.groups import wait_for_members as members_settled
 from pipeline.broker.local import LocalKafka, free_port
 from pipeline.broker.producer import ContractProducer
 from pipeline.broker.security import ClientErrors, admin_client
@@ -187,29 +189,20 @@ def group_of(name: str, work: Path, overrides: dict[str, str]) -> Iterator[Group
 # ---- the consumer group, seen from Kafka ----------------------------------------------------------------
 def assignment(group: Group) -> tuple[str, list[set[int]]]:
     """The group's state and each member's audio partitions (empty list while the group is unknown)."""
-    try:
-        desc = group.admin.describe_consumer_groups([group.group_id], request_timeout=5)[group.group_id].result()
-    except Exception:  # noqa: BLE001 - not created yet, or coordinator loading: unknown for now
-        return "UNKNOWN", []
-    audio = group.settings.topic_audio
-    members = [{tp.partition for tp in m.assignment.topic_partitions if tp.topic == audio} for m in desc.members]
-    return desc.state.name, members
+    return group_assignment(group.admin, group.group_id, group.settings.topic_audio)
 
 
 def wait_for_members(group: Group, count: int, timeout_s: float = 120.0) -> list[set[int]]:
     """Wait until ``count`` members hold every audio partition between them, in a stable group."""
-    deadline = time.monotonic() + timeout_s
-    state, members = "UNKNOWN", list[set[int]]()
-    while time.monotonic() < deadline:
-        state, members = assignment(group)
-        owned = set().union(*members) if members else set()
-        if state == "STABLE" and len(members) == count and len(owned) == group.settings.audio_partitions:
-            return members
+    def check() -> None:
         for i, worker in enumerate(group.workers):
             alive(worker, f"#{i}")
-        time.sleep(POLL_S)
-    raise PartFailed(f"consumer group {group.group_id} not stable with {count} members in {timeout_s:.0f} s "
-                     f"(state {state}, {len(members)} members)")
+
+    try:
+        return members_settled(group.admin, group.group_id, group.settings.topic_audio,
+                               group.settings.audio_partitions, count, timeout_s, check)
+    except GroupNotStableError as exc:
+        raise PartFailed(str(exc)) from exc
 
 
 # ---- calls: ids on chosen partitions, replay with a live tail ------------------------------------------

@@ -288,24 +288,27 @@ def bench_live(
     hold_s: Annotated[float, typer.Option(help="The steady window everything is measured over (s).")] = 120.0,
     cores: Annotated[str, typer.Option(help="CPU list the worker is pinned to (taskset), e.g. 0 or 0-1; "
                                             "default: every core.")] = "",
+    workers: Annotated[int, typer.Option(help="Worker processes in the level's consumer group, the cores shared "
+                                              "out among them (2 workers on 0-1: one core each).")] = 1,
     p99_max_s: Annotated[float, typer.Option(help="Highest P99 final latency a level may have (s).")] = 1.5,
     max_calls: Annotated[int, typer.Option(help="--search goes no higher.")] = 256,
     seed: Annotated[int, typer.Option(help="Traffic seed: the same seed and calls give the same calls.")] = 1,
     out: Annotated[Path | None, typer.Option(help="Folder for live-<stamp>.json, live.json and live.png "
                                                   "(default bench/results).")] = None,
 ) -> None:
-    """Live-traffic capacity benchmark: Poisson call arrivals in real time through the broker and one worker."""
+    """Live-traffic capacity benchmark: Poisson call arrivals in real time through the broker and the workers."""
     from pipeline.bench.benchmark import BenchOptions, parse_cores, run_benchmark
     from pipeline.bench.live import LevelConfig
     from pipeline.bench.report import RESULTS, print_report
 
-    if calls < 1 or hold_s <= 0 or warmup_s < 0:
-        raise typer.BadParameter("--calls must be >= 1, --hold-s > 0 and --warmup-s >= 0")
+    if calls < 1 or workers < 1 or hold_s <= 0 or warmup_s < 0:
+        raise typer.BadParameter("--calls and --workers must be >= 1, --hold-s > 0 and --warmup-s >= 0")
     try:
         pinned = parse_cores(cores)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
-    level = LevelConfig(calls=calls, cores=pinned, warmup_s=warmup_s, hold_s=hold_s, seed=seed, p99_max_s=p99_max_s)
+    level = LevelConfig(calls=calls, cores=pinned, warmup_s=warmup_s, hold_s=hold_s, seed=seed, p99_max_s=p99_max_s,
+                        workers=workers)
     options = BenchOptions(level, search=search, compare=compare, max_calls=max_calls, out=out or RESULTS)
     doc, paths = run_benchmark(options, console)
     print_report(doc, console)

@@ -1,7 +1,8 @@
 """One load level of the live benchmark, the search over levels, and the comparisons at the found load.
 
-A level: fresh topics and consumer group, one real `callqa worker` process (its own web port, its own
-embedded store in the run's folder, pinned with taskset to the cores given), the traffic of N calls sent
+A level: fresh topics and consumer group, real `callqa worker` processes in that group (one by default;
+each with its own web port and its own embedded store in the run's folder, pinned with taskset to its share
+of the cores given), the traffic of N calls sent
 in real time for a warm-up, a steady window and a short tail (so segments whose speech ended in the
 window can close), then a drain until the worker is idle. Everything is measured over the steady
 window: final latency from the end of speech, throughput, the worker's CPU per part, RSS, consumer lag,
@@ -51,6 +52,7 @@ from pipeline.bench.traffic import (
     mean_open,
     plan_traffic,
 )
+from pipeline.broker.groups import GroupNotStableError, wait_for_members
 from pipeline.broker.local import free_port
 from pipeline.broker.producer import ContractProducer
 from pipeline.broker.security import ClientErrors, admin_client, kafka_config
@@ -84,6 +86,14 @@ class LevelConfig:
     seed: int = 1
     max_batch: int | None = None  # None: the worker's own setting
     p99_max_s: float = 1.5
+    workers: int = 1  # worker processes in the level's consumer group, the cores shared out among them
+
+    @property
+    def worker_cores(self) -> list[tuple[int, ...]]:
+        """Each worker's cores: fewer workers than cores split them (0,2 | 1,3); more share them round robin."""
+        if self.workers <= len(self.cores):
+            return [self.cores[i::self.workers] for i in range(self.workers)]
+        return [(self.cores[i % len(self.cores)],) for i in range(self.workers)]
 
     @property
     def traffic(self) -> TrafficSpec:
@@ -95,7 +105,8 @@ class LevelConfig:
 
     @property
     def label(self) -> str:
-        return f"{self.calls} calls" + ("" if self.max_batch is None else f", max_batch {self.max_batch}")
+        return (f"{self.calls} calls" + ("" if self.workers == 1 else f", {self.workers} workers")
+                + ("" if self.max_batch is None else f", max_batch {self.max_batch}"))
 
 
 @dataclass
@@ -192,9 +203,31 @@ def topic_names(prefix: str) -> dict[str, str]:
 
 
 @contextmanager
-def level_worker(config: LevelConfig, settings: Settings, topics: dict[str, str], folder: Path) -> Iterator[WorkerProcess]:
-    """A worker on the level's topics and consumer group, pinned to the level's cores; stopped, its store
-    and the topics removed on the way out (its log stays in ``folder``)."""
+def level_workers(config: LevelConfig, settings: Settings, topics: dict[str, str],
+                  folder: Path) -> Iterator[list[WorkerProcess]]:
+    """The level's workers in one consumer group on its topics, each pinned to its cores, once the group
+    holds every input partition; stopped, their stores and the topics removed on the way out (their logs
+    stay in ``folder``)."""
+    workers: list[WorkerProcess] = []
+    try:
+        ensure_topics(settings)
+        for i, cores in enumerate(config.worker_cores):
+            workers.append(start_worker(config, settings, topics, folder if config.workers == 1 else folder / f"w{i}",
+                                        cores))
+        wait_assigned(settings, workers)
+        yield workers
+    finally:
+        for worker in workers:
+            with suppress(Exception):
+                worker.stop()
+        delete_topics(settings, topics)
+        for part in ("store", "faust"):
+            for sub in [folder, *folder.glob("w*")]:
+                shutil.rmtree(sub / part, ignore_errors=True)
+
+
+def start_worker(config: LevelConfig, settings: Settings, topics: dict[str, str], folder: Path,
+                 cores: tuple[int, ...]) -> WorkerProcess:
     port = free_port()
     overrides = {**topics, "worker_id": settings.worker_id, "web_port": str(port),
                  "bootstrap_servers": settings.bootstrap, "clickhouse_url": f"chdb://{(folder / 'store').resolve()}",
@@ -203,33 +236,27 @@ def level_worker(config: LevelConfig, settings: Settings, topics: dict[str, str]
         overrides["max_batch"] = str(config.max_batch)
     env = worker_env(overrides)
     env["FAUST_DATADIR"] = str((folder / "faust").resolve())  # faust's own folder, not in the working dir
-    worker = WorkerProcess(env, port, folder / "worker.log", cpus=",".join(map(str, config.cores)))
+    worker = WorkerProcess(env, port, folder / "worker.log", cpus=",".join(map(str, cores)))
     try:
-        ensure_topics(settings)
-        try:
-            worker.start()
-        except RuntimeError as exc:
-            raise BenchError(f"the worker did not start: {last_log_line(worker)}") from exc
-        wait_assigned(worker)
-        yield worker
-    finally:
-        with suppress(Exception):
-            worker.stop()
-        delete_topics(settings, topics)
-        for part in ("store", "faust"):
-            shutil.rmtree(folder / part, ignore_errors=True)
+        worker.start()
+    except RuntimeError as exc:
+        raise BenchError(f"the worker did not start: {last_log_line(worker)}") from exc
+    return worker
 
 
-def wait_assigned(worker: WorkerProcess) -> None:
-    """Until the worker holds its input partitions (frames sent before would only queue up)."""
-    deadline = time.monotonic() + ASSIGNMENT_TIMEOUT_S
-    while time.monotonic() < deadline:
-        alive(worker)
-        with suppress(OSError):
-            if worker.metric("callqa_rebalances_total") >= 1:
-                return
-        time.sleep(0.5)
-    raise BenchError(f"the worker got no partitions in {ASSIGNMENT_TIMEOUT_S:.0f} s (log: {worker.log_path})")
+def wait_assigned(settings: Settings, workers: list[WorkerProcess]) -> None:
+    """Until the workers hold every input partition between them, in a stable group (frames sent before
+    would only queue up)."""
+    def check() -> None:
+        for worker in workers:
+            alive(worker)
+
+    admin = admin_client(settings, ClientErrors(settings))
+    try:
+        wait_for_members(admin, settings.worker_id, settings.topic_audio, settings.audio_partitions, len(workers),
+                         ASSIGNMENT_TIMEOUT_S, check)
+    except GroupNotStableError as exc:
+        raise BenchError(f"{exc} (logs: {workers[0].log_path.parent})") from exc
 
 
 def alive(worker: WorkerProcess) -> None:
@@ -257,25 +284,42 @@ class Watch:
     """What the level loop collects while the traffic runs and the worker drains."""
 
     samples: list[probes.MetricsSample] = field(default_factory=list)
-    cpu_start: tuple[float, probes.CpuSnapshot] | None = None
-    cpu_end: tuple[float, probes.CpuSnapshot] | None = None
-    thread_names: dict[int, str] = field(default_factory=dict)  # OS thread id -> Python thread name
+    cpu_start: tuple[float, dict[int, probes.CpuSnapshot]] | None = None  # per worker pid
+    cpu_end: tuple[float, dict[int, probes.CpuSnapshot]] | None = None
+    thread_names: dict[int, dict[int, str]] = field(default_factory=dict)  # pid -> thread id -> Python name
     drained_after_s: float | None = None
 
-    def end_window(self, pid: int) -> None:
-        self.cpu_end = (time.monotonic(), probes.cpu_snapshot(pid))
-        # Names again: a pool's threads start when first needed, maybe after the window began.
-        self.thread_names.update(probes.python_thread_names(pid))
+    def start_window(self, pids: list[int]) -> None:
+        self.cpu_start = (time.monotonic(), {pid: probes.cpu_snapshot(pid) for pid in pids})
+        self.thread_names = {pid: probes.python_thread_names(pid) for pid in pids}
 
-    def sample(self, worker: WorkerProcess, audio_topic: str, t_s: float) -> probes.MetricsSample | None:
-        assert worker.proc is not None
-        try:
-            text = probes.fetch_metrics(worker.web_port)
-            rss = probes.rss_bytes(worker.proc.pid)
-        except OSError:
-            alive(worker)
-            return None  # a slow answer under load: the next sample will do
-        sample = probes.parse_metrics(text, t_s, audio_topic, rss)
+    def end_window(self, pids: list[int]) -> None:
+        self.cpu_end = (time.monotonic(), {pid: probes.cpu_snapshot(pid) for pid in pids})
+        # Names again: a pool's threads start when first needed, maybe after the window began.
+        for pid in pids:
+            self.thread_names.setdefault(pid, {}).update(probes.python_thread_names(pid))
+
+    def cpu(self) -> probes.CpuSplit:
+        """The workers' CPU over the window, added up."""
+        assert self.cpu_start is not None and self.cpu_end is not None
+        wall = self.cpu_end[0] - self.cpu_start[0]
+        return probes.CpuSplit.combined([
+            probes.cpu_split(pid, before, self.cpu_end[1][pid], wall, self.thread_names.get(pid, {}))
+            for pid, before in self.cpu_start[1].items()])
+
+    def sample(self, workers: list[WorkerProcess], audio_topic: str, t_s: float) -> probes.MetricsSample | None:
+        """One scrape of every worker, added up; None when one of them did not answer in time."""
+        samples = []
+        for worker in workers:
+            assert worker.proc is not None
+            try:
+                text = probes.fetch_metrics(worker.web_port)
+                rss = probes.rss_bytes(worker.proc.pid)
+            except OSError:
+                alive(worker)
+                return None  # a slow answer under load: the next sample will do
+            samples.append(probes.parse_metrics(text, t_s, audio_topic, rss))
+        sample = probes.MetricsSample.combined(samples)
         self.samples.append(sample)
         return sample
 
@@ -287,27 +331,25 @@ def run_level(config: LevelConfig, library: TurnLibrary, work: Path, console: Co
     settings = Settings(**topics, worker_id=prefix)  # type: ignore[arg-type]
     plans = plan_traffic(library, config.traffic, config.horizon_s, prefix)
     with ExitStack() as stack:
-        with console.status(f"{config.label}: starting a worker (model, VAD, store, consumer group)..."):
-            worker = stack.enter_context(level_worker(config, settings, topics, work / prefix))
+        with console.status(f"{config.label}: starting {config.workers} worker(s) (model, VAD, store, consumer group)..."):
+            workers = stack.enter_context(level_workers(config, settings, topics, work / prefix))
         serde = Serde.from_settings(settings.schema_registry_url)
         tap = TranscriptTap(settings, serde)
         tap.start()
         try:
             gateway = LiveGateway(ContractProducer.from_settings(settings, serde), settings.topic_audio,
                                   settings.topic_call_events, library, NoiseBed(config.traffic.max_call_s))
-            report, watch = drive(config, worker, gateway, plans, tap, settings.topic_audio, console)
+            report, watch = drive(config, workers, gateway, plans, tap, settings.topic_audio, console)
             finals = tap.finals()
         finally:
             tap.stop()
-        assert worker.proc is not None
-        return measure(config, plans, finals, report, watch, worker.proc.pid)
+        return measure(config, plans, finals, report, watch)
 
 
-def drive(config: LevelConfig, worker: WorkerProcess, gateway: LiveGateway, plans: list[CallPlan],
+def drive(config: LevelConfig, workers: list[WorkerProcess], gateway: LiveGateway, plans: list[CallPlan],
           tap: TranscriptTap, audio_topic: str, console: Console) -> tuple[GatewayReport, Watch]:
-    """Send the traffic while sampling the worker; take CPU snapshots at the window's ends; then drain."""
-    assert worker.proc is not None
-    pid = worker.proc.pid
+    """Send the traffic while sampling the workers; take CPU snapshots at the window's ends; then drain."""
+    pids = [w.proc.pid for w in workers if w.proc is not None]
     report, watch, stop = GatewayReport(), Watch(), threading.Event()
     sender = Background("the gateway", lambda: gateway.run(plans, config.horizon_s, stop, report))
     window_end = config.warmup_s + config.hold_s
@@ -321,39 +363,39 @@ def drive(config: LevelConfig, worker: WorkerProcess, gateway: LiveGateway, plan
             while sender.is_alive():
                 t = time.time() - report.started_wall_s if report.started_wall_s else 0.0
                 if t >= next_sample:
-                    sample = watch.sample(worker, audio_topic, t)
+                    sample = watch.sample(workers, audio_topic, t)
                     next_sample = t + config.sample_s
                     if sample is not None:
                         progress.update(task, lag=sample.audio_lag if sample.audio_lag is not None else "-")
                 if watch.cpu_start is None and t >= config.warmup_s:
-                    watch.cpu_start = (time.monotonic(), probes.cpu_snapshot(pid))
-                    watch.thread_names = probes.python_thread_names(pid)
+                    watch.start_window(pids)
                 if watch.cpu_end is None and t >= window_end:
-                    watch.end_window(pid)
+                    watch.end_window(pids)
                 phase = "warm-up" if t < config.warmup_s else "steady" if t < window_end else "tail"
                 progress.update(task, completed=min(t, config.horizon_s), phase=phase, finals=len(tap.finals()))
-                alive(worker)
+                for worker in workers:
+                    alive(worker)
                 time.sleep(0.1)
         finally:
             stop.set()
             sender.join(timeout=30)
         sender.check()
         if watch.cpu_end is None:  # the tail is shorter than a loop turn: the window ended with the traffic
-            watch.end_window(pid)
+            watch.end_window(pids)
         progress.update(task, phase="draining")
-        watch.drained_after_s = drain(config, worker, tap, watch, audio_topic, report.started_wall_s)
+        watch.drained_after_s = drain(config, workers, tap, watch, audio_topic, report.started_wall_s)
     return report, watch
 
 
-def drain(config: LevelConfig, worker: WorkerProcess, tap: TranscriptTap, watch: Watch, audio_topic: str,
+def drain(config: LevelConfig, workers: list[WorkerProcess], tap: TranscriptTap, watch: Watch, audio_topic: str,
           started_wall_s: float) -> float | None:
-    """Seconds until the worker is idle (nothing lagging or queued, no new final for DRAIN_QUIET_S), or None
+    """Seconds until the workers are idle (nothing lagging or queued, no new final for DRAIN_QUIET_S), or None
     when it did not get there within the drain timeout."""
     began = time.monotonic()
     count, quiet_since = len(tap.finals()), time.monotonic()
     while time.monotonic() - began < config.drain_timeout_s:
         time.sleep(1.0)
-        sample = watch.sample(worker, audio_topic, time.time() - started_wall_s)
+        sample = watch.sample(workers, audio_topic, time.time() - started_wall_s)
         now_count = len(tap.finals())
         if now_count != count:
             count, quiet_since = now_count, time.monotonic()
@@ -365,7 +407,7 @@ def drain(config: LevelConfig, worker: WorkerProcess, tap: TranscriptTap, watch:
 
 # ---- figures of a level ----------------------------------------------------------------------------------
 def measure(config: LevelConfig, plans: list[CallPlan], finals: list[FinalSeen], report: GatewayReport,
-            watch: Watch, pid: int) -> LevelRun:
+            watch: Watch) -> LevelRun:
     """A level's figures over its steady window, JSON-ready."""
     if watch.cpu_start is None or watch.cpu_end is None:
         raise BenchError("the traffic stopped before the steady window began")
@@ -376,8 +418,7 @@ def measure(config: LevelConfig, plans: list[CallPlan], finals: list[FinalSeen],
     latency = window_latency(matched, *window)
     written = written_in(finals, *window)
     speech_s = sum(f.audio_s for f in written)
-    cpu = probes.cpu_split(pid, watch.cpu_start[1], watch.cpu_end[1], watch.cpu_end[0] - watch.cpu_start[0],
-                           watch.thread_names)
+    cpu = watch.cpu()
     in_window = [s for s in watch.samples if config.warmup_s <= s.t_s <= config.warmup_s + config.hold_s]
     timeline = lag_timeline(watch.samples, plans)
     slope = lag_slope(timeline, config.warmup_s, config.warmup_s + config.hold_s)
@@ -385,7 +426,8 @@ def measure(config: LevelConfig, plans: list[CallPlan], finals: list[FinalSeen],
     why_not = verdict(config, latency.p99_s, slope, watch.drained_after_s, latency.count)
     result: dict[str, Any] = {
         "calls": config.calls, "legs": 2 * config.calls, "max_batch": config.max_batch or Settings().max_batch,
-        "cores": list(config.cores), "seed": config.seed,
+        "cores": list(config.cores), "workers": config.workers,
+        "worker_cores": [list(c) for c in config.worker_cores], "seed": config.seed,
         "window_s": {"warmup": config.warmup_s, "hold": config.hold_s, "tail": config.tail_s},
         "calls_open": {"mean": round(calls_mean, 2), "min": calls_min, "max": calls_max},
         "legs_open_mean": round(2 * calls_mean, 2),

@@ -20,6 +20,7 @@ import shutil
 import subprocess
 import sys
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -117,6 +118,16 @@ class CpuSplit:
     def cores_used(self) -> float:
         return self.total_s / self.wall_s if self.wall_s > 0 else 0.0
 
+    @classmethod
+    def combined(cls, splits: Sequence[CpuSplit]) -> CpuSplit:
+        """Several workers' CPU over the same window as one: seconds add up, so cores_used is the group's."""
+        by_label: dict[str, float] = {}
+        for split in splits:
+            for label, seconds in split.by_label.items():
+                by_label[label] = by_label.get(label, 0.0) + seconds
+        return cls(max(s.wall_s for s in splits), sum(s.total_s for s in splits), by_label,
+                   "; ".join(sorted({s.inference_by for s in splits})))
+
     def as_json(self) -> dict[str, object]:
         parts = {"event_loop": self.event_loop_s, "inference": self.inference_s,
                  "native_pools": self.native_pools_s, "other": self.other_s}
@@ -177,6 +188,20 @@ class MetricsSample:
     batch_count: float
     batch_sum: float
     rss_bytes: int = 0
+
+    @classmethod
+    def combined(cls, samples: Sequence[MetricsSample]) -> MetricsSample:
+        """Several workers' scrapes as one group's: counts, queues, lag and memory add up (the lag is None
+        only while no worker reports one)."""
+        lags = [s.audio_lag for s in samples if s.audio_lag is not None]
+        buckets: dict[float, float] = {}
+        for s in samples:
+            for bound, count in s.batch_buckets.items():
+                buckets[bound] = buckets.get(bound, 0.0) + count
+        return cls(max(s.t_s for s in samples), sum(lags) if lags else None, sum(s.queue_depth for s in samples),
+                   sum(s.active_calls for s in samples), sum(s.active_legs for s in samples),
+                   sum(s.finals for s in samples), buckets, sum(s.batch_count for s in samples),
+                   sum(s.batch_sum for s in samples), sum(s.rss_bytes for s in samples))
 
 
 def fetch_metrics(port: int, timeout_s: float = 5.0) -> str:

@@ -48,9 +48,9 @@ DEFINITIONS = {
     "lag_growing": f"the least-squares slope, over the window, of how far the worker is behind the live audio "
                    f"(frames behind the audio topic's end / the frame rate of the calls open) exceeds "
                    f"{LAG_SLOPE_MAX} s per s",
-    "legs_per_core": "2 x the most concurrent calls whose level met the criteria / the cores the worker was "
+    "legs_per_core": "2 x the most concurrent calls whose level met the criteria / the cores the workers were "
                      "pinned to (taskset)",
-    "cores_used": "the worker's CPU seconds in the window / the window's length (event loop: its main thread; "
+    "cores_used": "the workers' CPU seconds in the window (added up when there are several) / the window's length (event loop: its main thread; "
                   "inference: the asr-batch* threads; native_pools: threads without a name of their own, e.g. "
                   "ONNX Runtime's extra intra-op threads; other: the rest of the process)",
 }
@@ -174,14 +174,15 @@ def _table(title: str, *headers: str) -> Table:
 
 def level_tables(doc: dict[str, Any]) -> list[Table]:
     """Latency and load per level, then the worker's side; each fits an 80-column terminal."""
-    latency = _table("callqa bench live: final latency (s) from end of speech", "calls", "held", "legs", "batch",
+    latency = _table("callqa bench live: final latency (s) from end of speech", "calls", "held", "legs", "wrk", "batch",
                      "finals", "P50", "P95", "P99", "speech/s", "lag", "met")
     worker = _table("worker cores kept busy, RSS MB; frames sent late (P99 ms)", "calls", "batch", "cores", "loop",
                     "infer", "native", "other", "RSS", "batch avg", "late")
     for lv in doc["levels"]:
         lat, w, c = lv["latency"], lv["worker"], lv["worker"]["cores"]
         latency.add_row(
-            str(lv["calls"]), f"{lv['calls_open']['mean']:.1f}", str(lv["legs"]), str(lv["max_batch"]),
+            str(lv["calls"]), f"{lv['calls_open']['mean']:.1f}", str(lv["legs"]), str(lv.get("workers", 1)),
+            str(lv["max_batch"]),
             str(lat["finals"]), _s(lat["p50_s"]), _s(lat["p95_s"]), _s(lat["p99_s"]),
             f"{lv['throughput']['speech_s_per_s']:.2f}", "growing" if lv["lag"]["growing"] else "flat",
             "[green]yes[/green]" if lv["met"] else "[red]no[/red]",
@@ -222,13 +223,14 @@ def markdown(doc: dict[str, Any]) -> str:
             f"{doc['settings'].get('quantization')}, calls of {doc['traffic']['min_call_s']:g}-"
             f"{doc['traffic']['max_call_s']:g} s arriving as a Poisson process, {doc['criteria']['hold_s']:g} s "
             f"steady window.")
-    rows = ["| calls (held) | legs | pinned cores | max batch | P50 s | P95 s | P99 s | speech s/s | lag growing "
+    rows = ["| calls (held) | legs | pinned cores (workers) | max batch | P50 s | P95 s | P99 s | speech s/s | lag growing "
             "| worker cores (loop/inference/rest) | RSS MB | met |",
             "|---:|---:|---:|---:|---:|---:|---:|---:|:--|:--|---:|:--|"]
     for lv in doc["levels"]:
         lat, w = lv["latency"], lv["worker"]
         rows.append(
-            f"| {lv['calls']} ({lv['calls_open']['mean']:.1f}) | {lv['legs']} | {len(lv['cores'])} | {lv['max_batch']} "
+            f"| {lv['calls']} ({lv['calls_open']['mean']:.1f}) | {lv['legs']} | {len(lv['cores'])} ({lv.get('workers', 1)}) "
+            f"| {lv['max_batch']} "
             f"| {_s(lat['p50_s'])} | {_s(lat['p95_s'])} | {_s(lat['p99_s'])} "
             f"| {lv['throughput']['speech_s_per_s']:.2f} | {'yes' if lv['lag']['growing'] else 'no'} "
             f"| {_cores(w)} | {'-' if not w['rss_mb'] else round(w['rss_mb']['max'])} "

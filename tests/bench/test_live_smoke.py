@@ -21,10 +21,11 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.mark.broker
 @pytest.mark.slow
-def test_small_live_run_writes_json_plot_and_tables(broker: str, tmp_path: Path) -> None:
+def test_small_live_run_of_two_workers_writes_json_plot_and_tables(broker: str, tmp_path: Path) -> None:
     out = tmp_path / "results"
     done = subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", "bench", "live", "--calls", "2", "--warmup-s", "10", "--hold-s", "20",
+        [sys.executable, "-m", "pipeline.cli", "bench", "live", "--calls", "2", "--workers", "2", "--warmup-s", "10",
+         "--hold-s", "20",
          "--out", str(out)],
         cwd=REPO, capture_output=True, text=True, timeout=420, check=False,
         env={**os.environ, "COLUMNS": "120"},
@@ -36,6 +37,8 @@ def test_small_live_run_writes_json_plot_and_tables(broker: str, tmp_path: Path)
     assert doc["search"] is None and doc["batching"] is None and doc["engine_alone"] is None
     (level,) = doc["levels"]
     assert level["calls"] == 2 and level["legs"] == 4 and level["calls_open"]["mean"] > 0
+    # Two workers in one consumer group, each on its share of the cores, measured as one.
+    assert level["workers"] == 2 and len(level["worker_cores"]) == 2
     assert level["calls_started"] >= 2 and level["gateway"]["frames_sent"] > 0
 
     # Finals whose speech ended in the steady window, matched to the traffic's turns, with their percentiles.

@@ -1,0 +1,47 @@
+"""What a consumer group of workers holds: its state and each member's partitions of one topic.
+
+Benchmarks and scale-out checks wait on this before they send traffic: frames sent while the group is
+still rebalancing would only queue up and count as latency that no deployment sees.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from confluent_kafka.admin import AdminClient
+
+# How often a wait asks the group coordinator again.
+POLL_S = 0.5
+
+
+class GroupNotStableError(RuntimeError):
+    """The group did not settle with the members expected in time; the message says its last state."""
+
+
+def group_assignment(admin: AdminClient, group_id: str, topic: str) -> tuple[str, list[set[int]]]:
+    """The group's state name and each member's partitions of ``topic`` ("UNKNOWN", [] while the group is
+    not known yet)."""
+    try:
+        desc = admin.describe_consumer_groups([group_id], request_timeout=5)[group_id].result()
+    except Exception:  # noqa: BLE001 - not created yet, or its coordinator loading: unknown for now
+        return "UNKNOWN", []
+    members = [{tp.partition for tp in m.assignment.topic_partitions if tp.topic == topic} for m in desc.members]
+    return desc.state.name, members
+
+
+def wait_for_members(admin: AdminClient, group_id: str, topic: str, partitions: int, count: int,
+                     timeout_s: float = 120.0, check: Callable[[], None] = lambda: None) -> list[set[int]]:
+    """Until ``count`` members hold all ``partitions`` of ``topic`` between them in a stable group; returns
+    each member's partitions. ``check`` runs at every poll (e.g. raise if a worker died)."""
+    deadline = time.monotonic() + timeout_s
+    state, members = "UNKNOWN", list[set[int]]()
+    while time.monotonic() < deadline:
+        state, members = group_assignment(admin, group_id, topic)
+        owned = set().union(*members) if members else set()
+        if state == "STABLE" and len(members) == count and len(owned) == partitions:
+            return members
+        check()
+        time.sleep(POLL_S)
+    raise GroupNotStableError(f"consumer group {group_id} not stable with {count} members in {timeout_s:.0f} s "
+                              f"(state {state}, {len(members)} members)")
