@@ -8,7 +8,8 @@ BIN := $(VENV)/bin
 CALLQA := $(BIN)/callqa
 STATE := .callqa
 SYSTEM_PACKAGES := kcat pocketsphinx-testdata alsa-utils default-jre-headless maven prometheus openssl \
-	festival festvox-us-slt-hts
+	festival festvox-us-slt-hts asterisk-core-sounds-en-wav asterisk-core-sounds-en \
+	asterisk-moh-opsound-wav
 
 .PHONY: demo test setup system venv kafka models library lint broker-stop clean
 
@@ -28,7 +29,8 @@ test: setup
 
 setup: system venv kafka models library
 
-# Debian packages: the evaluation recordings, kcat (an independent Kafka client for tests), Java + Maven,
+# Debian packages: the evaluation recordings (pocketsphinx, ALSA, the Asterisk prompts with their
+# transcripts, Asterisk hold music as non-speech), kcat (an independent Kafka client for tests), Java + Maven,
 # Prometheus + promtool (the dashboards' PromQL and the alert rules are run by tests; it is not started
 # as a service), openssl (it makes the local SASL_SSL broker's certificates). The stamp holds the package
 # list it was made for, so adding a package to the list installs it on a machine that already has a

