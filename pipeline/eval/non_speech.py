@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.asr.engine import Engine
 from pipeline.audio import codecs
 from pipeline.audio.resample import resample
 from pipeline.eval.dataset import ALSA_SOUNDS, SAMPLE_RATE, EvalUtterance, asterisk_non_speech, file_utterance
@@ -78,12 +79,9 @@ class Emitted:
         return sum(len(t.split()) for t in self.texts)
 
 
-def emitted_words(engine: object, utterances: list[EvalUtterance], encoding: str = "mulaw") -> list[Emitted]:
+def emitted_words(engine: Engine, utterances: list[EvalUtterance], encoding: str = "mulaw") -> list[Emitted]:
     """Each recording as a leg would carry it (8 kHz, ``encoding``), through the engine's VAD segmenter and
-    recogniser; what it kept. ``engine``: a pipeline.asr.engine.Engine."""
-    from pipeline.asr.engine import Engine
-
-    assert isinstance(engine, Engine)
+    recogniser; what it kept."""
     out = []
     for u in utterances:
         narrow = resample(u.audio, SAMPLE_RATE, TELEPHONY_RATE)
