@@ -223,19 +223,27 @@ class SegmentBatcher:
         # Nothing else waits for the cores (no segment queued, no other batch running): this batch may
         # encode on all of them (Recognizer.recognize's ``wide``; the same text either way).
         wide = self._queue.qsize() == 0 and len(self._running) <= 1
+
+        def settle(p: _Pending, outcome: TranscriptResult | Exception) -> None:
+            if p.future.done():
+                return
+            if isinstance(outcome, Exception):
+                p.future.set_exception(outcome)
+            else:
+                p.future.set_result(outcome)
+
+        def settle_soon(i: int, outcome: TranscriptResult | Exception) -> None:
+            # From the inference thread: a segment is final while its batch still decodes others.
+            loop.call_soon_threadsafe(settle, live[i], outcome)
+
         try:
             results = await loop.run_in_executor(
-                self._executor, recognizer.recognize, [p.segment for p in live], waits, wide
+                self._executor, recognizer.recognize, [p.segment for p in live], waits, wide, settle_soon
             )
         except Exception as exc:  # noqa: BLE001 - recognize isolates per segment; this is a last resort
             results = [exc] * len(live)
         for p, result in zip(live, results, strict=True):
-            if p.future.done():
-                continue
-            if isinstance(result, Exception):
-                p.future.set_exception(result)
-            else:
-                p.future.set_result(result)
+            settle(p, result)
 
 
 def _name_os_thread() -> None:

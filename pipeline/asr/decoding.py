@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -81,6 +81,10 @@ class BatchTimings:
     encode_ms: float
     decode_ms: float
     steps: int
+
+
+FinalRow = Callable[[int, DecodedSegment], None]
+"""Called (in the decoding thread) with a row's index and result as soon as that row is final."""
 
 
 NUMBER_WORDS = frozenset(
@@ -151,6 +155,11 @@ def cut_loop(tokens: list[int], max_block: int = 16, numbers: NumberTokens = Num
     return tokens
 
 
+def _renumbered(on_final: FinalRow, rows: list[int]) -> FinalRow:
+    """``on_final`` for a sub-batch whose row i is the batch's row rows[i]."""
+    return lambda i, result: on_final(rows[i], result)
+
+
 def pad_window(mel: np.ndarray, frames: int) -> np.ndarray:
     """Zero-pad (or trim) a [n_mels, T] log-mel to `frames`, as faster-whisper pads to its window."""
     out = np.zeros((mel.shape[0], frames), np.float32)
@@ -198,32 +207,52 @@ class GreedyDecoder:
         return cross, mask, windows
 
     def decode(
-        self, mels: list[np.ndarray], durations_s: list[float], wide: bool = False
+        self, mels: list[np.ndarray], durations_s: list[float], wide: bool = False, on_final: FinalRow | None = None
     ) -> tuple[list[DecodedSegment], BatchTimings]:
         """Decode a batch; rows a guard stopped in a short window are retried in longer ones.
-        ``wide``: encode on the model's wide encoder (nothing else is waiting for the cores)."""
-        results, timings = self._decode_once(mels, durations_s, self.options.window, wide)
-        if not self.options.full_window_retry:
-            return results, timings
-        for window in (WindowPolicy(self.options.retry_bucket_s), WindowPolicy(0)):
-            retry = [
-                r
-                for r, result in enumerate(results)
-                if result.stopped_by_guard and window.window_frames(mels[r].shape[1]) > result.window_frames
-            ]
-            if not retry:
-                continue
-            again, more = self._decode_once([mels[r] for r in retry], [durations_s[r] for r in retry], window, wide)
-            for r, result in zip(retry, again, strict=True):
-                results[r] = result
-            timings = BatchTimings(
-                timings.encode_ms + more.encode_ms, timings.decode_ms + more.decode_ms, timings.steps + more.steps
-            )
+        ``wide``: encode on the model's wide encoder (nothing else is waiting for the cores).
+        ``on_final``: told of each row once its result is final, while the rest of the batch still
+        decodes: a short reply need not wait for a long turn (or a retry) that shares its batch."""
+        released: set[int] = set()
+
+        def release(row: int, result: DecodedSegment) -> None:
+            if on_final is not None and row not in released:
+                released.add(row)
+                on_final(row, result)
+
+        results, timings = self._decode_once(mels, durations_s, self.options.window, wide, release)
+        if self.options.full_window_retry:
+            for window in (WindowPolicy(self.options.retry_bucket_s), WindowPolicy(0)):
+                retry = [
+                    r
+                    for r, result in enumerate(results)
+                    if result.stopped_by_guard and window.window_frames(mels[r].shape[1]) > result.window_frames
+                ]
+                if not retry:
+                    continue
+                again, more = self._decode_once(
+                    [mels[r] for r in retry], [durations_s[r] for r in retry], window, wide,
+                    _renumbered(release, retry),
+                )
+                for r, result in zip(retry, again, strict=True):
+                    results[r] = result
+                timings = BatchTimings(
+                    timings.encode_ms + more.encode_ms, timings.decode_ms + more.decode_ms, timings.steps + more.steps
+                )
+        for row, result in enumerate(results):
+            release(row, result)  # rows a guard stopped with no longer window left
         return results, timings
 
     def _decode_once(
-        self, mels: list[np.ndarray], durations_s: list[float], window: WindowPolicy, wide: bool = False
+        self,
+        mels: list[np.ndarray],
+        durations_s: list[float],
+        window: WindowPolicy,
+        wide: bool = False,
+        on_ended: FinalRow | None = None,
     ) -> tuple[list[DecodedSegment], BatchTimings]:
+        """One pass in one window policy; ``on_ended`` hears of each row that ends by <|endoftext|>
+        (no guard stopped it, so no retry will change it) as soon as it does."""
         started = time.perf_counter()
         cross, mask, windows = self._encode(mels, window, wide)
         encoded = time.perf_counter()
@@ -263,6 +292,9 @@ class GreedyDecoder:
                 logprob_sum[row] += float(out.next_logprob[position])
                 if token == eot:
                     done[row] = True
+                    if on_ended is not None:
+                        ended = self._segment(tokens[row], logprob_sum[row], no_speech[row], windows[row], False)
+                        on_ended(int(row), ended)
                     continue
                 tokens[row].append(token)
                 if len(tokens[row]) >= caps[row] or ends_in_loop(
@@ -283,17 +315,24 @@ class GreedyDecoder:
             out = self.model.decode_step(step)
             steps += 1
         finished = time.perf_counter()
-        tokens = [cut_loop(t, numbers=self.numbers) if guarded[r] else t for r, t in enumerate(tokens)]
         results = [
-            DecodedSegment(
-                tokens=tokens[r],
-                text=self.model.vocabulary.decode(tokens[r]),
-                avg_logprob=float(logprob_sum[r] / (len(tokens[r]) + 1)),
-                no_speech_prob=float(no_speech[r]),
-                window_frames=windows[r],
-                stopped_by_guard=bool(guarded[r]),
+            self._segment(
+                cut_loop(tokens[r], numbers=self.numbers) if guarded[r] else tokens[r],
+                logprob_sum[r], no_speech[r], windows[r], bool(guarded[r]),
             )
             for r in range(rows)
         ]
         timings = BatchTimings((encoded - started) * 1000, (finished - encoded) * 1000, steps)
         return results, timings
+
+    def _segment(
+        self, tokens: list[int], logprob_sum: float, no_speech: float, window_frames: int, guarded: bool
+    ) -> DecodedSegment:
+        return DecodedSegment(
+            tokens=tokens,
+            text=self.model.vocabulary.decode(tokens),
+            avg_logprob=float(logprob_sum / (len(tokens) + 1)),
+            no_speech_prob=float(no_speech),
+            window_frames=window_frames,
+            stopped_by_guard=guarded,
+        )

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -22,6 +22,9 @@ from pipeline.audio.mel import SAMPLE_RATE, log_mel_spectrogram
 from pipeline.config.asr import AsrSettings
 
 MAX_SEGMENT_S = 30.0
+
+SegmentOutcome = Callable[[int, "TranscriptResult | Exception"], None]
+"""Called (in the inference thread) with a segment's index in the batch and its outcome, once final."""
 
 
 class SegmentRejectedError(ValueError):
@@ -85,11 +88,30 @@ class Recognizer:
         return self.model.manifest.version
 
     def recognize(
-        self, segments: Sequence[SegmentAudio], queue_waits_ms: Sequence[float] | None = None, wide: bool = False
+        self,
+        segments: Sequence[SegmentAudio],
+        queue_waits_ms: Sequence[float] | None = None,
+        wide: bool = False,
+        on_result: SegmentOutcome | None = None,
     ) -> list[TranscriptResult | Exception]:
         """Transcribe the segments as one batch; each slot holds its result or its own exception.
-        ``wide``: nothing else waits for the cores, so the encoder may use them all (same text)."""
+        ``wide``: nothing else waits for the cores, so the encoder may use them all (same text).
+        ``on_result``: hears of each slot as soon as it is final (at most once per slot), so a caller
+        can hand a short segment's text on while a long one in the same batch still decodes."""
         waits = list(queue_waits_ms) if queue_waits_ms is not None else [0.0] * len(segments)
+        told: set[int] = set()
+
+        def tell(i: int, outcome: TranscriptResult | Exception) -> TranscriptResult | Exception:
+            if isinstance(outcome, TranscriptResult):
+                outcome = replace(outcome, timings=replace(outcome.timings, queue_wait_ms=waits[i]))
+            if on_result is not None and i not in told:
+                told.add(i)
+                on_result(i, outcome)
+            return outcome
+
+        def tell_row(row: int, outcome: TranscriptResult | Exception) -> None:
+            tell(usable[row], outcome)
+
         slots: list[TranscriptResult | Exception] = []
         usable: list[int] = []
         mels: list[np.ndarray] = []
@@ -99,45 +121,57 @@ class Recognizer:
                 usable.append(i)
                 slots.append(SegmentRejectedError("not decoded"))
             except Exception as exc:  # noqa: BLE001 - any bad input fails only its own slot
-                slots.append(exc)
-        for i, result in zip(
-            usable, self._decode_isolating(mels, [segments[i] for i in usable], wide), strict=True
-        ):
-            slots[i] = (
-                replace(result, timings=replace(result.timings, queue_wait_ms=waits[i]))
-                if isinstance(result, TranscriptResult)
-                else result
-            )
+                slots.append(tell(i, exc))
+        decoded = self._decode_isolating(
+            mels, [segments[i] for i in usable], wide, tell_row if on_result is not None else None
+        )
+        for i, result in zip(usable, decoded, strict=True):
+            slots[i] = tell(i, result)
         return slots
 
     def _decode_isolating(
-        self, mels: list[np.ndarray], segments: list[SegmentAudio], wide: bool = False
+        self,
+        mels: list[np.ndarray],
+        segments: list[SegmentAudio],
+        wide: bool = False,
+        on_result: SegmentOutcome | None = None,
     ) -> list[TranscriptResult | Exception]:
-        """Decode together; if the batch fails, decode each alone so only the culprit fails."""
+        """Decode together; if the batch fails, decode each alone so only the culprit fails. (A row told
+        final before the failure keeps that result: its decoding had ended.)"""
         if not mels:
             return []
         try:
-            return list(self._decode(mels, segments, wide))
+            return list(self._decode(mels, segments, wide, on_result))
         except Exception as exc:  # noqa: BLE001
             if len(mels) == 1:
                 return [exc]
         out: list[TranscriptResult | Exception] = []
-        for mel, segment in zip(mels, segments, strict=True):
-            out.extend(self._decode_isolating([mel], [segment], wide))
+        for row, (mel, segment) in enumerate(zip(mels, segments, strict=True)):
+            alone = _renumbered(on_result, row)
+            out.extend(self._decode_isolating([mel], [segment], wide, alone))
         return out
 
-    def _decode(self, mels: list[np.ndarray], segments: list[SegmentAudio], wide: bool = False) -> list[TranscriptResult]:
+    def _decode(
+        self,
+        mels: list[np.ndarray],
+        segments: list[SegmentAudio],
+        wide: bool = False,
+        on_result: SegmentOutcome | None = None,
+    ) -> list[TranscriptResult]:
         started = time.perf_counter()
-        decoded, timings = self.decoder.decode(
-            mels, [np.asarray(s.audio).size / SAMPLE_RATE for s in segments], wide
+
+        def result(row: int, decoded: DecodedSegment) -> TranscriptResult:
+            timings = SegmentTimings(batch_size=len(mels), inference_ms=(time.perf_counter() - started) * 1000)
+            return self._result(decoded, segments[row], timings)
+
+        def final(row: int, decoded: DecodedSegment) -> None:
+            if on_result is not None:
+                on_result(row, result(row, decoded))
+
+        decoded, _ = self.decoder.decode(
+            mels, [np.asarray(s.audio).size / SAMPLE_RATE for s in segments], wide, final
         )
-        batch_timings = SegmentTimings(
-            batch_size=len(mels),
-            inference_ms=(time.perf_counter() - started) * 1000,
-            encode_ms=timings.encode_ms,
-            decode_ms=timings.decode_ms,
-        )
-        return [self._result(d, s, batch_timings) for d, s in zip(decoded, segments, strict=True)]
+        return [result(row, d) for row, d in enumerate(decoded)]
 
     def _result(
         self, decoded: DecodedSegment, segment: SegmentAudio, timings: SegmentTimings
@@ -153,3 +187,10 @@ class Recognizer:
             tokens=tuple(decoded.tokens),
             timings=timings,
         )
+
+
+def _renumbered(on_result: SegmentOutcome | None, row: int) -> SegmentOutcome | None:
+    """``on_result`` for a one-segment sub-batch that is the batch's row ``row``."""
+    if on_result is None:
+        return None
+    return lambda _, outcome: on_result(row, outcome)

@@ -37,13 +37,12 @@ class AudioSegment:
 
 @dataclass(frozen=True)
 class SegmentTimings:
-    """Where one segment's time went: waiting in the batcher, and its batch's inference."""
+    """Where one segment's time went: waiting in the batcher, then inference, from its batch's start until
+    its own result was final (a row that ends early is released while the rest of its batch decodes)."""
 
     queue_wait_ms: float = 0.0
     batch_size: int = 1
     inference_ms: float = 0.0
-    encode_ms: float = 0.0
-    decode_ms: float = 0.0
 
 
 @dataclass(frozen=True)

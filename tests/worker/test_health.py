@@ -53,7 +53,7 @@ class ShortRecognizer:
 
     name, version = "short", 1
 
-    def recognize(self, segments: Any, waits: Any = None, wide: bool = False) -> list[Any]:
+    def recognize(self, segments: Any, waits: Any = None, wide: bool = False, on_result: Any = None) -> list[Any]:
         return []
 
 
