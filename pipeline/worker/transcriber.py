@@ -30,6 +30,9 @@ class BatcherTranscriber:
         self.metrics = metrics
         self._refused: set[str] = set()  # fingerprints of refused version folders
         metrics.model_version.set(self.batcher.recognizer.version)
+        # Read at each scrape: a value set at submit time goes stale when submits stop (the live
+        # benchmark's drain check read a last "1 queued" forever).
+        metrics.batcher_queue_depth.set_function(lambda: self.batcher.queued)
 
     @classmethod
     def from_settings(cls, settings: Settings, metrics: WorkerMetrics) -> BatcherTranscriber:
@@ -51,7 +54,6 @@ class BatcherTranscriber:
         return self.batcher.idle
 
     async def transcribe(self, audio_16k: np.ndarray) -> Transcription:
-        self.metrics.batcher_queue_depth.set(self.batcher.queued)
         n_ms = len(audio_16k) // 16
         try:
             r = await self.batcher.submit(AudioSegment(0, n_ms, audio_16k))
