@@ -43,13 +43,13 @@ class AsrSettings(BaseModel):
     inference_threads: int = Field(
         1, ge=0, description="Batches decoded at once, one thread each (0 = one per core the process may use).",
     )
-    # A batch that runs while no other segment waits (a lone long turn, a retry in the 30 s window) may
-    # encode on more threads: bit-identical output, a 30 s window 677 -> 386 ms on 2 cores. Off (1) by
-    # default: at 1 call it took P99 2.26 -> 2.07 s, but at 10 calls on 2 cores most batches start with
-    # the queue empty (they take all of it), the second thread took 0.24 cores from the event loop, and
-    # P99 went 6.32 -> 8.42 s. For workers with cores to spare.
+    # A full 30 s window (the last retry of a looping row, a turn of 25-30 s) in a batch that runs while
+    # no other segment waits encodes on more threads: bit-identical output, 677 -> 386 ms on 2 cores.
+    # Every idle batch doing so was worse (10 calls on 2 cores: P99 6.32 -> 8.42 s: most batches start
+    # with the queue empty, and the second thread took 0.24 cores from the event loop); 30 s windows are
+    # rare (2-3 % of call-library turns loop into one) and were the slowest finals at 1-2 calls.
     idle_encoder_threads: int = Field(
-        1, ge=0, description="Encoder threads for a batch nothing else waits behind (1 = off, 0 = every core the worker may use).",
+        0, ge=0, description="Encoder threads for a full 30 s window nothing else waits behind (1 = off, 0 = every core the worker may use).",
     )
     # Not a secret (it only verifies), so a plain string: the key itself, or where to read it.
     model_public_key: str = Field(

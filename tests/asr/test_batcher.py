@@ -192,7 +192,9 @@ async def test_the_idle_wide_encoder_gives_the_same_tokens(
     built: Any, asr_settings: Settings, eval_sets: dict[str, list[EvalUtterance]]
 ) -> None:
     """A batch nothing waits behind encodes on every core: bit-identical, so text never depends on load."""
-    settings = asr_settings.model_copy(update={"quantization": "fp32", "intra_op_threads": 1, "idle_encoder_threads": 2})
+    # window_bucket_s 0: every window is the full 30 s one, the only one that encodes wide.
+    settings = asr_settings.model_copy(update={"quantization": "fp32", "intra_op_threads": 1, "idle_encoder_threads": 2,
+                                               "window_bucket_s": 0.0})
     recognizer = Recognizer.load(built.folder, settings)
     assert recognizer.model.encoder_wide is not None
     segments = _mixed(eval_sets)
