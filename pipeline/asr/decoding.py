@@ -15,7 +15,10 @@ genuine repeats ("five five"). And a row stopped by a guard in a shortened windo
 a longer one (`full_window_retry`): first `retry_bucket_s` (10 s), then, if it still loops, the full
 30 s window, where Whisper rarely loops. The cheap window serves most segments; on the eval set the
 10 s retry fixes every row the 30 s one did (same WER) for a fifth of the encoder cost, and retries had
-cost as much as all first passes together.
+cost as much as all first passes together. A third guard is faster-whisper's: a row that ends by itself
+but whose text compresses too well (zlib ratio above `compression_ratio_max`, 2.4) is repetitive, and
+is retried in the longer windows too; its text is not cut (a real "no, no, no, no" stays), and after
+the last window it stands as decoded.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from __future__ import annotations
 import math
 import re
 import time
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -59,6 +63,7 @@ class DecodeOptions:
     loop_copies: int = 3
     full_window_retry: bool = True
     retry_bucket_s: float = 10.0
+    compression_ratio_max: float = 2.4  # 0 = no check
 
     def token_cap(self, duration_s: float) -> int:
         return min(
@@ -118,6 +123,12 @@ class NumberTokens:
         return any(t in self.digits for t in block) and all(
             t in self.digits or t in self.separators for t in block
         )
+
+
+def compression_ratio(text: str) -> float:
+    """UTF-8 bytes per zlib-compressed byte, as faster-whisper measures repetitive output."""
+    raw = text.encode("utf-8")
+    return len(raw) / len(zlib.compress(raw)) if raw else 0.0
 
 
 def ends_in_loop(
@@ -266,7 +277,8 @@ class GreedyDecoder:
         tokens: list[list[int]] = [[] for _ in range(rows)]
         logprob_sum = np.zeros(rows)
         done = np.zeros(rows, bool)
-        guarded = np.zeros(rows, bool)  # stopped by the token cap or the loop stop, not by <|endoftext|>
+        guarded = np.zeros(rows, bool)  # stopped by the token cap or the loop stop, or repetitive
+        repetitive = np.zeros(rows, bool)  # ended by <|endoftext|>, but its text compresses too well
         step = DecoderStepInputs(
             tokens=np.zeros((rows, 1), np.int64),
             past=self.model.empty_cache(rows),
@@ -296,8 +308,10 @@ class GreedyDecoder:
                 logprob_sum[row] += float(out.next_logprob[position])
                 if token == eot:
                     done[row] = True
-                    if on_ended is not None:
-                        ended = self._segment(tokens[row], logprob_sum[row], no_speech[row], windows[row], False)
+                    ended = self._segment(tokens[row], logprob_sum[row], no_speech[row], windows[row], False)
+                    if self._repetitive(ended.text):
+                        guarded[row] = repetitive[row] = True  # a longer window may decode it better
+                    elif on_ended is not None:
                         on_ended(int(row), ended)
                     continue
                 tokens[row].append(token)
@@ -321,13 +335,17 @@ class GreedyDecoder:
         finished = time.perf_counter()
         results = [
             self._segment(
-                cut_loop(tokens[r], numbers=self.numbers) if guarded[r] else tokens[r],
+                cut_loop(tokens[r], numbers=self.numbers) if guarded[r] and not repetitive[r] else tokens[r],
                 logprob_sum[r], no_speech[r], windows[r], bool(guarded[r]),
             )
             for r in range(rows)
         ]
         timings = BatchTimings((encoded - started) * 1000, (finished - encoded) * 1000, steps)
         return results, timings
+
+    def _repetitive(self, text: str) -> bool:
+        limit = self.options.compression_ratio_max
+        return limit > 0 and compression_ratio(text) > limit
 
     def _segment(
         self, tokens: list[int], logprob_sum: float, no_speech: float, window_frames: int, guarded: bool

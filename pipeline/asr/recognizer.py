@@ -36,6 +36,7 @@ def decode_options(settings: AsrSettings, model: WhisperOnnx) -> DecodeOptions:
         window=WindowPolicy(settings.window_bucket_s),
         max_tokens_per_second=settings.max_tokens_per_second,
         full_window_retry=settings.full_window_retry,
+        compression_ratio_max=settings.compression_ratio_max,
         retry_bucket_s=settings.retry_window_bucket_s,
         suppress_ids=tuple(model.manifest.suppress_ids),
         suppress_ids_begin=tuple(model.manifest.suppress_ids_begin),

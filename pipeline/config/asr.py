@@ -27,6 +27,10 @@ class AsrSettings(BaseModel):
     full_window_retry: bool = Field(
         True, description="Decode again in the full 30 s window a segment that hit the token cap or looped."
     )
+    compression_ratio_max: float = Field(
+        2.4, ge=0.0,
+        description="A decoded text whose zlib compression ratio is above this is repetitive and decoded again in the longer windows (faster-whisper's 2.4; 0 = off).",
+    )
     retry_window_bucket_s: float = Field(
         10.0, ge=0.0,
         description="Bucket of the first, cheaper retry window (s) before the full 30 s one (0 = straight to 30 s).",

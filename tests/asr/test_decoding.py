@@ -7,7 +7,14 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from pipeline.asr.decoding import MAX_WINDOW_FRAMES, GreedyDecoder, WindowPolicy, cut_loop, ends_in_loop
+from pipeline.asr.decoding import (
+    MAX_WINDOW_FRAMES,
+    GreedyDecoder,
+    WindowPolicy,
+    compression_ratio,
+    cut_loop,
+    ends_in_loop,
+)
 from pipeline.asr.recognizer import Recognizer
 from pipeline.audio.mel import log_mel_spectrogram
 from pipeline.eval.dataset import EvalUtterance
@@ -102,3 +109,27 @@ def test_a_guarded_row_is_retried_at_the_retry_bucket_before_the_full_window(rec
     assert windows[:2] == [500, 1000]
     assert windows[2:] == ([MAX_WINDOW_FRAMES] if results[0].window_frames == MAX_WINDOW_FRAMES else [])
     assert windows[-1] == results[0].window_frames
+
+
+def test_compression_ratio_marks_repetitive_text() -> None:
+    assert compression_ratio("") == 0.0
+    assert compression_ratio("Is there anything else I can help you with?") < 1.5
+    assert compression_ratio("Thank you. " * 12) > 2.4
+
+
+def test_a_row_ending_in_repetitive_text_is_retried_and_not_cut(
+    recognizer_fp32: Recognizer, eval_sets: dict[str, list[EvalUtterance]]
+) -> None:
+    """A row that ends by itself but whose text is 'repetitive' (here: any text, with the limit set to
+    0.01) goes through the longer windows, and the last one's text stands uncut: the same tokens a
+    30 s window gives it directly."""
+    utterance = eval_sets["8k-mulaw"][3]
+    mel = log_mel_spectrogram(utterance.audio)
+    options = replace(recognizer_fp32.decoder.options, compression_ratio_max=0.01)
+    results, _ = GreedyDecoder(recognizer_fp32.model, options).decode([mel], [utterance.duration_s])
+    full = GreedyDecoder(recognizer_fp32.model, replace(options, window=WindowPolicy(0), compression_ratio_max=0.0))
+    direct, _ = full.decode([mel], [utterance.duration_s])
+    assert results[0].window_frames == MAX_WINDOW_FRAMES and results[0].stopped_by_guard
+    assert results[0].tokens == direct[0].tokens and len(direct[0].tokens) > 5
+    normal, _ = recognizer_fp32.decoder.decode([mel], [utterance.duration_s])
+    assert not normal[0].stopped_by_guard and normal[0].window_frames < MAX_WINDOW_FRAMES
