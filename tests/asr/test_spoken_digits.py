@@ -12,15 +12,24 @@ from __future__ import annotations
 import shutil
 import subprocess
 import wave
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from pipeline.asr.decoding import NumberTokens, cut_loop, ends_in_loop
+from pipeline.asr.decoding import (
+    MAX_WINDOW_FRAMES,
+    GreedyDecoder,
+    NumberTokens,
+    WindowPolicy,
+    cut_loop,
+    ends_in_loop,
+)
 from pipeline.asr.engine import Engine
 from pipeline.asr.recognizer import Recognizer
 from pipeline.audio import codecs
+from pipeline.audio.mel import log_mel_spectrogram
 from pipeline.audio.resample import resample
 from pipeline.config import Settings
 from pipeline.eval.numbers import digit_accuracy, digit_edit_distance, spoken_digits
@@ -40,6 +49,17 @@ def test_digit_blocks_are_not_loops() -> None:
     assert cut_loop([4, 9, 1, 9, 1, 9, 1], numbers=numbers) == [4, 9, 1, 9, 1, 9, 1]
     assert cut_loop([4, 9, 1, 7, 1, 7, 1, 7], numbers=numbers) == [4, 9, 1, 7]
     assert not NumberTokens(frozenset(), frozenset({9})).is_number([9, 9])  # "...." is no number
+
+
+def test_one_digit_run_is_a_digit_said_over_and_over() -> None:
+    # 4 "4", 1 "1", 11 "111", 5 " one", 6 " double", 7 " five", 9 "-"
+    said = {4: "4", 1: "1", 11: "111", 5: "1", 6: "", 7: "5"}
+    numbers = NumberTokens(digits=frozenset(said), separators=frozenset({9}), said=said)
+    assert numbers.one_digit_run([9, 1, 9, 11, 9, 1, 5])  # "-1-111-1 one"
+    assert numbers.one_digit_run([6, 7, 9, 6, 7, 9, 6, 7])  # "double five, double five, double five"
+    assert not numbers.one_digit_run([4, 9, 1, 9, 1, 9, 1])  # "4-1-1-1": two digits
+    assert not numbers.one_digit_run([9, 1, 9, 1])  # too few digits to call it a run
+    assert not numbers.one_digit_run([1, 1, 1, 8])  # 8 is a word
 
 
 def test_digit_reading_and_distance() -> None:
@@ -73,3 +93,35 @@ def test_spoken_digit_strings_keep_their_digits(
         assert len(spoken_digits(hypothesis)) >= len(digits) - 2, hypothesis  # "4-1" lost 14 of 16
         pairs.append((digits, hypothesis))
     assert digit_accuracy(pairs).digit_error_rate <= DIGIT_ERROR_CEILING, pairs
+
+
+@pytest.mark.skipif(shutil.which("text2wave") is None, reason="festival (make setup installs it) is missing")
+def test_a_one_digit_run_goes_straight_to_the_full_window(recognizer: Recognizer, tmp_path: Path) -> None:
+    """"one one one one ..." loops in the 5 s and 10 s windows alike (only 30 s may count it), so the
+    first pass stops as soon as its tail is one digit said over and over, and the 10 s retry is skipped;
+    with `retry_digit_runs` the row runs to its token cap and through both retries, as before."""
+    audio = _festival("it is six oh one one, one one one one, one one one one, one one one seven", tmp_path)
+    mulaw = codecs.decode(codecs.encode(audio, "mulaw"), "mulaw")
+    mel = log_mel_spectrogram(resample(mulaw, 8000, 16000))
+    duration_s = mel.shape[1] / 100
+    passes: list[tuple[int, int]] = []
+
+    class Recording(GreedyDecoder):
+        def _decode_once(self, mels, durations_s, window, wide=False, on_ended=None):  # type: ignore[no-untyped-def]
+            results, timings = super()._decode_once(mels, durations_s, window, wide, on_ended)
+            passes.append((results[0].window_frames, len(results[0].tokens)))
+            return results, timings
+
+    runs: dict[bool, list[tuple[int, int]]] = {}
+    for retry_digit_runs in (False, True):
+        options = replace(recognizer.decoder.options, window=WindowPolicy(2.0), retry_bucket_s=10.0,
+                          retry_digit_runs=retry_digit_runs)
+        Recording(recognizer.model, options).decode([mel], [duration_s])
+        runs[retry_digit_runs] = passes.copy()
+        passes.clear()
+    first = WindowPolicy(2.0).window_frames(mel.shape[1])
+    cap = recognizer.decoder.options.token_cap(duration_s)
+    assert first < 1000 and [frames for frames, _ in runs[False]] == [first, MAX_WINDOW_FRAMES], runs
+    assert runs[False][0][1] < cap  # stopped in the run, not at the cap
+    assert [frames for frames, _ in runs[True]] == [first, 1000, MAX_WINDOW_FRAMES], runs
+    assert runs[True][0][1] == cap
