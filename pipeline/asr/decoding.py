@@ -41,7 +41,7 @@ from pipeline.asr.onnx_model import DecoderStepInputs, WhisperOnnx
 
 FRAMES_PER_SECOND = 100
 MAX_WINDOW_FRAMES = 3000
-LOST_COUNT_TAIL = 8  # tokens at the end of a capped row that must all say one digit
+LOST_COUNT_TAIL = 8  # tokens at the end of a row that must all say one digit to stop it (lost_count)
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,8 @@ class DecodeOptions:
     full_window_retry: bool = True
     retry_bucket_s: float = 10.0
     compression_ratio_max: float = 2.4  # 0 = no check
-    retry_digit_runs: bool = False  # retry rows the cap stopped in a one-digit run (see lost_count)
+    # True: a one-digit run decodes on to its token cap and through every retry window, as before 94ee17a.
+    retry_digit_runs: bool = False
 
     def token_cap(self, duration_s: float) -> int:
         return min(
@@ -86,8 +87,8 @@ class DecodedSegment:
     no_speech_prob: float
     window_frames: int
     stopped_by_guard: bool
-    # The token cap stopped it in a run of one digit said over and over, which Whisper miscounts in every
-    # window: no retry (see DecodeOptions.retry_digit_runs).
+    # A guard stopped it in a run of one digit said over and over, which Whisper miscounts in every window
+    # short of 30 s: its retry skips the 10 s window and goes straight to 30 s (DecodeOptions.retry_digit_runs).
     lost_count: bool = False
 
 
@@ -375,9 +376,9 @@ class GreedyDecoder:
         return results, timings
 
     def _lost_count(self, tokens: list[int]) -> bool:
-        """Whether a guard-stopped row ends in one digit said over and over (only the cap stops those):
-        the call library's "four one one one, one one one one, ..." came out "4-1-1-1-..." to the cap in
-        its 5 s, 10 s and 30 s windows alike, and the two retries cost 1.3-1.5 s at one call."""
+        """Whether a row ends in one digit said over and over (the loop stop lets digit runs be): short
+        windows only miscount those ("6-11-11-11-..." to the token cap for "six oh one one, one one one
+        one, ..." at 5-25 s, "601-11, 111-11, ..." at 30 s), so they stop early and skip the 10 s retry."""
         return not self.options.retry_digit_runs and self.numbers.one_digit_run(tokens[-LOST_COUNT_TAIL:])
 
     def _repetitive(self, text: str) -> bool:
