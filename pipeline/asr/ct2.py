@@ -11,6 +11,7 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import json
+import shutil
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +42,27 @@ class SourcePackage:
 
     def read_model_bytes(self) -> bytes:
         return b"".join(part.read_bytes() for part in self.model_parts)
+
+    def ctranslate2_folder(self, cache: Path) -> Path:
+        """A folder CTranslate2 (faster-whisper) can load: the package's own when model.bin is whole, else
+        one under `cache` with the parts joined (once) and the other files copied beside it."""
+        if len(self.model_parts) == 1 and self.model_parts[0].name == "model.bin":
+            return self.folder
+        target = cache / f"{self.name}-{self.version}"
+        if (target / "model.bin").exists():
+            return target
+        staging = cache / f".{self.name}-{self.version}.partial"
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        with (staging / "model.bin").open("wb") as out:
+            for part in self.model_parts:
+                with part.open("rb") as f:
+                    shutil.copyfileobj(f, out)
+        for extra in ("config.json", "tokenizer.json", "vocabulary.txt", "vocabulary.json"):
+            if (self.folder / extra).exists():
+                shutil.copy2(self.folder / extra, staging / extra)
+        staging.rename(target)  # whole or absent: a killed copy is never loaded
+        return target
 
 
 @dataclass

