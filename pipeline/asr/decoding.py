@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pipeline.asr.onnx_model import DecoderStepInputs, WhisperOnnx
+from pipeline.qa.numbers import UNITS
 
 FRAMES_PER_SECOND = 100
 MAX_WINDOW_FRAMES = 3000
@@ -103,10 +104,7 @@ FinalRow = Callable[[int, DecodedSegment], None]
 """Called (in the decoding thread) with a row's index and result as soon as that row is final."""
 
 
-DIGIT_WORDS = {
-    "zero": "0", "oh": "0", "o": "0", "one": "1", "two": "2", "three": "3", "four": "4", "five": "5",
-    "six": "6", "seven": "7", "eight": "8", "nine": "9",
-}
+DIGIT_WORDS = {word: str(digit) for word, digit in UNITS.items()}  # "oh" -> "0", "one" -> "1", ...
 NUMBER_WORDS = frozenset([*DIGIT_WORDS, "double", "triple"])
 _DIGITS = re.compile(r"\d+")
 _SEPARATORS = re.compile(r"[,.\-/]+")
