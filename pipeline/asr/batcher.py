@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import os
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +49,7 @@ class _Pending:
     future: asyncio.Future[TranscriptResult]
     enqueued: float
     bucket: int
+    context: tuple[int, ...] = ()  # tokens of the leg's previous text (see LegContext)
 
 
 class SegmentBatcher:
@@ -127,8 +129,9 @@ class SegmentBatcher:
             await self._task
         self._executor.shutdown(wait=True)
 
-    async def submit(self, segment: SegmentAudio) -> TranscriptResult:
-        """Queue a segment (waiting while the queue is full) and return its transcript."""
+    async def submit(self, segment: SegmentAudio, context: Sequence[int] = ()) -> TranscriptResult:
+        """Queue a segment (waiting while the queue is full) and return its transcript; decoded after
+        ``context``, the tokens of its leg's previous text, when the model's settings take context."""
         if self._closed:
             raise BatcherClosedError("the batcher is closed")
         if self.error is not None:
@@ -136,7 +139,7 @@ class SegmentBatcher:
         future: asyncio.Future[TranscriptResult] = asyncio.get_running_loop().create_future()
         frames = int(np.asarray(segment.audio).size) // HOP_LENGTH
         await self._queue.put(
-            _Pending(segment, future, time.perf_counter(), self._window.window_frames(frames))
+            _Pending(segment, future, time.perf_counter(), self._window.window_frames(frames), tuple(context))
         )
         return await future
 
@@ -236,9 +239,10 @@ class SegmentBatcher:
             # From the inference thread: a segment is final while its batch still decodes others.
             loop.call_soon_threadsafe(settle, live[i], outcome)
 
+        contexts = [p.context for p in live] if any(p.context for p in live) else None
         try:
             results = await loop.run_in_executor(
-                self._executor, recognizer.recognize, [p.segment for p in live], waits, wide, settle_soon
+                self._executor, recognizer.recognize, [p.segment for p in live], waits, wide, settle_soon, contexts
             )
         except Exception as exc:  # noqa: BLE001 - recognize isolates per segment; this is a last resort
             results = [exc] * len(live)

@@ -37,7 +37,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pipeline.asr.onnx_model import DecoderStepInputs, WhisperOnnx
+from pipeline.asr.beam import SegmentBeam
+from pipeline.asr.onnx_model import DecoderStepInputs, DecoderStepOutputs, WhisperOnnx
 from pipeline.qa.numbers import UNITS
 
 FRAMES_PER_SECOND = 100
@@ -73,6 +74,11 @@ class DecodeOptions:
     compression_ratio_max: float = 2.4  # 0 = no check
     # True: a one-digit run decodes on to its token cap and through every retry window, as before 94ee17a.
     retry_digit_runs: bool = False
+    # Text tokens of a row's context (its leg's previous text) that condition its decoding; 0 = none.
+    context_tokens: int = 0
+    # Hypotheses kept per segment: 1 = greedy; more = beam search (pipeline.asr.beam), each hypothesis
+    # a decoder row of its own, batched with the other segments' rows.
+    beam_size: int = 1
 
     def token_cap(self, duration_s: float) -> int:
         return min(
@@ -210,7 +216,7 @@ class GreedyDecoder:
         self.model = model
         self.options = options
         self.specials = model.vocabulary.specials
-        vocab = int(model.decoder.get_inputs()[-2].shape[0])  # logit_bias [V]
+        vocab = int(model.decoder_input("logit_bias").shape[0])
         suppressed = set(options.suppress_ids) | set(self.specials.always_suppressed)
         self._suppress = np.zeros(vocab, np.float32)
         self._suppress[sorted(i for i in suppressed if i < vocab)] = -np.inf
@@ -245,12 +251,15 @@ class GreedyDecoder:
         return cross, mask, windows
 
     def decode(
-        self, mels: list[np.ndarray], durations_s: list[float], wide: bool = False, on_final: FinalRow | None = None
+        self, mels: list[np.ndarray], durations_s: list[float], wide: bool = False, on_final: FinalRow | None = None,
+        contexts: Sequence[Sequence[int]] | None = None,
     ) -> tuple[list[DecodedSegment], BatchTimings]:
         """Decode a batch; rows a guard stopped in a short window are retried in longer ones.
         ``wide``: encode on the model's wide encoder (nothing else is waiting for the cores).
         ``on_final``: told of each row once its result is final, while the rest of the batch still
-        decodes: a short reply need not wait for a long turn (or a retry) that shares its batch."""
+        decodes: a short reply need not wait for a long turn (or a retry) that shares its batch.
+        ``contexts``: per row, the tokens of its leg's previous text to condition on (Whisper's
+        <|startofprev|> prompt, the last `DecodeOptions.context_tokens` of them), or none."""
         released: set[int] = set()
 
         def release(row: int, result: DecodedSegment) -> None:
@@ -258,7 +267,7 @@ class GreedyDecoder:
                 released.add(row)
                 on_final(row, result)
 
-        results, timings = self._decode_once(mels, durations_s, self.options.window, wide, release)
+        results, timings = self._decode_once(mels, durations_s, self.options.window, wide, release, contexts)
         if self.options.full_window_retry:
             for window in (WindowPolicy(self.options.retry_bucket_s), WindowPolicy(0)):
                 retry = [
@@ -272,7 +281,7 @@ class GreedyDecoder:
                     continue
                 again, more = self._decode_once(
                     [mels[r] for r in retry], [durations_s[r] for r in retry], window, wide,
-                    _renumbered(release, retry),
+                    _renumbered(release, retry), [contexts[r] for r in retry] if contexts is not None else None,
                 )
                 for r, result in zip(retry, again, strict=True):
                     results[r] = result
@@ -290,9 +299,13 @@ class GreedyDecoder:
         window: WindowPolicy,
         wide: bool = False,
         on_ended: FinalRow | None = None,
+        contexts: Sequence[Sequence[int]] | None = None,
     ) -> tuple[list[DecodedSegment], BatchTimings]:
         """One pass in one window policy; ``on_ended`` hears of each row that ends by <|endoftext|>
-        (no guard stopped it, so no retry will change it) as soon as it does."""
+        (no guard stopped it, so no retry will change it) as soon as it does. ``contexts``: per row, the
+        text tokens to condition on (previous text), or none."""
+        if self.options.beam_size > 1:
+            return self._beam_once(mels, durations_s, window, wide, on_ended, contexts)
         started = time.perf_counter()
         cross, mask, windows = self._encode(mels, window, wide)
         encoded = time.perf_counter()
@@ -306,28 +319,20 @@ class GreedyDecoder:
         done = np.zeros(rows, bool)
         guarded = np.zeros(rows, bool)  # stopped by the token cap or the loop stop, or repetitive
         repetitive = np.zeros(rows, bool)  # ended by <|endoftext|>, but its text compresses too well
+        out, next_position, self_mask = self._prefill(rows, contexts, cross, mask)
+        no_speech = out.no_speech_prob.astype(np.float64)
         step = DecoderStepInputs(
             tokens=np.zeros((rows, 1), np.int64),
-            past=self.model.empty_cache(rows),
+            positions=np.zeros((rows, 1), np.int64),
+            past=out.present,
             cross=cross,
             cross_mask=mask,
+            self_mask=self_mask,
             logit_bias=self._suppress,
             no_speech_id=self.specials.no_speech,
         )
-        # The prompt goes in one token per step, so every step projects a single position; the step
-        # that reads <|startoftranscript|> gives the no-speech probability.
-        no_speech = np.zeros(rows)
-        for position, prompt_token in enumerate(self.specials.prompt):
-            step.tokens = np.full((rows, 1), prompt_token, np.int64)
-            step.logit_bias = (
-                self._suppress_begin if position == len(self.specials.prompt) - 1 else self._suppress
-            )
-            out = self.model.decode_step(step)
-            step.past = out.present
-            if prompt_token == self.specials.start_of_transcript:
-                no_speech = out.no_speech_prob.astype(np.float64)
-        step.logit_bias = self._suppress
-        steps = len(self.specials.prompt)
+        out = self._prompt_rest(step, next_position)
+        steps = 2
         active = np.arange(rows)  # original row of each batch position still decoding
         while True:
             for position, row in enumerate(active):
@@ -353,12 +358,17 @@ class GreedyDecoder:
             keep = ~done[active]
             step.tokens = out.next_token[keep].reshape(-1, 1).astype(np.int64)
             step.past = out.present
+            step.self_mask = np.concatenate([step.self_mask, np.ones((len(active), 1), np.float32)], axis=1)
             if not keep.all():
                 # Finished rows leave the batch, so later steps cost only what is still decoding.
                 active = active[keep]
+                next_position = next_position[keep]
                 step.past = [(k[keep], v[keep]) for k, v in step.past]
                 step.cross = [(k[keep], v[keep]) for k, v in step.cross]
                 step.cross_mask = step.cross_mask[keep]
+                step.self_mask = step.self_mask[keep]
+            step.positions = next_position.reshape(-1, 1)
+            next_position = next_position + 1
             out = self.model.decode_step(step)
             steps += 1
         finished = time.perf_counter()
@@ -372,6 +382,150 @@ class GreedyDecoder:
         ]
         timings = BatchTimings((encoded - started) * 1000, (finished - encoded) * 1000, steps)
         return results, timings
+
+    def _beam_once(
+        self,
+        mels: list[np.ndarray],
+        durations_s: list[float],
+        window: WindowPolicy,
+        wide: bool = False,
+        on_ended: FinalRow | None = None,
+        contexts: Sequence[Sequence[int]] | None = None,
+    ) -> tuple[list[DecodedSegment], BatchTimings]:
+        """``_decode_once`` by beam search: every live hypothesis of every segment is a row of one
+        decoder batch; each step reorders the rows' caches to the hypotheses they now continue. A
+        segment's guards stop its hypotheses one by one (``SegmentBeam``)."""
+        started = time.perf_counter()
+        cross, mask, windows = self._encode(mels, window, wide)
+        encoded = time.perf_counter()
+        segments = len(mels)
+        caps = [self.options.token_cap(d) for d in durations_s]
+        retryable = [self.options.full_window_retry and frames < MAX_WINDOW_FRAMES for frames in windows]
+        beams = [SegmentBeam(self.options.beam_size, self.specials.end_of_text) for _ in range(segments)]
+        out, next_position, self_mask = self._prefill(segments, contexts, cross, mask)
+        no_speech = out.no_speech_prob.astype(np.float64)
+        step = DecoderStepInputs(
+            tokens=np.zeros((segments, 1), np.int64), positions=np.zeros((segments, 1), np.int64),
+            past=out.present, cross=cross, cross_mask=mask, self_mask=self_mask, logit_bias=self._suppress,
+            no_speech_id=self.specials.no_speech, top_k=beams[0].candidates_per_row,
+        )
+        out = self._prompt_rest(step, next_position)
+        steps = 2
+        results: list[DecodedSegment | None] = [None] * segments
+        owners = np.arange(segments)  # the segment of each decoder row; a segment's rows are contiguous
+        while True:
+            sources: list[int] = []
+            tokens: list[int] = []
+            for segment in dict.fromkeys(owners.tolist()):
+                rows = np.flatnonzero(owners == segment)
+                beam = beams[segment]
+
+                def stop(hyp: tuple[int, ...], segment: int = segment) -> bool:
+                    return (
+                        len(hyp) >= caps[segment]
+                        or ends_in_loop(list(hyp), self.options.loop_copies, numbers=self.numbers)
+                        or (retryable[segment] and self._lost_count(list(hyp)))
+                    )
+
+                grown = beam.advance(out.top_tokens[rows], out.top_logprobs[rows], stop)
+                sources.extend(int(rows[source]) for source in grown)
+                tokens.extend(hyp.tokens[-1] for hyp in beam.live)
+                if beam.done:
+                    results[segment] = self._beam_result(beam, no_speech[segment], windows[segment], on_ended, segment)
+            if not sources:
+                break
+            index = np.array(sources)
+            new_owners = owners[index]
+            step.past = [(k[index], v[index]) for k, v in out.present]
+            if not np.array_equal(new_owners, owners):
+                # Rows per segment changed: their audio (the same for every row of a segment) follows.
+                step.cross = [(k[new_owners], v[new_owners]) for k, v in cross]
+                step.cross_mask = mask[new_owners]
+            owners = new_owners
+            next_position = next_position[index]
+            step.self_mask = np.concatenate([step.self_mask[index], np.ones((len(index), 1), np.float32)], axis=1)
+            step.tokens = np.array(tokens, np.int64).reshape(-1, 1)
+            step.positions = next_position.reshape(-1, 1)
+            next_position = next_position + 1
+            out = self.model.decode_step(step)
+            steps += 1
+        finished = time.perf_counter()
+        done = [r for r in results if r is not None]
+        assert len(done) == segments, "every segment's beam ends"
+        return done, BatchTimings((encoded - started) * 1000, (finished - encoded) * 1000, steps)
+
+    def _beam_result(
+        self, beam: SegmentBeam, no_speech: float, window_frames: int, on_ended: FinalRow | None, row: int
+    ) -> DecodedSegment:
+        """A finished beam's winner as a row's result; told to ``on_ended`` when no retry can change it."""
+        best = beam.best()
+        tokens = list(best.tokens)
+        text = self.model.vocabulary.decode(tokens)
+        repetitive = not best.guarded and self._repetitive(text)
+        guarded = best.guarded or repetitive
+        if best.guarded:
+            tokens = cut_loop(tokens, numbers=self.numbers)
+        result = DecodedSegment(
+            tokens=tokens, text=self.model.vocabulary.decode(tokens),
+            avg_logprob=float(best.logprob / (len(best.tokens) + 1)), no_speech_prob=float(no_speech),
+            window_frames=window_frames, stopped_by_guard=guarded,
+            lost_count=best.guarded and self._lost_count(list(best.tokens)),
+        )
+        if not guarded and on_ended is not None:
+            on_ended(row, result)
+        return result
+
+    def _prefill(
+        self, rows: int, contexts: Sequence[Sequence[int]] | None, cross: list[tuple[np.ndarray, np.ndarray]],
+        cross_mask: np.ndarray,
+    ) -> tuple[DecoderStepOutputs, np.ndarray, np.ndarray]:
+        """Run every row's prompt up to <|startoftranscript|> in one step, whose output gives the
+        no-speech probability. A row with context starts <|startofprev|> + its last `context_tokens`
+        text tokens; rows are left-padded to one length, the padding masked and skipped in positions.
+        Returns the step's output, each row's next position, and the self-attention mask so far."""
+        specials = self.specials
+        head_end = specials.prompt.index(specials.start_of_transcript) + 1
+        heads = [
+            self._context_prefix(contexts[r] if contexts is not None else ()) + specials.prompt[:head_end]
+            for r in range(rows)
+        ]
+        width = max(len(h) for h in heads)
+        tokens = np.full((rows, width), specials.end_of_text, np.int64)
+        positions = np.zeros((rows, width), np.int64)
+        self_mask = np.zeros((rows, width), np.float32)
+        for r, head in enumerate(heads):
+            pad = width - len(head)
+            tokens[r, pad:] = head
+            positions[r, pad:] = np.arange(len(head))
+            self_mask[r, pad:] = 1.0
+        out = self.model.decode_step(DecoderStepInputs(
+            tokens=tokens, positions=positions, past=self.model.empty_cache(rows), cross=cross,
+            cross_mask=cross_mask, self_mask=self_mask,
+            logit_bias=self._suppress, no_speech_id=specials.no_speech,
+        ))
+        return out, np.array([len(h) for h in heads], np.int64), self_mask
+
+    def _prompt_rest(self, step: DecoderStepInputs, next_position: np.ndarray) -> DecoderStepOutputs:
+        """The prompt's tokens after <|startoftranscript|> (<|notimestamps|>, or language and task
+        first), in one step whose output is each row's first text token; ``next_position`` moves on."""
+        rest = self.specials.prompt[self.specials.prompt.index(self.specials.start_of_transcript) + 1:]
+        rows = len(next_position)
+        step.tokens = np.tile(np.array(rest, np.int64), (rows, 1))
+        step.positions = next_position.reshape(-1, 1) + np.arange(len(rest))
+        step.self_mask = np.concatenate([step.self_mask, np.ones((rows, len(rest)), np.float32)], axis=1)
+        step.logit_bias = self._suppress_begin
+        out = self.model.decode_step(step)
+        step.logit_bias = self._suppress
+        next_position += len(rest)
+        return out
+
+    def _context_prefix(self, context: Sequence[int]) -> tuple[int, ...]:
+        """<|startofprev|> and the context's last `context_tokens` text tokens; () without context."""
+        limit = self.options.context_tokens
+        text = [t for t in context if not self.model.vocabulary.is_special(t)]
+        if limit <= 0 or not text or self.specials.start_of_prev is None:
+            return ()
+        return (self.specials.start_of_prev, *text[-limit:])
 
     def _lost_count(self, tokens: list[int]) -> bool:
         """Whether a row ends in one digit said over and over (the loop stop lets digit runs be): short

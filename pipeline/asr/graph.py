@@ -233,8 +233,10 @@ def build_encoder(model: Ct2Model) -> onnx.ModelProto:
     return g.finish("whisper_encoder", [mel], outputs)
 
 
-def _causal_bias(g: GraphWriter, offset: str, new_len: str) -> str:
-    """[N, P+N] additive bias: new token i (position P+i) may see cache positions j <= P+i."""
+def _self_bias(g: GraphWriter, offset: str, new_len: str) -> str:
+    """[B, 1, N, P+N] additive bias: new token i (cache column P+i) may see columns j <= P+i that
+    ``self_mask`` marks visible. Rows of a batch prefill prompts of different lengths left-padded to
+    one length; their padding columns stay masked for every later step."""
     zero = g.const(np.array(0, np.int64))
     one = g.const(np.array(1, np.int64))
     offset_s = g.op("Squeeze", [offset])
@@ -242,7 +244,17 @@ def _causal_bias(g: GraphWriter, offset: str, new_len: str) -> str:
     query_pos = g.op("Unsqueeze", [g.op("Range", [offset_s, total, one]), g.const(np.array([1], np.int64))])
     key_pos = g.op("Unsqueeze", [g.op("Range", [zero, total, one]), g.const(np.array([0], np.int64))])
     hidden = g.op("Greater", [key_pos, query_pos])
-    return g.op("Where", [hidden, g.const(np.array(_NEG, np.float32)), g.const(np.array(0.0, np.float32))])
+    causal = g.op("Where", [hidden, g.const(np.array(_NEG, np.float32)), g.const(np.array(0.0, np.float32))])
+    padding = g.op("Unsqueeze", [_mask_bias(g, "self_mask"), g.const(np.array([1, 2], np.int64))])
+    return g.op("Add", [causal, padding])
+
+
+def _mask_bias(g: GraphWriter, mask: str) -> str:
+    """A 0/1 mask [B, S] -> a 0/-1e9 additive bias [B, S]."""
+    return g.op(
+        "Mul",
+        [g.op("Sub", [mask, g.const(np.array(1.0, np.float32))]), g.const(np.array(-_NEG, np.float32))],
+    )
 
 
 def _decoder_layer(g: GraphWriter, x: str, layer: int, dims: Dims, masks: tuple[str, str]) -> str:
@@ -265,16 +277,20 @@ def _decoder_layer(g: GraphWriter, x: str, layer: int, dims: Dims, masks: tuple[
 
 
 def _select_token(g: GraphWriter, logits: str) -> None:
-    """Greedy choice in the graph, so only three numbers per row leave it: the argmax of the biased
+    """Greedy choice in the graph, so only a few numbers per row leave it: the argmax of the biased
     logits (`logit_bias` holds 0 or -inf per token: suppression), its log-probability under the
-    biased distribution, and the unbiased probability of the no-speech token.
+    biased distribution, the unbiased probability of the no-speech token, and, for beam search, the
+    `top_k` best tokens with their log-probabilities.
 
     LogSoftmax, not ReduceLogSumExp: ONNX Runtime's ReduceLogSumExp took a quarter of a batch-16
     step (two passes over [B, vocab]); LogSoftmax runs on its vectorised softmax kernel."""
     axis = g.const(np.array([1], np.int64))
     biased = g.op("Add", [logits, "logit_bias"])
     chosen = g.op("ArgMax", [biased], axis=1, keepdims=1)
-    chosen_logprob = g.op("GatherElements", [g.op("LogSoftmax", [biased], axis=1), chosen], axis=1)
+    logprobs = g.op("LogSoftmax", [biased], axis=1)
+    chosen_logprob = g.op("GatherElements", [logprobs, chosen], axis=1)
+    # Beam search reads each row's `top_k` best tokens and their log-probabilities (greedy asks for 1).
+    g.nodes.append(helper.make_node("TopK", [logprobs, "top_k"], ["top_logprobs", "top_tokens"], axis=1))
     no_speech_logprob = g.op("Gather", [g.op("LogSoftmax", [logits], axis=1), "no_speech_id"], axis=1)
     g.nodes.append(helper.make_node("Squeeze", [chosen, axis], ["next_token"]))
     g.nodes.append(helper.make_node("Squeeze", [chosen_logprob, axis], ["next_logprob"]))
@@ -282,9 +298,11 @@ def _select_token(g: GraphWriter, logits: str) -> None:
 
 
 def build_decoder(model: Ct2Model) -> onnx.ModelProto:
-    """One step for the batch. In: tokens [B, N]; per layer l past_k_<l>/past_v_<l> [B, H, P, Dh] and
-    cross_k_<l>/cross_v_<l> [B, H, S, Dh]; cross_mask [B, S] (1 = audio, 0 = padding); logit_bias [V];
-    no_speech_id [1]. Out, for the last new token: next_token [B], next_logprob [B], no_speech_prob [B];
+    """One step for the batch. In: tokens [B, N] and their positions [B, N]; per layer l past_k_<l>/past_v_<l> [B, H, P, Dh] and
+    cross_k_<l>/cross_v_<l> [B, H, S, Dh]; cross_mask [B, S] (1 = audio, 0 = padding); self_mask
+    [B, P+N] (1 = a token, 0 = prompt padding); logit_bias [V]; no_speech_id [1]; top_k [1]. Out, for
+    the last new token: next_token [B], next_logprob [B], no_speech_prob [B], top_tokens and
+    top_logprobs [B, top_k];
     present_k_<l>/present_v_<l> [B, H, P+N, Dh]."""
     dims = Dims.of(model)
     g = GraphWriter(model)
@@ -292,27 +310,19 @@ def build_decoder(model: Ct2Model) -> onnx.ModelProto:
     offset = g.shape_dim("past_k_0", 2)
     new_len = g.shape_dim("tokens", 1)
     one = g.const(np.array(1, np.int64))
-    positions = g.op(
-        "Range", [g.op("Squeeze", [offset]), g.op("Squeeze", [g.op("Add", [offset, new_len])]), one]
-    )
     pos_table = g.const(g.weight("decoder/position_encodings/encodings"), "dec_pos")
+    # Positions come in per row, not from the cache length: a row whose prompt was left-padded counts
+    # its positions from its first real token, as Whisper saw them in training.
     x = g.op(
         "Add",
         [
             g.op("Gather", [g.const(embeddings, "embed"), "tokens"], axis=0),
-            g.op("Gather", [pos_table, positions], axis=0),
+            g.op("Gather", [pos_table, "positions"], axis=0),
         ],
     )
     # 0/1 audio mask -> 0/-1e9 bias broadcast over heads and query positions: [B, 1, 1, S].
-    cross_bias = g.op(
-        "Mul",
-        [
-            g.op("Sub", ["cross_mask", g.const(np.array(1.0, np.float32))]),
-            g.const(np.array(-_NEG, np.float32)),
-        ],
-    )
-    cross_bias = g.op("Unsqueeze", [cross_bias, g.const(np.array([1, 2], np.int64))])
-    masks = (_causal_bias(g, offset, new_len), cross_bias)
+    cross_bias = g.op("Unsqueeze", [_mask_bias(g, "cross_mask"), g.const(np.array([1, 2], np.int64))])
+    masks = (_self_bias(g, offset, new_len), cross_bias)
     for layer in range(dims.decoder_layers):
         x = _decoder_layer(g, x, layer, dims, masks)
     last = g.op(
@@ -323,11 +333,16 @@ def build_decoder(model: Ct2Model) -> onnx.ModelProto:
     # The output projection is the token embedding (tied); a separate transposed copy lets int8
     # quantization treat it as a plain MatMul.
     _select_token(g, g.op("MatMul", [last, g.const(np.ascontiguousarray(embeddings.T), "proj")]))
-    inputs = [helper.make_tensor_value_info("tokens", TensorProto.INT64, ["batch", "new"])]
+    inputs = [
+        helper.make_tensor_value_info("tokens", TensorProto.INT64, ["batch", "new"]),
+        helper.make_tensor_value_info("positions", TensorProto.INT64, ["batch", "new"]),
+    ]
     outputs = [
         helper.make_tensor_value_info("next_token", TensorProto.INT64, ["batch"]),
         helper.make_tensor_value_info("next_logprob", TensorProto.FLOAT, ["batch"]),
         helper.make_tensor_value_info("no_speech_prob", TensorProto.FLOAT, ["batch"]),
+        helper.make_tensor_value_info("top_tokens", TensorProto.INT64, ["batch", "k"]),
+        helper.make_tensor_value_info("top_logprobs", TensorProto.FLOAT, ["batch", "k"]),
     ]
     for layer in range(dims.decoder_layers):
         inputs += [
@@ -345,7 +360,9 @@ def build_decoder(model: Ct2Model) -> onnx.ModelProto:
         ]
     inputs += [
         helper.make_tensor_value_info("cross_mask", TensorProto.FLOAT, ["batch", "frames"]),
+        helper.make_tensor_value_info("self_mask", TensorProto.FLOAT, ["batch", "total"]),
         helper.make_tensor_value_info("logit_bias", TensorProto.FLOAT, [dims.vocab]),
         helper.make_tensor_value_info("no_speech_id", TensorProto.INT64, [1]),
+        helper.make_tensor_value_info("top_k", TensorProto.INT64, [1]),
     ]
     return g.finish("whisper_decoder_step", inputs, outputs)

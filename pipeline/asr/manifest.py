@@ -9,7 +9,8 @@ from pathlib import Path
 
 MANIFEST_FILE = "manifest.json"
 # Bumped whenever the graphs' inputs/outputs change: a folder built with another format is rebuilt.
-GRAPH_FORMAT = 2
+# 4: the decoder step takes positions and self_mask (prompts of any length), and top_k (beam search).
+GRAPH_FORMAT = 4
 # Bumped when pipeline/asr/graph.py changes the graphs but not their inputs and outputs (GRAPH_FORMAT):
 # an older build still loads, and `callqa models build --if-needed` builds a newer version to get it.
 # 1: attention scores as k·qᵀ, LogSoftmax instead of ReduceLogSumExp (same tokens, faster steps).

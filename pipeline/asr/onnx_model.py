@@ -121,12 +121,15 @@ class WhisperOnnx:
         ]
 
     def decode_step(self, inputs: DecoderStepInputs) -> DecoderStepOutputs:
-        """One decoder step for the whole batch: the greedy token per row and the grown cache."""
+        """One decoder step for the whole batch: the greedy token (and the `top_k` best) per row, and the grown cache."""
         feed: dict[str, np.ndarray] = {
             "tokens": inputs.tokens.astype(np.int64),
+            "positions": inputs.positions.astype(np.int64),
             "cross_mask": inputs.cross_mask,
+            "self_mask": inputs.self_mask,
             "logit_bias": inputs.logit_bias,
             "no_speech_id": np.array([inputs.no_speech_id], np.int64),
+            "top_k": np.array([inputs.top_k], np.int64),
         }
         for layer, ((past_k, past_v), (cross_k, cross_v)) in enumerate(
             zip(inputs.past, inputs.cross, strict=True)
@@ -136,15 +139,19 @@ class WhisperOnnx:
         outputs = dict(zip(self._decoder_outputs, self.decoder.run(self._decoder_outputs, feed), strict=True))
         present = [(outputs[f"present_k_{i}"], outputs[f"present_v_{i}"]) for i in range(len(inputs.past))]
         return DecoderStepOutputs(
-            outputs["next_token"], outputs["next_logprob"], outputs["no_speech_prob"], present
+            outputs["next_token"], outputs["next_logprob"], outputs["no_speech_prob"], present,
+            outputs["top_tokens"], outputs["top_logprobs"],
         )
+
+    def decoder_input(self, name: str) -> ort.NodeArg:
+        return next(i for i in self.decoder.get_inputs() if i.name == name)
 
     @property
     def _decoder_outputs(self) -> list[str]:
         return [o.name for o in self.decoder.get_outputs()]
 
     def empty_cache(self, batch: int) -> list[tuple[np.ndarray, np.ndarray]]:
-        shape = self.decoder.get_inputs()[1].shape  # past_k_0: [batch, heads, past, head_dim]
+        shape = self.decoder_input("past_k_0").shape  # [batch, heads, past, head_dim]
         empty = np.zeros((batch, int(shape[1]), 0, int(shape[3])), np.float32)
         return [(empty, empty) for _ in range(self.decoder_layers)]
 
@@ -152,11 +159,14 @@ class WhisperOnnx:
 @dataclass
 class DecoderStepInputs:
     tokens: np.ndarray  # [B, N] int64
+    positions: np.ndarray  # [B, N] int64: each token's position in its own row's sequence
     past: list[tuple[np.ndarray, np.ndarray]]  # per layer [B, H, P, Dh]
     cross: list[tuple[np.ndarray, np.ndarray]]  # per layer [B, H, S, Dh]
     cross_mask: np.ndarray  # [B, S] float32, 1 = audio
+    self_mask: np.ndarray  # [B, P+N] float32, 1 = a token (past and new), 0 = prompt padding
     logit_bias: np.ndarray  # [V] float32, 0 or -inf
     no_speech_id: int
+    top_k: int = 1  # best tokens per row in top_tokens/top_logprobs (beam search asks for more)
 
 
 @dataclass
@@ -165,3 +175,5 @@ class DecoderStepOutputs:
     next_logprob: np.ndarray  # [B] float32
     no_speech_prob: np.ndarray  # [B] float32
     present: list[tuple[np.ndarray, np.ndarray]]
+    top_tokens: np.ndarray  # [B, top_k] int64, best first
+    top_logprobs: np.ndarray  # [B, top_k] float32, under the biased distribution

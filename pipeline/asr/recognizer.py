@@ -40,6 +40,8 @@ def decode_options(settings: AsrSettings, model: WhisperOnnx) -> DecodeOptions:
         retry_bucket_s=settings.retry_window_bucket_s,
         suppress_ids=tuple(model.manifest.suppress_ids),
         suppress_ids_begin=tuple(model.manifest.suppress_ids_begin),
+        context_tokens=settings.context_tokens,
+        beam_size=settings.beam_size,
     )
 
 
@@ -94,11 +96,13 @@ class Recognizer:
         queue_waits_ms: Sequence[float] | None = None,
         wide: bool = False,
         on_result: SegmentOutcome | None = None,
+        contexts: Sequence[Sequence[int]] | None = None,
     ) -> list[TranscriptResult | Exception]:
         """Transcribe the segments as one batch; each slot holds its result or its own exception.
         ``wide``: nothing else waits for the cores, so the encoder may use them all (same text).
         ``on_result``: hears of each slot as soon as it is final (at most once per slot), so a caller
-        can hand a short segment's text on while a long one in the same batch still decodes."""
+        can hand a short segment's text on while a long one in the same batch still decodes.
+        ``contexts``: per segment, the tokens of its leg's previous text (see ``LegContext``), or none."""
         waits = list(queue_waits_ms) if queue_waits_ms is not None else [0.0] * len(segments)
         told: set[int] = set()
 
@@ -124,7 +128,8 @@ class Recognizer:
             except Exception as exc:  # noqa: BLE001 - any bad input fails only its own slot
                 slots.append(tell(i, exc))
         decoded = self._decode_isolating(
-            mels, [segments[i] for i in usable], wide, tell_row if on_result is not None else None
+            mels, [segments[i] for i in usable], wide, tell_row if on_result is not None else None,
+            [contexts[i] for i in usable] if contexts is not None else None,
         )
         for i, result in zip(usable, decoded, strict=True):
             slots[i] = tell(i, result)
@@ -136,20 +141,23 @@ class Recognizer:
         segments: list[SegmentAudio],
         wide: bool = False,
         on_result: SegmentOutcome | None = None,
+        contexts: Sequence[Sequence[int]] | None = None,
     ) -> list[TranscriptResult | Exception]:
         """Decode together; if the batch fails, decode each alone so only the culprit fails. (A row told
         final before the failure keeps that result: its decoding had ended.)"""
         if not mels:
             return []
         try:
-            return list(self._decode(mels, segments, wide, on_result))
+            return list(self._decode(mels, segments, wide, on_result, contexts))
         except Exception as exc:  # noqa: BLE001
             if len(mels) == 1:
                 return [exc]
         out: list[TranscriptResult | Exception] = []
         for row, (mel, segment) in enumerate(zip(mels, segments, strict=True)):
             alone = _renumbered(on_result, row)
-            out.extend(self._decode_isolating([mel], [segment], wide, alone))
+            out.extend(self._decode_isolating(
+                [mel], [segment], wide, alone, [contexts[row]] if contexts is not None else None
+            ))
         return out
 
     def _decode(
@@ -158,6 +166,7 @@ class Recognizer:
         segments: list[SegmentAudio],
         wide: bool = False,
         on_result: SegmentOutcome | None = None,
+        contexts: Sequence[Sequence[int]] | None = None,
     ) -> list[TranscriptResult]:
         started = time.perf_counter()
 
@@ -170,7 +179,7 @@ class Recognizer:
                 on_result(row, result(row, decoded))
 
         decoded, _ = self.decoder.decode(
-            mels, [np.asarray(s.audio).size / SAMPLE_RATE for s in segments], wide, final
+            mels, [np.asarray(s.audio).size / SAMPLE_RATE for s in segments], wide, final, contexts
         )
         return [result(row, d) for row, d in enumerate(decoded)]
 

@@ -38,8 +38,9 @@ class SpecialTokens:
     start_of_transcript: int
     no_timestamps: int
     no_speech: int
-    prompt: tuple[int, ...]
+    prompt: tuple[int, ...]  # <|startoftranscript|> first, then at least <|notimestamps|>
     always_suppressed: tuple[int, ...]
+    start_of_prev: int | None = None  # <|startofprev|>: previous text follows it, before the prompt
 
 
 def special_tokens(tokens: tuple[str, ...]) -> SpecialTokens:
@@ -53,7 +54,9 @@ def special_tokens(tokens: tuple[str, ...]) -> SpecialTokens:
     # faster-whisper always suppresses these control tokens beside config.json's list.
     names = ("<|transcribe|>", "<|translate|>", "<|startoftranscript|>", "<|startofprev|>", "<|startoflm|>")
     suppressed = tuple(sorted({ids[n] for n in names if n in ids} | {no_speech}))
-    return SpecialTokens(ids["<|endoftext|>"], sot, no_ts, no_speech, prompt, suppressed)
+    return SpecialTokens(
+        ids["<|endoftext|>"], sot, no_ts, no_speech, prompt, suppressed, ids.get("<|startofprev|>")
+    )
 
 
 @dataclass(frozen=True)

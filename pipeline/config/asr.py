@@ -31,6 +31,14 @@ class AsrSettings(BaseModel):
         2.4, ge=0.0,
         description="A decoded text whose zlib compression ratio is above this is repetitive and decoded again in the longer windows (faster-whisper's 2.4; 0 = off).",
     )
+    context_tokens: int = Field(
+        0, ge=0, le=200,
+        description="Decode each segment after the last this-many text tokens of its leg's previous final text (Whisper's previous-text prompt; 0 = no context).",
+    )
+    beam_size: int = Field(
+        1, ge=1, le=10,
+        description="Hypotheses kept per segment: 1 = greedy; 5 = beam search as faster-whisper's default (each hypothesis is a decoder row: about beam-size times the decoding cost).",
+    )
     retry_window_bucket_s: float = Field(
         10.0, ge=0.0,
         description="Bucket of the first, cheaper retry window (s) before the full 30 s one (0 = straight to 30 s).",

@@ -110,7 +110,7 @@ class CallProcessor:
         self.finished: OrderedDict[str, None] = OrderedDict()  # recently finished calls (bounded)
         self.awaiting_release: list[CallState] = []
         self.partials = PartialTranscripts(settings, transcriber, self.budget, output, sink, self.metrics)
-        self.early = EarlyDecoder(transcriber, self.metrics, settings.early_decode)
+        self.early = EarlyDecoder(transcriber, self.metrics, settings.early_decode, settings.context_tokens > 0)
         # Checkpoints: where calls resume after a crash or rebalance, read per audio partition on assignment.
         self.checkpoints: CheckpointStore = checkpoints or MemoryCheckpointStore()
         self.resume_points: dict[int, dict[str, CallCheckpoint]] = {}
@@ -538,11 +538,14 @@ class CallProcessor:
     async def _submit(self, call: CallState, leg: LegState, seg: SpeechSegment, consumed_ms: int) -> None:
         nbytes = seg.audio.nbytes
         early = self.early.take(leg, seg)  # now: the leg's next update would drop it
+        # Taken at submit: the leg's finals known by now (one still decoding is not waited for).
+        context = leg.context.for_segment(seg.start_ms) if self.settings.context_tokens > 0 else ()
         await self.budget.acquire(nbytes)  # back-pressure: the agent waits, Kafka fetching pauses
-        self._spawn(call, self._transcribe(call, leg, seg, consumed_ms, nbytes, early))
+        self._spawn(call, self._transcribe(call, leg, seg, consumed_ms, nbytes, early, context))
 
     async def _transcribe(self, call: CallState, leg: LegState, seg: SpeechSegment, consumed_ms: int,
-                          nbytes: int, early: asyncio.Task[Transcription] | None = None) -> None:
+                          nbytes: int, early: asyncio.Task[Transcription] | None = None,
+                          context: tuple[int, ...] = ()) -> None:
         closed_ms = now_ms()
         seg_id = segment_id(call.call_id, leg.leg, seg.start_ms)
         assert call.analyzer is not None
@@ -551,7 +554,7 @@ class CallProcessor:
         try:
             try:
                 # The early decode ran on exactly these samples: the same text, sooner.
-                result = await (early if early is not None else self.transcriber.transcribe(seg.audio))
+                result = await (early if early is not None else self.transcriber.transcribe(seg.audio, context))
             except TranscriberDeadError:
                 raise  # not this segment's fault: the call fails, the worker exits, a restart replays it
             except Exception as exc:  # noqa: BLE001 - one failed segment must not stop the call
@@ -562,6 +565,7 @@ class CallProcessor:
                 call.unresolved.discard(seg_id)
                 await self._emit_released(call, call.analyzer.skip(seg_id, self._watermarks(call)))
                 return
+            leg.context.update(result, seg.end_ms)
             if result.is_silence or not result.text.strip():
                 self.metrics.segments.labels("silence").inc()
                 call.unresolved.discard(seg_id)

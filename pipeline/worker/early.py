@@ -22,7 +22,7 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
-from pipeline.segmentation.segmenter import SpeechSegment
+from pipeline.segmentation.segmenter import SAMPLES_PER_MS, SpeechSegment
 from pipeline.worker.legs import LegState
 from pipeline.worker.metrics import WorkerMetrics
 from pipeline.worker.ports import SegmentTranscriber, Transcription
@@ -37,15 +37,19 @@ class EarlyDecode:
     start_sample: int
     end_sample: int
     task: asyncio.Task[Transcription]
+    context: tuple[int, ...] = ()  # the leg's context it was decoded after
 
 
 class EarlyDecoder:
     """Starts, hands over and drops the early decodes of legs (``LegState.early``)."""
 
-    def __init__(self, transcriber: SegmentTranscriber, metrics: WorkerMetrics, enabled: bool) -> None:
+    def __init__(
+        self, transcriber: SegmentTranscriber, metrics: WorkerMetrics, enabled: bool, with_context: bool = False
+    ) -> None:
         self.transcriber = transcriber
         self.metrics = metrics
         self.enabled = enabled
+        self.with_context = with_context  # decode after the leg's previous text (AsrSettings.context_tokens)
 
     def update(self, leg: LegState) -> None:
         """After a leg took audio: drop an early decode its segment outgrew; start one when due and idle."""
@@ -61,9 +65,10 @@ class EarlyDecoder:
         if key is None or not self.transcriber.idle:
             return
         audio = segmenter.provisional_audio(*key)
-        task = asyncio.create_task(self.transcriber.transcribe(audio), name="early-decode")
+        context = self._context(leg, key[0])
+        task = asyncio.create_task(self.transcriber.transcribe(audio, context), name="early-decode")
         task.add_done_callback(_retrieve)
-        leg.early = EarlyDecode(key[0], key[1], task)
+        leg.early = EarlyDecode(key[0], key[1], task, context)
         self.metrics.early_decodes.labels("started").inc()
 
     def take(self, leg: LegState, seg: SpeechSegment) -> asyncio.Task[Transcription] | None:
@@ -71,12 +76,19 @@ class EarlyDecoder:
         current = leg.early
         if current is None:
             return None
-        if (current.start_sample, current.end_sample) != (seg.start_sample, seg.end_sample):
+        if (current.start_sample, current.end_sample) != (seg.start_sample, seg.end_sample) or (
+            current.context != self._context(leg, seg.start_sample)  # a final came in since: other context
+        ):
             self._drop(leg, "overtaken")
             return None
         leg.early = None
         self.metrics.early_decodes.labels("used").inc()
         return current.task
+
+    def _context(self, leg: LegState, start_sample: int) -> tuple[int, ...]:
+        if not self.with_context:
+            return ()
+        return leg.context.for_segment(start_sample // SAMPLES_PER_MS)
 
     def _drop(self, leg: LegState, outcome: str) -> None:
         assert leg.early is not None

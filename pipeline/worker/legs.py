@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from pipeline.asr.context import LegContext
 from pipeline.asr.engine import LegFrontEnd
 from pipeline.audio import codecs
 from pipeline.segmentation.segmenter import SpeechSegment
@@ -35,6 +36,9 @@ class LegState:
     partial_inflight: bool = False
     # The open segment decoded before its endpoint (pipeline/worker/early.py), or None.
     early: EarlyDecode | None = None
+    # The leg's recent final text, which its next segment is decoded after (AsrSettings.context_tokens).
+    # Not checkpointed: a leg resumed from a checkpoint starts without context.
+    context: LegContext = field(default_factory=LegContext)
     # Resumed from a checkpoint: frames before this seq are in it (replayed input, skipped and counted).
     resumed_from_seq: int = 0
     before_checkpoint: int = 0

@@ -54,7 +54,8 @@ class PartialTranscripts:
         try:
             await self.budget.acquire(audio.nbytes)
             try:
-                r = await self.transcriber.transcribe(audio)
+                context = leg.context.for_segment(start_ms) if self.settings.context_tokens > 0 else ()
+                r = await self.transcriber.transcribe(audio, context)
             finally:
                 await self.budget.release(audio.nbytes)
         except Exception as exc:  # noqa: BLE001 - a partial is a preview: the final will be tried again

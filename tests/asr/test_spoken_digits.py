@@ -107,8 +107,8 @@ def test_a_one_digit_run_goes_straight_to_the_full_window(recognizer: Recognizer
     passes: list[tuple[int, int]] = []
 
     class Recording(GreedyDecoder):
-        def _decode_once(self, mels, durations_s, window, wide=False, on_ended=None):  # type: ignore[no-untyped-def]
-            results, timings = super()._decode_once(mels, durations_s, window, wide, on_ended)
+        def _decode_once(self, mels, durations_s, window, wide=False, on_ended=None, contexts=None):  # type: ignore[no-untyped-def]
+            results, timings = super()._decode_once(mels, durations_s, window, wide, on_ended, contexts)
             passes.append((results[0].window_frames, len(results[0].tokens)))
             return results, timings
 

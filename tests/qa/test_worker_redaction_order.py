@@ -11,6 +11,7 @@ import asyncio
 import shutil
 import subprocess
 import wave
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -73,7 +74,7 @@ class ScriptedTranscriber:
 
     idle = False  # no early decodes (pipeline/worker/early.py): each segment decoded once, at its end
 
-    async def transcribe(self, audio_16k: np.ndarray) -> Transcription:
+    async def transcribe(self, audio_16k: np.ndarray, context: Sequence[int] = ()) -> Transcription:
         index = self.submitted
         self.submitted += 1
         await self.go[index].wait()

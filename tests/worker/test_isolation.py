@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +47,7 @@ class FakeTranscriber:
 
     idle = False  # no early decodes (pipeline/worker/early.py): each segment decoded once, at its end
 
-    async def transcribe(self, audio_16k: np.ndarray) -> Transcription:
+    async def transcribe(self, audio_16k: np.ndarray, context: Sequence[int] = ()) -> Transcription:
         digest = hashlib.sha256(audio_16k.astype(np.float32).tobytes()).hexdigest()[:16]
         self.heard.append(digest)
         return Transcription(f"heard {digest}", -0.1, 0.0, 0.9, "fake", 1, 1, 0.0, 0.0)

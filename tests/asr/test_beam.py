@@ -1,0 +1,100 @@
+"""Beam search (AsrSettings.beam_size): the bookkeeping of one segment's hypotheses, and the decoder's
+batched beams against faster-whisper's beam search on the same weights."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from pipeline.asr.beam import Hypothesis, SegmentBeam
+from pipeline.asr.decoding import WindowPolicy
+from pipeline.asr.recognizer import Recognizer
+from pipeline.asr.results import AudioSegment, TranscriptResult
+from pipeline.eval.dataset import EvalUtterance
+
+EOT = 0
+
+
+def _step(beam: SegmentBeam, rows: list[list[tuple[int, float]]], stop=lambda t: False) -> list[int]:  # type: ignore[no-untyped-def]
+    k = beam.candidates_per_row
+    tokens = np.array([[t for t, _ in r] + [99] * (k - len(r)) for r in rows])
+    logprobs = np.array([[lp for _, lp in r] + [-np.inf] * (k - len(r)) for r in rows])
+    return beam.advance(tokens, logprobs, stop)
+
+
+def test_the_best_continuations_of_all_rows_make_the_next_beam() -> None:
+    beam = SegmentBeam(2, EOT)
+    assert _step(beam, [[(5, -0.1), (6, -0.5), (7, -2.0)]]) == [0, 0]
+    assert [h.tokens for h in beam.live] == [(5,), (6,)]
+    # row 1 ("6") continues better than row 0 ("5"): both new hypotheses grow from row 1's cache
+    assert _step(beam, [[(8, -3.0)], [(9, -0.1), (10, -0.2)]]) == [1, 1]
+    assert [h.tokens for h in beam.live] == [(6, 9), (6, 10)]
+    assert beam.live[0].logprob == pytest.approx(-0.6)
+
+
+def test_an_end_of_text_among_the_best_finishes_and_a_later_one_is_skipped() -> None:
+    beam = SegmentBeam(2, EOT)
+    _step(beam, [[(5, -0.1), (6, -0.2)]])
+    # ranked: (5,EOT) -0.15 is within the first 2: finished; (6,EOT) at rank 3 is skipped
+    _step(beam, [[(EOT, -0.05), (7, -0.3)], [(8, -0.1), (EOT, -0.9)]])
+    assert beam.finished == [Hypothesis((5,), pytest.approx(-0.15))]
+    assert [h.tokens for h in beam.live] == [(6, 8), (5, 7)]
+    assert not beam.done
+    _step(beam, [[(EOT, -0.1)], [(EOT, -0.1)]])
+    assert beam.done and beam.live == []
+    # per-token score: (5,) -0.15 / 1 beats (6, 8) -0.4 / 2
+    assert beam.best().tokens == (5,)
+
+
+def test_a_guarded_hypothesis_loses_to_one_that_ended_by_itself() -> None:
+    beam = SegmentBeam(2, EOT)
+    _step(beam, [[(5, -0.01), (6, -0.5)]])
+    _step(beam, [[(5, -0.01), (EOT, -0.02)], [(EOT, -3.0)]], stop=lambda t: t == (5, 5))
+    assert beam.done
+    guarded = [h for h in beam.finished if h.guarded]
+    assert [h.tokens for h in guarded] == [(5, 5)]
+    assert beam.best() == Hypothesis((5,), pytest.approx(-0.03))
+    with pytest.raises(ValueError, match="beam size"):
+        SegmentBeam(0, EOT)
+
+
+def _beam(recognizer: Recognizer, size: int, window_s: float = 0.0) -> Recognizer:
+    options = replace(recognizer.decoder.options, beam_size=size, window=WindowPolicy(window_s),
+                      full_window_retry=window_s > 0)
+    return Recognizer(recognizer.model, options)
+
+
+def test_beam_five_in_a_full_window_equals_faster_whispers_beam_five(
+    recognizer_fp32: Recognizer, eval_sets: dict[str, list[EvalUtterance]], faster_whisper_fp32  # type: ignore[no-untyped-def]
+) -> None:
+    """Same weights, float32, 30 s windows: the reference's text on every utterance, batched."""
+    utterances = eval_sets["8k-mulaw"]
+    ours = _beam(recognizer_fp32, 5)
+    results = ours.recognize([AudioSegment(0, int(u.duration_s * 1000), u.audio) for u in utterances])
+    greedy = recognizer_fp32.recognize([AudioSegment(0, int(u.duration_s * 1000), u.audio) for u in utterances])
+    differs = 0
+    for u, result, plain in zip(utterances, results, greedy, strict=True):
+        assert isinstance(result, TranscriptResult) and isinstance(plain, TranscriptResult)
+        reference, _ = faster_whisper_fp32.transcribe(
+            u.audio, beam_size=5, temperature=0.0, without_timestamps=True, condition_on_previous_text=False
+        )
+        assert result.text.strip() == " ".join(s.text.strip() for s in reference), u.id
+        differs += result.text != plain.text
+    assert differs > 0  # beam search really searched: some text is not greedy's
+
+
+def test_beams_of_a_batch_decode_as_each_segment_alone(
+    recognizer_fp32: Recognizer, eval_sets: dict[str, list[EvalUtterance]]
+) -> None:
+    """In the default short windows, with retries: rows leave and regroup, texts do not depend on it."""
+    utterances = eval_sets["8k-mulaw"][:8]
+    ours = _beam(recognizer_fp32, 5, window_s=5.0)
+    segments = [AudioSegment(0, int(u.duration_s * 1000), u.audio) for u in utterances]
+    together = ours.recognize(segments)
+    for segment, batched in zip(segments, together, strict=True):
+        alone = ours.recognize([segment])[0]
+        assert isinstance(batched, TranscriptResult) and isinstance(alone, TranscriptResult)
+        assert (batched.text, batched.tokens) == (alone.text, alone.tokens)
+        assert batched.avg_logprob == pytest.approx(alone.avg_logprob, abs=1e-4)

@@ -1,0 +1,125 @@
+"""Decoding after a leg's previous text (Whisper's <|startofprev|> prompt) and when that text is dropped.
+
+The decoder must condition exactly as the reference does: faster-whisper's ``initial_prompt`` on the same
+weights, in the same 30 s window, gives the same text segment by segment; and rows with prompts of
+different lengths, batched together (left-padded, masked), decode as each does alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from pipeline.asr.context import LegContext
+from pipeline.asr.decoding import WindowPolicy
+from pipeline.asr.engine import Engine
+from pipeline.asr.recognizer import Recognizer
+from pipeline.asr.results import AudioSegment, TranscriptResult
+from pipeline.audio.files import load_audio
+from pipeline.eval.call_library import LIBRARY_DIR
+from pipeline.segmentation.segmenter import SpeechSegment
+
+# an agent leg of the call library (built by `make setup`): ten segments of one speaker's running talk
+SAMPLE = LIBRARY_DIR / "02_card_payment.wav"
+
+
+def _final(text: str, tokens: tuple[int, ...], end_ms: int, avg_logprob: float = -0.2,
+           no_speech: float = 0.0) -> tuple[TranscriptResult, int]:
+    return TranscriptResult(0, end_ms, text, avg_logprob, no_speech, "tiny.en", 1, tokens), end_ms
+
+
+def test_context_follows_a_leg_and_is_dropped_after_a_long_gap_or_an_unreliable_final() -> None:
+    ctx = LegContext(max_gap_ms=30_000)
+    assert ctx.for_segment(0) == ()
+    ctx.update(*_final(" Hello.", (1, 2), 2_000))
+    ctx.update(*_final(" Card number?", (3, 4), 5_000))
+    assert ctx.for_segment(6_000) == (1, 2, 3, 4)
+    assert ctx.for_segment(36_000) == ()  # 31 s after the last final: stale
+    ctx.update(*_final(" Old news.", (9,), 4_000))  # decoded late, older than what it holds
+    assert ctx.for_segment(6_000) == (1, 2, 3, 4)
+    ctx.update(*_final("", (), 7_000, no_speech=0.9, avg_logprob=-2.0))  # silence: the text before stands
+    assert ctx.for_segment(8_000) == (1, 2, 3, 4)
+    ctx.update(*_final(" I need to design.", (5, 6), 9_000, avg_logprob=-1.4))  # unreliable: start over
+    assert ctx.for_segment(10_000) == ()
+    ctx.update(*_final(" Yes.", (7,), 11_000))
+    ctx.update(*_final(" no no no no no no no no no no no no no no no", (8,) * 15, 13_000))  # repetitive
+    assert ctx.for_segment(14_000) == ()
+
+
+@pytest.fixture(scope="module")
+def leg_segments(recognizer_fp32: Recognizer, asr_settings) -> list[SpeechSegment]:  # type: ignore[no-untyped-def]
+    audio = load_audio(SAMPLE)
+    engine = Engine(recognizer_fp32, asr_settings)
+    return engine.leg_segments(audio.samples[0], audio.sample_rate)[:8]
+
+
+def _with_context(recognizer: Recognizer, tokens: int, window_s: float = 0.0) -> Recognizer:
+    options = replace(recognizer.decoder.options, context_tokens=tokens, window=WindowPolicy(window_s),
+                      full_window_retry=False)
+    conditioned = Recognizer(recognizer.model, options)
+    return conditioned
+
+
+def test_previous_text_conditions_decoding_as_faster_whispers_initial_prompt(
+    recognizer_fp32: Recognizer, leg_segments: list[SpeechSegment], faster_whisper_fp32  # type: ignore[no-untyped-def]
+) -> None:
+    """Each segment after the previous one's text, in a 30 s window: the reference's text, word for word,
+    and the prompt is really read: it moves every conditioned segment's log-probability."""
+    ours = _with_context(recognizer_fp32, 200)
+    previous: TranscriptResult | None = None
+    changed = 0
+    for segment in leg_segments:
+        context = previous.tokens if previous is not None else ()
+        result = ours.recognize([segment], contexts=[context])[0]
+        assert isinstance(result, TranscriptResult)
+        alone = ours.recognize([segment])[0]
+        assert isinstance(alone, TranscriptResult)
+        if context:
+            assert result.avg_logprob != alone.avg_logprob, segment.start_ms
+            changed += alone.text != result.text
+        reference, _ = faster_whisper_fp32.transcribe(
+            np.asarray(segment.audio, np.float32), beam_size=1, temperature=0.0, without_timestamps=True,
+            condition_on_previous_text=False, initial_prompt=previous.text if previous is not None else None,
+        )
+        assert result.text == " ".join(s.text.strip() for s in reference), (segment.start_ms, context)
+        previous = result
+    print(f"context changed the text of {changed} of {len(leg_segments) - 1} segments")
+
+
+def test_rows_with_prompts_of_different_lengths_decode_in_one_batch_as_alone(
+    recognizer_fp32: Recognizer, leg_segments: list[SpeechSegment]
+) -> None:
+    ours = _with_context(recognizer_fp32, 32, window_s=5.0)
+    segments = [AudioSegment(s.start_ms, s.end_ms, s.audio) for s in leg_segments[1:]]
+    prior = ours.recognize(leg_segments)
+    pool = tuple(t for r in prior if isinstance(r, TranscriptResult) for t in r.tokens)
+    assert len(pool) >= 32
+    # one row without any prompt beside rows whose prompts are 3-32 tokens long
+    contexts = [pool[-k:] if k else () for k in (32, 0, 7, 19, 3, 25, 12)[: len(segments)]]
+    assert len(segments) >= 3
+    together = ours.recognize(segments, contexts=contexts)
+    for segment, context, batched in zip(segments, contexts, together, strict=True):
+        alone = ours.recognize([segment], contexts=[context])[0]
+        assert isinstance(batched, TranscriptResult) and isinstance(alone, TranscriptResult)
+        assert batched.text == alone.text
+        assert batched.tokens == alone.tokens
+
+
+def test_context_is_bounded_to_its_last_tokens(recognizer_fp32: Recognizer,
+                                                leg_segments: list[SpeechSegment]) -> None:
+    """Only the last `context_tokens` text tokens are read: a longer context with the same tail decodes the
+    same, whatever came before it."""
+    ours = _with_context(recognizer_fp32, 8, window_s=5.0)
+    prior = ours.recognize(leg_segments[:3])
+    tail = tuple(t for r in prior if isinstance(r, TranscriptResult) for t in r.tokens)
+    assert len(tail) > 8
+    noise = tuple(range(300, 340))  # 40 other text tokens before the tail
+    a = ours.recognize([leg_segments[3]], contexts=[tail])[0]
+    b = ours.recognize([leg_segments[3]], contexts=[noise + tail])[0]
+    bare = ours.recognize([leg_segments[3]])[0]
+    assert isinstance(a, TranscriptResult) and isinstance(b, TranscriptResult)
+    assert isinstance(bare, TranscriptResult)
+    assert a.tokens == b.tokens and a.avg_logprob == pytest.approx(b.avg_logprob, abs=1e-5)
+    assert a.avg_logprob != bare.avg_logprob  # the tail itself is read
