@@ -11,8 +11,11 @@ other work on a shared machine). Writes bench/results/asr.json.
 
 `--windows` instead measures the encoder window policy: WER in the three telephony conditions and
 throughput (batch 16) per window bucket, for int8 and fp32; writes bench/results/asr_windows.json.
+`--options` instead measures the decoding options (previous-text context, beam 5, the base tier, base
+with beam 5) at batch 16 on the same segments, each as a speed ratio to the default; writes
+bench/results/asr_options.json.
 
-    .venv/bin/python bench/asr.py [--repeat 2] [--threads 2] [--windows]
+    .venv/bin/python bench/asr.py [--repeat 2] [--threads 2] [--windows | --options]
 """
 
 from __future__ import annotations
@@ -57,17 +60,66 @@ def model_folder(settings: Settings) -> Path:
 
 
 def run_ours(
-    recognizer: Recognizer, segments: list[AudioSegment], batch: int
+    recognizer: Recognizer, segments: list[AudioSegment], batch: int,
+    contexts: list[tuple[int, ...]] | None = None,
 ) -> tuple[float, float, list[str]]:
-    """(wall s, CPU s, texts) for decoding all segments in batches of `batch`."""
-    recognizer.recognize(segments[:batch])  # warm-up: first-run allocations
+    """(wall s, CPU s, texts) for decoding all segments in batches of `batch` (each after its context)."""
+    def prompts(i: int) -> list[tuple[int, ...]] | None:
+        return contexts[i : i + batch] if contexts is not None else None
+
+    recognizer.recognize(segments[:batch], contexts=prompts(0))  # warm-up: first-run allocations
     started, cpu = time.perf_counter(), time.process_time()
     texts = []
     for i in range(0, len(segments), batch):
-        for slot in recognizer.recognize(segments[i : i + batch]):
+        for slot in recognizer.recognize(segments[i : i + batch], contexts=prompts(i)):
             assert isinstance(slot, TranscriptResult), slot
             texts.append(slot.text)
     return time.perf_counter() - started, time.process_time() - cpu, texts
+
+
+# The decoding options the accuracy table compares, each against the default on the same segments.
+OPTIONS: dict[str, dict[str, object]] = {
+    "default": {},
+    "context 64": {"context_tokens": 64},
+    "beam 5": {"beam_size": 5},
+    "base": {"model": "base"},
+    "base, beam 5": {"model": "base", "beam_size": 5},
+}
+
+
+def options_sweep(settings: Settings, segments: list[AudioSegment], references: list[str]) -> None:
+    """Batch-16 throughput and WER of each decoding option, and its speed as a ratio to the default.
+    With context, segment i is decoded after segment i-1's default text, as one leg's turns would be
+    (the prompt's cost: up to 64 more tokens in the first decoder step)."""
+    audio_s = sum(s.audio.size for s in segments) / 16000
+    table = Table("option", "audio s / wall s", "audio s / CPU s", "WER %", "speed vs default",
+                  title=f"decoding options, batch 16, {len(segments)} segments")
+    rows: list[dict[str, object]] = []
+    previous: list[tuple[int, ...]] = []
+    for name, update in OPTIONS.items():
+        variant = settings.model_copy(update=update)
+        recognizer = Recognizer.load(model_folder(variant), variant)
+        contexts = None
+        if variant.context_tokens > 0:
+            contexts = [(), *previous[:-1]]
+        wall, cpu, texts = run_ours(recognizer, segments, 16, contexts)
+        if name == "default":
+            previous = [r.tokens for r in recognizer.recognize(segments) if isinstance(r, TranscriptResult)]
+        rows.append({"option": name, "settings": update, "wall_s": wall, "cpu_s": cpu, "audio_s": audio_s,
+                     "audio_s_per_s": audio_s / wall, "audio_s_per_cpu_s": audio_s / cpu,
+                     "wer": word_error_rate(references, texts)})
+        rows[-1]["speed_vs_default"] = float(rows[-1]["audio_s_per_s"]) / float(rows[0]["audio_s_per_s"])  # type: ignore[arg-type]
+        table.add_row(name, f"{audio_s / wall:.1f}", f"{audio_s / cpu:.1f}", f"{100 * float(rows[-1]['wer']):.1f}",  # type: ignore[arg-type]
+                      f"{rows[-1]['speed_vs_default']:.2f}x")
+        console.print(f"{name}: {audio_s / wall:.1f} audio s / s")
+        del recognizer
+    console.print(table)
+    out = RESULTS.with_name("asr_options.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"machine": {"cpus": __import__("os").cpu_count(), "python": platform.python_version()},
+                               "threads": settings.intra_op_threads, "quantization": settings.quantization,
+                               "segments": len(segments), "rows": rows}, indent=2) + "\n")
+    console.print(f"wrote {out}")
 
 
 def window_sweep(folder: Path, settings: Settings) -> None:
@@ -183,6 +235,8 @@ def main() -> None:
         "--load", type=float, default=8.0, help="batcher run: offered audio seconds per second"
     )
     parser.add_argument("--windows", action="store_true", help="measure the window policy instead")
+    parser.add_argument("--options", action="store_true",
+                        help="measure the decoding options (context, beam 5, base) against the default instead")
     args = parser.parse_args()
     if args.windows:
         settings = Settings(intra_op_threads=args.threads)
@@ -191,6 +245,9 @@ def main() -> None:
     utterances = conditioned(load_eval_set(), "8k-mulaw") * args.repeat
     segments = [AudioSegment(0, int(u.duration_s * 1000), u.audio) for u in utterances]
     references = [u.reference for u in utterances]
+    if args.options:
+        options_sweep(Settings(intra_op_threads=args.threads), segments, references)
+        return
     audio_s = sum(u.duration_s for u in utterances)
     with tempfile.TemporaryDirectory() as tmp:
         settings = Settings(intra_op_threads=args.threads)

@@ -18,7 +18,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from pipeline.config import get_settings
+from pipeline.config import Settings, get_settings
 
 if TYPE_CHECKING:
     from pipeline.ingest.replay import CallRecording, ReplayOptions
@@ -324,10 +324,15 @@ def bench_accuracy(
         "16k,8k,8k-mulaw,8k-alaw",
     reference: Annotated[bool, typer.Option(help="Also faster-whisper on the same weights and audio.")] = True,
     threads: Annotated[int, typer.Option(help="Intra-op threads (ours) and cpu_threads (faster-whisper).")] = 2,
+    variant: Annotated[list[str] | None, typer.Option(
+        help="Also ours with these settings, e.g. --variant context_tokens=64 --variant beam_size=5 "
+             "(repeatable; several settings comma-separated).")] = None,
+    reference_beams: Annotated[str, typer.Option(help="Comma-separated beam sizes of faster-whisper runs.")] = "1",
     out: Annotated[Path | None, typer.Option(help="Folder for accuracy-<stamp>.json and accuracy.json "
                                                   "(default bench/results).")] = None,
 ) -> None:
-    """WER and digit-sequence accuracy per set and telephony condition, ours beside faster-whisper."""
+    """WER and digit-sequence accuracy per set and telephony condition, ours (and its variants) beside
+    faster-whisper."""
     from rich.progress import Progress
 
     from pipeline.asr.engine import Engine
@@ -339,10 +344,16 @@ def bench_accuracy(
     stamp = utc_stamp()
     with console.status("loading the sets..."):
         chosen = load_sets([s.strip() for s in sets.split(",") if s.strip()])
+    try:
+        variants = [settings_variant(settings, spec) for spec in variant or []]
+        beams = [int(b) for b in reference_beams.split(",") if b.strip()]
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
     systems: list[Any] = [Ours(Engine.load(settings=settings))]
+    systems += [Ours(Engine.load(settings=s), name=f"ours {label}") for label, s in variants]
     if reference:
-        systems.append(FasterWhisper.on_our_weights(threads, model=settings.model,
-                                                    cache=Path(settings.models_dir) / ".ct2"))
+        systems += [FasterWhisper.on_our_weights(threads, beam, model=settings.model,
+                                                 cache=Path(settings.models_dir) / ".ct2") for beam in beams]
     wanted = [c.strip() for c in conditions.split(",") if c.strip()]
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("accuracy", total=len(chosen) * len(wanted) * len(systems))
@@ -356,6 +367,7 @@ def bench_accuracy(
         rows: list[AccuracyRow] = evaluate(systems, chosen, wanted, step)
     doc = {"benchmark": "callqa bench accuracy", "started": stamp, "machine": machine(), "git": git_commit(),
            "model": settings.model, "quantization": settings.quantization, "max_batch": settings.max_batch,
+           "variants": {f"ours {label}": dict(v.model_dump(include=_changed(settings, v))) for label, v in variants},
            "sets": {name: {"utterances": len(u), "audio_s": round(sum(x.duration_s for x in u), 1)}
                     for name, u in chosen.items()},
            "rows": [r.as_json() for r in rows], "comparison": comparison(rows)}
@@ -368,6 +380,24 @@ def bench_accuracy(
     console.print(markdown(rows))
     for path in write_json(doc, out or RESULTS, stamp, name="accuracy"):
         console.print(f"wrote {path}")
+
+
+def settings_variant(settings: Settings, spec: str) -> tuple[str, Settings]:
+    """``"beam_size=5,context_tokens=64"`` -> its label and the settings with those values (validated)."""
+    merged = settings.model_copy()
+    for item in spec.split(","):
+        name, sep, value = (part.strip() for part in item.partition("="))
+        if not sep or name not in Settings.model_fields:
+            raise ValueError(f"--variant {spec!r}: expected setting=value pairs, {item!r} is not one")
+        try:  # the field's own type and bounds, as an environment variable would be checked
+            Settings.__pydantic_validator__.validate_assignment(merged, name, value)
+        except pydantic.ValidationError as exc:
+            raise ValueError(f"--variant {spec!r}: {name}: {exc.errors()[0]['msg']}") from exc
+    return spec.replace("_", " ").replace("=", " "), merged
+
+
+def _changed(a: Settings, b: Settings) -> set[str]:
+    return {name for name in Settings.model_fields if getattr(a, name) != getattr(b, name)}
 
 
 @app.command("settings")

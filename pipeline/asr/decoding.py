@@ -76,6 +76,14 @@ class DecodeOptions:
     retry_digit_runs: bool = False
     # Text tokens of a row's context (its leg's previous text) that condition its decoding; 0 = none.
     context_tokens: int = 0
+    # A row of at least `short_check_s` that ends by itself with fewer tokens per second than this ended
+    # early (Whisper's <|endoftext|> at a pause, the rest of the speech dropped): retried at 30 s. 0 = off.
+    min_tokens_per_second: float = 1.5
+    short_check_s: float = 6.0
+    # A row decoded after a context that repeats a block of `echo_block` tokens, or copies `echo_span`
+    # tokens of the context, is decoded again without it (Whisper's prompt-copying failure).
+    echo_block: int = 4
+    echo_span: int = 6
     # Hypotheses kept per segment: 1 = greedy; more = beam search (pipeline.asr.beam), each hypothesis
     # a decoder row of its own, batched with the other segments' rows.
     beam_size: int = 1
@@ -97,6 +105,11 @@ class DecodedSegment:
     # A guard stopped it in a run of one digit said over and over, which Whisper miscounts in every window
     # short of 30 s: its retry skips the 10 s window and goes straight to 30 s (DecodeOptions.retry_digit_runs).
     lost_count: bool = False
+    # Decoded after a context and echoes it or itself: decoded again without context (see ``echoes``).
+    echo: bool = False
+    # Ended far too early for its audio (``DecodeOptions.min_tokens_per_second``): its retry skips the
+    # 10 s window, which ended the call library's one such 9 s turn at the same pause, for 30 s.
+    short: bool = False
 
 
 @dataclass(frozen=True)
@@ -178,6 +191,24 @@ def ends_in_loop(
         if all(tokens[-(k + 1) * block : len(tokens) - k * block] == tail for k in range(1, copies)):
             return True
     return False
+
+
+def echoes(tokens: Sequence[int], prompt: Sequence[int], block: int = 4, span: int = 6,
+           numbers: NumberTokens = NumberTokens()) -> bool:
+    """Whether text decoded after ``prompt`` shows Whisper's prompt-copying failure: a block of `block`
+    tokens said twice in it ("Okay. One moment. Okay. One moment.") or `span` consecutive tokens of the
+    prompt copied. Numbers do not count (digits repeat)."""
+    grams: set[tuple[int, ...]] = set()
+    for i in range(len(tokens) - block + 1):
+        gram = tuple(tokens[i:i + block])
+        if gram in grams and not numbers.is_number(gram):
+            return True
+        grams.add(gram)
+    said = {tuple(prompt[i:i + span]) for i in range(len(prompt) - span + 1)}
+    return any(
+        tuple(tokens[i:i + span]) in said and not numbers.is_number(tokens[i:i + span])
+        for i in range(len(tokens) - span + 1)
+    )
 
 
 def cut_loop(tokens: list[int], max_block: int = 16, numbers: NumberTokens = NumberTokens()) -> list[int]:
@@ -268,13 +299,26 @@ class GreedyDecoder:
                 on_final(row, result)
 
         results, timings = self._decode_once(mels, durations_s, self.options.window, wide, release, contexts)
+        echo = [r for r, result in enumerate(results) if result.echo]
+        if echo and contexts is not None:
+            # Decoded again without context, in the same window; their retries go without it too.
+            again, more = self._decode_once(
+                [mels[r] for r in echo], [durations_s[r] for r in echo], self.options.window, wide,
+                _renumbered(release, echo),
+            )
+            for r, result in zip(echo, again, strict=True):
+                results[r] = result
+            contexts = [() if r in echo else c for r, c in enumerate(contexts)]
+            timings = BatchTimings(
+                timings.encode_ms + more.encode_ms, timings.decode_ms + more.decode_ms, timings.steps + more.steps
+            )
         if self.options.full_window_retry:
             for window in (WindowPolicy(self.options.retry_bucket_s), WindowPolicy(0)):
                 retry = [
                     r
                     for r, result in enumerate(results)
                     if result.stopped_by_guard
-                    and (window.bucket_s <= 0 or not result.lost_count)
+                    and (window.bucket_s <= 0 or not (result.lost_count or result.short))
                     and window.window_frames(mels[r].shape[1]) > result.window_frames
                 ]
                 if not retry:
@@ -318,7 +362,11 @@ class GreedyDecoder:
         logprob_sum = np.zeros(rows)
         done = np.zeros(rows, bool)
         guarded = np.zeros(rows, bool)  # stopped by the token cap or the loop stop, or repetitive
-        repetitive = np.zeros(rows, bool)  # ended by <|endoftext|>, but its text compresses too well
+        # ended by <|endoftext|>, but doubtful (repetitive, too short, an echo): retried, its text not cut
+        repetitive = np.zeros(rows, bool)
+        echo = np.zeros(rows, bool)
+        short = np.zeros(rows, bool)
+        prompts = [self._context_prefix(contexts[r])[1:] if contexts is not None else () for r in range(rows)]
         out, next_position, self_mask = self._prefill(rows, contexts, cross, mask)
         no_speech = out.no_speech_prob.astype(np.float64)
         step = DecoderStepInputs(
@@ -341,8 +389,10 @@ class GreedyDecoder:
                 if token == eot:
                     done[row] = True
                     ended = self._segment(tokens[row], logprob_sum[row], no_speech[row], windows[row], False)
-                    if self._repetitive(ended.text):
+                    doubt = self._doubt(tokens[row], ended.text, durations_s[row], windows[row], prompts[row])
+                    if doubt is not None:
                         guarded[row] = repetitive[row] = True  # a longer window may decode it better
+                        echo[row], short[row] = doubt == "echo", doubt == "short"
                     elif on_ended is not None:
                         on_ended(int(row), ended)
                     continue
@@ -376,7 +426,8 @@ class GreedyDecoder:
             self._segment(
                 cut_loop(tokens[r], numbers=self.numbers) if guarded[r] and not repetitive[r] else tokens[r],
                 logprob_sum[r], no_speech[r], windows[r], bool(guarded[r]),
-                bool(guarded[r] and not repetitive[r] and self._lost_count(tokens[r])),
+                bool(guarded[r] and not repetitive[r] and self._lost_count(tokens[r])), bool(echo[r]),
+                bool(short[r]),
             )
             for r in range(rows)
         ]
@@ -431,7 +482,10 @@ class GreedyDecoder:
                 sources.extend(int(rows[source]) for source in grown)
                 tokens.extend(hyp.tokens[-1] for hyp in beam.live)
                 if beam.done:
-                    results[segment] = self._beam_result(beam, no_speech[segment], windows[segment], on_ended, segment)
+                    results[segment] = self._beam_result(
+                        beam, no_speech[segment], windows[segment], on_ended, segment, durations_s[segment],
+                        self._context_prefix(contexts[segment])[1:] if contexts is not None else (),
+                    )
             if not sources:
                 break
             index = np.array(sources)
@@ -455,21 +509,23 @@ class GreedyDecoder:
         return done, BatchTimings((encoded - started) * 1000, (finished - encoded) * 1000, steps)
 
     def _beam_result(
-        self, beam: SegmentBeam, no_speech: float, window_frames: int, on_ended: FinalRow | None, row: int
+        self, beam: SegmentBeam, no_speech: float, window_frames: int, on_ended: FinalRow | None, row: int,
+        duration_s: float, prompt: Sequence[int],
     ) -> DecodedSegment:
         """A finished beam's winner as a row's result; told to ``on_ended`` when no retry can change it."""
         best = beam.best()
         tokens = list(best.tokens)
         text = self.model.vocabulary.decode(tokens)
-        repetitive = not best.guarded and self._repetitive(text)
-        guarded = best.guarded or repetitive
+        doubt = None if best.guarded else self._doubt(tokens, text, duration_s, window_frames, prompt)
+        guarded = best.guarded or doubt is not None
         if best.guarded:
             tokens = cut_loop(tokens, numbers=self.numbers)
         result = DecodedSegment(
             tokens=tokens, text=self.model.vocabulary.decode(tokens),
             avg_logprob=float(best.logprob / (len(best.tokens) + 1)), no_speech_prob=float(no_speech),
             window_frames=window_frames, stopped_by_guard=guarded,
-            lost_count=best.guarded and self._lost_count(list(best.tokens)),
+            lost_count=best.guarded and self._lost_count(list(best.tokens)), echo=doubt == "echo",
+            short=doubt == "short",
         )
         if not guarded and on_ended is not None:
             on_ended(row, result)
@@ -533,13 +589,32 @@ class GreedyDecoder:
         one, ..." at 5-25 s, "601-11, 111-11, ..." at 30 s), so they stop early and skip the 10 s retry."""
         return not self.options.retry_digit_runs and self.numbers.one_digit_run(tokens[-LOST_COUNT_TAIL:])
 
+    def _doubt(
+        self, tokens: list[int], text: str, duration_s: float, window_frames: int, prompt: Sequence[int]
+    ) -> str | None:
+        """Why a row that ended by itself is still retried, or None: "echo" (decoded after a context
+        that it copies or repeats itself after), "repetitive" (compresses too well), "short" (ended
+        far too early for its audio, in a window short of 30 s)."""
+        o = self.options
+        if prompt and echoes(tokens, prompt, o.echo_block, o.echo_span, self.numbers):
+            return "echo"
+        if self._repetitive(text):
+            return "repetitive"
+        if (
+            window_frames < MAX_WINDOW_FRAMES
+            and duration_s >= o.short_check_s
+            and len(tokens) < o.min_tokens_per_second * duration_s
+        ):
+            return "short"
+        return None
+
     def _repetitive(self, text: str) -> bool:
         limit = self.options.compression_ratio_max
         return limit > 0 and compression_ratio(text) > limit
 
     def _segment(
         self, tokens: list[int], logprob_sum: float, no_speech: float, window_frames: int, guarded: bool,
-        lost_count: bool = False,
+        lost_count: bool = False, echo: bool = False, short: bool = False,
     ) -> DecodedSegment:
         return DecodedSegment(
             tokens=tokens,
@@ -549,4 +624,6 @@ class GreedyDecoder:
             window_frames=window_frames,
             stopped_by_guard=guarded,
             lost_count=lost_count,
+            echo=echo,
+            short=short,
         )

@@ -2,15 +2,16 @@
 
 Ours is the worker's path (``systems.Ours``: each recording as a leg through the VAD segmenter, segments
 of many recordings decoded together in batches of ``max_batch``, the no-speech rule applied). The reference
-is faster-whisper on the same CTranslate2 weights the model is built from (int8, greedy, no previous text,
-no timestamps): what a user would otherwise run. Both get the same 16 kHz audio of each utterance under
+is faster-whisper on the same CTranslate2 weights the model is built from (int8, greedy, 30 s windows each
+after the previous window's text, no timestamps): what a user would otherwise run. Both get the same 16 kHz audio of each utterance under
 each condition. Reported per (set, condition, system): corpus WER, and, where the set's references say
 numbers, digit-sequence accuracy (a sequence is exact when the hypothesis says exactly the reference's
 digits, in order) and the digit error rate.
 
 The sets: ``eval`` (pipeline.eval.dataset, 20 wide-band recordings), ``asterisk`` (the Asterisk core
-prompts, 8 kHz telephony recordings of a professional voice) and ``library-numbers`` (the call library's
-spoken card, date, code and phone numbers, when the library is built).
+prompts, 8 kHz telephony recordings of a professional voice), ``library-numbers`` (the call library's
+spoken card, date, code and phone numbers, when the library is built) and ``library-legs`` (each leg of
+each library call whole: conversation, where a leg's previous text is context).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
-from pipeline.eval.call_library import LibraryNotBuilt, number_utterances
+from pipeline.eval.call_library import LibraryNotBuilt, leg_utterances, number_utterances
 from pipeline.eval.conditions import CONDITIONS, conditioned
 from pipeline.eval.dataset import EvalUtterance, load_asterisk_set, load_eval_set
 from pipeline.eval.numbers import DigitAccuracy, digit_accuracy, spoken_digits
@@ -30,6 +31,7 @@ SETS: dict[str, Callable[[], list[EvalUtterance]]] = {
     "eval": load_eval_set,
     "asterisk": load_asterisk_set,
     "library-numbers": number_utterances,
+    "library-legs": leg_utterances,
 }
 
 
@@ -83,7 +85,7 @@ def load_sets(names: Iterable[str]) -> dict[str, list[EvalUtterance]]:
     try:
         return {name: SETS[name]() for name in names}
     except LibraryNotBuilt as exc:
-        raise LibraryNotBuilt(f"set library-numbers: {exc}") from exc
+        raise LibraryNotBuilt(f"sets library-numbers and library-legs: {exc}") from exc
 
 
 def score(set_name: str, condition: str, system: str, utterances: Sequence[EvalUtterance], texts: Sequence[str],

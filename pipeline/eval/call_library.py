@@ -214,3 +214,21 @@ def number_utterances(folder: Path = LIBRARY_DIR) -> list[EvalUtterance]:
                                             resample(received, 8000, SAMPLE_RATE), str(span["spoken"]),
                                             str(folder / call["file"]), "call library (synthesised, project's own)"))
     return utterances
+
+
+# ---- whole legs as an evaluation set (conversation) ------------------------------------------------
+def leg_utterances(folder: Path = LIBRARY_DIR) -> list[EvalUtterance]:
+    """Every leg of every library call as one EvalUtterance: the whole channel (1-4 min, the other
+    party's turns as silence, holds included), at 16 kHz; its reference is the leg's turns in order, PII
+    as spoken. Each leg is many segments of one speaker's running talk: the set on which a leg's
+    previous text can help (or drag) the next segment's decoding."""
+    utterances = []
+    for call in load_manifest(folder)["calls"]:
+        audio = load_audio(folder / call["file"])
+        for channel, leg in enumerate(call["channel_legs"]):
+            reference = " ".join(t["text"] for t in call["turns"] if t["leg"] == leg)
+            utterances.append(EvalUtterance(f"library/{call['id']}/{leg}",
+                                            resample(audio.samples[channel], audio.sample_rate, SAMPLE_RATE),
+                                            reference, str(folder / call["file"]),
+                                            "call library (synthesised, project's own)"))
+    return utterances

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipeline.asr.context import LegContext
 from pipeline.asr.engine import Engine
 from pipeline.asr.results import TranscriptResult
 from pipeline.eval.dataset import SAMPLE_RATE, EvalUtterance
@@ -17,27 +18,43 @@ from pipeline.eval.dataset import SAMPLE_RATE, EvalUtterance
 class Ours:
     """The worker's path: each recording as one leg through the VAD segmenter, its segments decoded in
     batches of the engine's ``max_batch`` (segments of many recordings together, as the batcher mixes
-    calls), the no-speech rule's drops left out, the kept texts joined in order."""
+    calls), the no-speech rule's drops left out, the kept texts joined in order.
+
+    Segments go in rounds: the k-th segment of every recording in one round, after the (k-1)-th round
+    is final, so with ``context_tokens`` each segment is decoded after its leg's previous final text
+    (``LegContext``, as the worker keeps it). fp32 text does not depend on the batch, so rounds change
+    nothing without context."""
 
     engine: Engine
     name: str = "ours"
 
     def transcribe(self, utterances: Sequence[EvalUtterance]) -> list[str]:
-        owned = [(i, seg) for i, u in enumerate(utterances) for seg in self.engine.leg_segments(u.audio, SAMPLE_RATE)]
+        legs = [self.engine.leg_segments(u.audio, SAMPLE_RATE) for u in utterances]
+        contexts = [LegContext() for _ in utterances]
+        with_context = self.engine.settings.context_tokens > 0
         texts: list[list[str]] = [[] for _ in utterances]
         step = max(1, self.engine.settings.max_batch)
-        for start in range(0, len(owned), step):
-            chunk = owned[start:start + step]
-            for (i, _), slot in zip(chunk, self.engine.recognizer.recognize([seg for _, seg in chunk]), strict=True):
-                # A segment the recogniser refuses is no text, as the worker would write none.
-                if isinstance(slot, TranscriptResult) and not slot.is_silence and slot.text.strip():
-                    texts[i].append(slot.text.strip())
+        for k in range(max((len(segments) for segments in legs), default=0)):
+            owned = [(i, segments[k]) for i, segments in enumerate(legs) if k < len(segments)]
+            for start in range(0, len(owned), step):
+                chunk = owned[start:start + step]
+                prompts = [contexts[i].for_segment(seg.start_ms) for i, seg in chunk] if with_context else None
+                slots = self.engine.recognizer.recognize([seg for _, seg in chunk], contexts=prompts)
+                for (i, seg), slot in zip(chunk, slots, strict=True):
+                    # A segment the recogniser refuses is no text, as the worker would write none.
+                    if not isinstance(slot, TranscriptResult):
+                        continue
+                    contexts[i].update(slot, seg.end_ms)
+                    if not slot.is_silence and slot.text.strip():
+                        texts[i].append(slot.text.strip())
         return [" ".join(t) for t in texts]
 
 
 @dataclass
 class FasterWhisper:
-    """faster-whisper (a dev dependency), int8, greedy, each utterance alone, no previous text."""
+    """faster-whisper (a dev dependency), int8, greedy (or ``beam_size``), each utterance alone, in its
+    own 30 s windows, each window after the previous one's text (its default ``condition_on_previous_text``:
+    what a user would run on a whole recording; a clip of one window has no previous text)."""
 
     model_path: str
     threads: int = 2
@@ -64,5 +81,5 @@ class FasterWhisper:
             except ImportError as exc:  # a runtime install without the dev extra
                 raise RuntimeError("faster-whisper is not installed (pip install -e '.[dev]')") from exc
             self._model = WhisperModel(self.model_path, device="cpu", compute_type="int8", cpu_threads=self.threads)
-        options = {"beam_size": self.beam_size, "condition_on_previous_text": False, "without_timestamps": True}
+        options = {"beam_size": self.beam_size, "condition_on_previous_text": True, "without_timestamps": True}
         return [" ".join(s.text.strip() for s in self._model.transcribe(u.audio, **options)[0]) for u in utterances]

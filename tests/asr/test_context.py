@@ -123,3 +123,29 @@ def test_context_is_bounded_to_its_last_tokens(recognizer_fp32: Recognizer,
     assert isinstance(bare, TranscriptResult)
     assert a.tokens == b.tokens and a.avg_logprob == pytest.approx(b.avg_logprob, abs=1e-5)
     assert a.avg_logprob != bare.avg_logprob  # the tail itself is read
+
+
+def test_echoes_finds_a_block_said_twice_or_a_copied_stretch_of_the_prompt() -> None:
+    from pipeline.asr.decoding import echoes
+
+    prompt = (10, 11, 12, 13, 14, 15, 16, 17)
+    assert echoes((1, 2, 3, 4, 1, 2, 3, 4), ())  # "Okay. One moment. Okay. One moment."
+    assert not echoes((1, 2, 3, 4, 5, 1, 2, 3), ())  # three tokens again: ordinary speech
+    assert echoes((1, 12, 13, 14, 15, 16, 17, 2), prompt)  # six tokens of the prompt
+    assert not echoes((1, 12, 13, 14, 15, 16, 2), prompt)
+
+
+def test_a_row_that_copies_its_context_is_decoded_again_without_it(
+    recognizer_fp32: Recognizer, leg_segments: list[SpeechSegment]
+) -> None:
+    """A segment whose context is its own text copies it (the failure the guard is for): it is decoded
+    again in the same window without context, and that text stands, released once."""
+    ours = _with_context(recognizer_fp32, 64, window_s=5.0)
+    segment = leg_segments[2]
+    bare = ours.recognize([segment])[0]
+    assert isinstance(bare, TranscriptResult) and len(bare.tokens) >= 6
+    told: list[int] = []
+    again = ours.recognize([segment], contexts=[bare.tokens], on_result=lambda i, _: told.append(i))[0]
+    assert isinstance(again, TranscriptResult)
+    assert again.tokens == bare.tokens and again.avg_logprob == pytest.approx(bare.avg_logprob, abs=1e-5)
+    assert told == [0]

@@ -17,6 +17,7 @@ from pipeline.asr.decoding import (
 )
 from pipeline.asr.recognizer import Recognizer
 from pipeline.audio.mel import log_mel_spectrogram
+from pipeline.config import Settings
 from pipeline.eval.dataset import EvalUtterance
 
 # A spread of sources and lengths (librivox 3-7 s, cards, digits, short alsa voices).
@@ -133,3 +134,35 @@ def test_a_row_ending_in_repetitive_text_is_retried_and_not_cut(
     assert results[0].tokens == direct[0].tokens and len(direct[0].tokens) > 5
     normal, _ = recognizer_fp32.decoder.decode([mel], [utterance.duration_s])
     assert not normal[0].stopped_by_guard and normal[0].window_frames < MAX_WINDOW_FRAMES
+
+
+def test_a_long_row_that_ends_far_too_early_is_decoded_again_at_30_s(
+    recognizer_fp32: Recognizer, asr_settings: Settings
+) -> None:
+    """The call library's 9 s turn "Thank you. I can see your home policy here. Sudden water damage ..."
+    ends after its first two sentences in its 10 s window (11 tokens for 9 s); below 1.5 tokens per
+    second it is retried, straight at 30 s, where the rest is decoded."""
+    from pipeline.asr.engine import Engine
+    from pipeline.eval.call_library import leg_utterances
+    from pipeline.eval.conditions import conditioned
+
+    leg = next(u for u in leg_utterances() if u.id == "library/03_missing_disclosure/agent")
+    received = conditioned([leg], "8k-mulaw")[0]  # as the gateway sends it
+    engine = Engine(recognizer_fp32, asr_settings)
+    turn = next(s for s in engine.leg_segments(received.audio, 16000) if 19_000 < s.start_ms < 20_000)
+    windows: list[int] = []
+
+    class Recording(GreedyDecoder):
+        def _decode_once(self, mels, durations_s, window, wide=False, on_ended=None, contexts=None):  # type: ignore[no-untyped-def]
+            windows.append(window.window_frames(mels[0].shape[1]))
+            return super()._decode_once(mels, durations_s, window, wide, on_ended, contexts)
+
+    mel = log_mel_spectrogram(np.asarray(turn.audio))
+    duration = np.asarray(turn.audio).size / 16000
+    checked, _ = Recording(recognizer_fp32.model, recognizer_fp32.decoder.options).decode([mel], [duration])
+    assert windows == [1000, MAX_WINDOW_FRAMES]
+    assert "water damage" in checked[0].text and checked[0].window_frames == MAX_WINDOW_FRAMES
+    unchecked, _ = GreedyDecoder(
+        recognizer_fp32.model, replace(recognizer_fp32.decoder.options, min_tokens_per_second=0.0)
+    ).decode([mel], [duration])
+    assert "water damage" not in unchecked[0].text and unchecked[0].window_frames == 1000
