@@ -7,7 +7,9 @@ is done once `size` hypotheses have finished. The winner is the finished hypothe
 log-probability per token (the sum divided by its length).
 
 Our guards (token cap, loop stop, one-digit run) stop a hypothesis too: it leaves the beam as finished
-but `guarded`, and loses to any hypothesis that ended by itself. A segment whose winner is guarded is
+but `guarded`, and loses to any hypothesis that ended by itself. In a window shorter than 30 s (zero
+padding after the speech) a hypothesis that says its phrase twice ("10 of clubs 10 of clubs") scores
+better per token than the one that ended after it; such doubtful ones lose to sound ones. A segment whose winner is guarded is
 retried in a longer window, as a greedy row is.
 
 Pure Python over numpy rows, so it is tested without a model; ``GreedyDecoder`` runs the decoder steps.
@@ -27,20 +29,21 @@ class Hypothesis:
     logprob: float  # summed log-probability of its tokens (and of <|endoftext|> once it ended)
     guarded: bool = False  # stopped by a guard, not ended by <|endoftext|>
 
-    @property
-    def score(self) -> float:
-        """Log-probability per token: how beams rank finished hypotheses of different lengths."""
-        return self.logprob / max(1, len(self.tokens))
+    def score(self, length_penalty: float = 1.0) -> float:
+        """How beams rank finished hypotheses of different lengths: the log-probability divided by the
+        length to the power `length_penalty` (1: per token, CTranslate2's default; 0: the sum)."""
+        return self.logprob / max(1, len(self.tokens)) ** length_penalty
 
 
 class SegmentBeam:
     """One segment's hypotheses. ``live[i]`` is decoded in the i-th of the segment's decoder rows."""
 
-    def __init__(self, size: int, end_of_text: int) -> None:
+    def __init__(self, size: int, end_of_text: int, length_penalty: float = 1.0) -> None:
         if size < 1:
             raise ValueError(f"beam size must be >= 1, got {size}")
         self.size = size
         self.end_of_text = end_of_text
+        self.length_penalty = length_penalty
         self.live: list[Hypothesis] = [Hypothesis((), 0.0)]
         self.finished: list[Hypothesis] = []
 
@@ -88,7 +91,8 @@ class SegmentBeam:
         self.live = [] if self.done else live
         return [] if self.done else sources
 
-    def best(self) -> Hypothesis:
-        """The winner: a hypothesis that ended by itself before a guarded one, then the best score."""
+    def best(self, doubtful: Callable[[tuple[int, ...]], bool] = lambda _: False) -> Hypothesis:
+        """The winner: a hypothesis that ended by itself before a guarded one, a sound one before a
+        ``doubtful`` one (one that says a phrase twice), then the best score."""
         pool: Sequence[Hypothesis] = self.finished or self.live
-        return max(pool, key=lambda h: (not h.guarded, h.score))
+        return max(pool, key=lambda h: (not h.guarded, not doubtful(h.tokens), h.score(self.length_penalty)))

@@ -87,6 +87,10 @@ class DecodeOptions:
     # Hypotheses kept per segment: 1 = greedy; more = beam search (pipeline.asr.beam), each hypothesis
     # a decoder row of its own, batched with the other segments' rows.
     beam_size: int = 1
+    # Beam ranking in windows short of 30 s: Whisper expects speech to go on into the zero padding, so
+    # per-token scores (length penalty 1, faster-whisper's) favour saying it twice ("1 1", "16 16 16").
+    short_window_length_penalty: float = 0.0
+    short_window_fill: float = 0.5  # a window at least this full of audio keeps the length penalty 1
 
     def token_cap(self, duration_s: float) -> int:
         return min(
@@ -209,6 +213,17 @@ def echoes(tokens: Sequence[int], prompt: Sequence[int], block: int = 4, span: i
         tuple(tokens[i:i + span]) in said and not numbers.is_number(tokens[i:i + span])
         for i in range(len(tokens) - span + 1)
     )
+
+
+def says_twice(tokens: Sequence[int], min_block: int = 3, numbers: NumberTokens = NumberTokens()) -> bool:
+    """Whether a block of `min_block`+ tokens (not a number) comes twice back to back anywhere in
+    ``tokens``: "10 of clubs 10 of clubs", "Seven of clubs. Seven of clubs."."""
+    for block in range(min_block, len(tokens) // 2 + 1):
+        for i in range(len(tokens) - 2 * block + 1):
+            first = tokens[i:i + block]
+            if first == tokens[i + block:i + 2 * block] and not numbers.is_number(first):
+                return True
+    return False
 
 
 def cut_loop(tokens: list[int], max_block: int = 16, numbers: NumberTokens = NumberTokens()) -> list[int]:
@@ -452,7 +467,10 @@ class GreedyDecoder:
         segments = len(mels)
         caps = [self.options.token_cap(d) for d in durations_s]
         retryable = [self.options.full_window_retry and frames < MAX_WINDOW_FRAMES for frames in windows]
-        beams = [SegmentBeam(self.options.beam_size, self.specials.end_of_text) for _ in range(segments)]
+        beams = [
+            SegmentBeam(self.options.beam_size, self.specials.end_of_text, self._length_penalty(mel, frames))
+            for mel, frames in zip(mels, windows, strict=True)
+        ]
         out, next_position, self_mask = self._prefill(segments, contexts, cross, mask)
         no_speech = out.no_speech_prob.astype(np.float64)
         step = DecoderStepInputs(
@@ -508,12 +526,19 @@ class GreedyDecoder:
         assert len(done) == segments, "every segment's beam ends"
         return done, BatchTimings((encoded - started) * 1000, (finished - encoded) * 1000, steps)
 
+    def _length_penalty(self, mel: np.ndarray, window_frames: int) -> float:
+        """faster-whisper's 1 in a 30 s window or one the audio mostly fills; in a short window that is
+        mostly zero padding, `short_window_length_penalty`."""
+        if window_frames >= MAX_WINDOW_FRAMES or mel.shape[1] >= self.options.short_window_fill * window_frames:
+            return 1.0
+        return self.options.short_window_length_penalty
+
     def _beam_result(
         self, beam: SegmentBeam, no_speech: float, window_frames: int, on_ended: FinalRow | None, row: int,
         duration_s: float, prompt: Sequence[int],
     ) -> DecodedSegment:
         """A finished beam's winner as a row's result; told to ``on_ended`` when no retry can change it."""
-        best = beam.best()
+        best = beam.best(lambda hyp: says_twice(hyp, numbers=self.numbers))
         tokens = list(best.tokens)
         text = self.model.vocabulary.decode(tokens)
         doubt = None if best.guarded else self._doubt(tokens, text, duration_s, window_frames, prompt)

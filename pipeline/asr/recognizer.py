@@ -42,6 +42,7 @@ def decode_options(settings: AsrSettings, model: WhisperOnnx) -> DecodeOptions:
         suppress_ids_begin=tuple(model.manifest.suppress_ids_begin),
         context_tokens=settings.context_tokens,
         beam_size=settings.beam_size,
+        min_tokens_per_second=settings.min_tokens_per_second,
     )
 
 

@@ -31,6 +31,10 @@ class AsrSettings(BaseModel):
         2.4, ge=0.0,
         description="A decoded text whose zlib compression ratio is above this is repetitive and decoded again in the longer windows (faster-whisper's 2.4; 0 = off).",
     )
+    min_tokens_per_second: float = Field(
+        1.5, ge=0.0,
+        description="A segment of 6 s or more whose text ends with fewer tokens per second than this ended early at a pause; it is decoded again in the 30 s window (0 = off).",
+    )
     context_tokens: int = Field(
         0, ge=0, le=200,
         description="Decode each segment after the last this-many text tokens of its leg's previous final text (Whisper's previous-text prompt; 0 = no context).",
