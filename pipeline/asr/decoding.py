@@ -122,6 +122,10 @@ class BatchTimings:
     decode_ms: float
     steps: int
 
+    def __add__(self, more: BatchTimings) -> BatchTimings:
+        """The timings of a batch and of a further pass over some of its rows, together."""
+        return BatchTimings(self.encode_ms + more.encode_ms, self.decode_ms + more.decode_ms, self.steps + more.steps)
+
 
 FinalRow = Callable[[int, DecodedSegment], None]
 """Called (in the decoding thread) with a row's index and result as soon as that row is final."""
@@ -324,9 +328,7 @@ class GreedyDecoder:
             for r, result in zip(echo, again, strict=True):
                 results[r] = result
             contexts = [() if r in echo else c for r, c in enumerate(contexts)]
-            timings = BatchTimings(
-                timings.encode_ms + more.encode_ms, timings.decode_ms + more.decode_ms, timings.steps + more.steps
-            )
+            timings += more
         if self.options.full_window_retry:
             for window in (WindowPolicy(self.options.retry_bucket_s), WindowPolicy(0)):
                 retry = [
@@ -344,9 +346,7 @@ class GreedyDecoder:
                 )
                 for r, result in zip(retry, again, strict=True):
                     results[r] = result
-                timings = BatchTimings(
-                    timings.encode_ms + more.encode_ms, timings.decode_ms + more.decode_ms, timings.steps + more.steps
-                )
+                timings += more
         for row, result in enumerate(results):
             release(row, result)  # rows a guard stopped with no longer window left
         return results, timings
