@@ -73,7 +73,7 @@ def test_decode_failure_is_isolated_to_its_segment(
     poison = segments[2].audio.size // 160
     real_decode = recognizer.decoder.decode
 
-    def decode(mels, durations, wide=False, on_final=None):  # type: ignore[no-untyped-def]
+    def decode(mels, durations, wide=False, on_final=None, contexts=None):  # type: ignore[no-untyped-def]
         if any(m.shape[1] == poison for m in mels):
             raise RuntimeError("onnxruntime failed")
         return real_decode(mels, durations, wide, on_final)
@@ -162,7 +162,8 @@ class MeetingRecognizer:
         self.barrier = threading.Barrier(parties, timeout=20)
         self.met = 0
 
-    def recognize(self, segments: Any, waits: Any = None, wide: bool = False, on_result: Any = None) -> list[Any]:
+    def recognize(self, segments: Any, waits: Any = None, wide: bool = False, on_result: Any = None,
+                  contexts: Any = None) -> list[Any]:
         try:
             self.barrier.wait()
             self.met += 1
@@ -212,7 +213,8 @@ class WideRecorder:
     def __init__(self) -> None:
         self.wide: list[bool] = []
 
-    def recognize(self, segments: Any, waits: Any = None, wide: bool = False, on_result: Any = None) -> list[Any]:
+    def recognize(self, segments: Any, waits: Any = None, wide: bool = False, on_result: Any = None,
+                  contexts: Any = None) -> list[Any]:
         self.wide.append(wide)
         return [SegmentRejectedError("not decoded here") for _ in segments]
 

@@ -53,7 +53,8 @@ class ShortRecognizer:
 
     name, version = "short", 1
 
-    def recognize(self, segments: Any, waits: Any = None, wide: bool = False, on_result: Any = None) -> list[Any]:
+    def recognize(self, segments: Any, waits: Any = None, wide: bool = False, on_result: Any = None,
+                  contexts: Any = None) -> list[Any]:
         return []
 
 

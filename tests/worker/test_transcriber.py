@@ -21,7 +21,8 @@ class EchoRecognizer:
     name, version = "echo", 1
     decoder = SimpleNamespace(options=SimpleNamespace(window=SimpleNamespace(window_frames=lambda frames: 3000)))
 
-    def recognize(self, segments: Any, waits: Any = None, wide: bool = False, on_result: Any = None) -> list[Any]:
+    def recognize(self, segments: Any, waits: Any = None, wide: bool = False, on_result: Any = None,
+                  contexts: Any = None) -> list[Any]:
         return [TranscriptResult(s.start_ms, s.end_ms, "ok", -0.1, 0.0, self.name, self.version, (), SegmentTimings())
                 for s in segments]
 
