@@ -381,7 +381,7 @@ class GreedyDecoder:
         repetitive = np.zeros(rows, bool)
         echo = np.zeros(rows, bool)
         short = np.zeros(rows, bool)
-        prompts = [self._context_prefix(contexts[r])[1:] if contexts is not None else () for r in range(rows)]
+        prompts = [self._context_text(contexts, r) for r in range(rows)]
         out, next_position, self_mask = self._prefill(rows, contexts, cross, mask)
         no_speech = out.no_speech_prob.astype(np.float64)
         step = DecoderStepInputs(
@@ -412,11 +412,7 @@ class GreedyDecoder:
                         on_ended(int(row), ended)
                     continue
                 tokens[row].append(token)
-                if (
-                    len(tokens[row]) >= caps[row]
-                    or ends_in_loop(tokens[row], self.options.loop_copies, numbers=self.numbers)
-                    or (retryable[row] and self._lost_count(tokens[row]))
-                ):
+                if self._guard_stops(tokens[row], caps[row], retryable[row]):
                     done[row] = guarded[row] = True
             if done.all():
                 break
@@ -490,11 +486,7 @@ class GreedyDecoder:
                 beam = beams[segment]
 
                 def stop(hyp: tuple[int, ...], segment: int = segment) -> bool:
-                    return (
-                        len(hyp) >= caps[segment]
-                        or ends_in_loop(list(hyp), self.options.loop_copies, numbers=self.numbers)
-                        or (retryable[segment] and self._lost_count(list(hyp)))
-                    )
+                    return self._guard_stops(list(hyp), caps[segment], retryable[segment])
 
                 grown = beam.advance(out.top_tokens[rows], out.top_logprobs[rows], stop)
                 sources.extend(int(rows[source]) for source in grown)
@@ -502,7 +494,7 @@ class GreedyDecoder:
                 if beam.done:
                     results[segment] = self._beam_result(
                         beam, no_speech[segment], windows[segment], on_ended, segment, durations_s[segment],
-                        self._context_prefix(contexts[segment])[1:] if contexts is not None else (),
+                        self._context_text(contexts, segment),
                     )
             if not sources:
                 break
@@ -539,14 +531,12 @@ class GreedyDecoder:
     ) -> DecodedSegment:
         """A finished beam's winner as a row's result; told to ``on_ended`` when no retry can change it."""
         best = beam.best(lambda hyp: says_twice(hyp, numbers=self.numbers))
-        tokens = list(best.tokens)
+        tokens = cut_loop(list(best.tokens), numbers=self.numbers) if best.guarded else list(best.tokens)
         text = self.model.vocabulary.decode(tokens)
         doubt = None if best.guarded else self._doubt(tokens, text, duration_s, window_frames, prompt)
         guarded = best.guarded or doubt is not None
-        if best.guarded:
-            tokens = cut_loop(tokens, numbers=self.numbers)
         result = DecodedSegment(
-            tokens=tokens, text=self.model.vocabulary.decode(tokens),
+            tokens=tokens, text=text,
             avg_logprob=float(best.logprob / (len(best.tokens) + 1)), no_speech_prob=float(no_speech),
             window_frames=window_frames, stopped_by_guard=guarded,
             lost_count=best.guarded and self._lost_count(list(best.tokens)), echo=doubt == "echo",
@@ -599,6 +589,19 @@ class GreedyDecoder:
         step.logit_bias = self._suppress
         next_position += len(rest)
         return out
+
+    def _guard_stops(self, tokens: list[int], cap: int, retryable: bool) -> bool:
+        """Whether a row (or hypothesis) must stop here: its token cap, a loop, or a one-digit run that
+        a longer window may still count right."""
+        return (
+            len(tokens) >= cap
+            or ends_in_loop(tokens, self.options.loop_copies, numbers=self.numbers)
+            or (retryable and self._lost_count(tokens))
+        )
+
+    def _context_text(self, contexts: Sequence[Sequence[int]] | None, row: int) -> tuple[int, ...]:
+        """The context tokens row `row` is decoded after (without <|startofprev|>), or ()."""
+        return self._context_prefix(contexts[row])[1:] if contexts is not None else ()
 
     def _context_prefix(self, context: Sequence[int]) -> tuple[int, ...]:
         """<|startofprev|> and the context's last `context_tokens` text tokens; () without context."""
