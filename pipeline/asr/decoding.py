@@ -24,6 +24,12 @@ loses count of such runs in the 5, 10, 15, 20 and 25 s windows alike (the call l
 one, one one one one, ..." came out "6-11-11-11-..." in all of them, and right only at 30 s); stopping
 early and skipping 10 s took its card turns' decoding from 0.53-0.66 s to 0.46-0.49 s with the same
 text, and the call library's WER 5.91 -> 5.89 % (8 kHz mu-law).
+
+Rows that end by themselves are doubted too (`_doubt`), and a doubtful row is decoded again: after its
+context without it (an echo), in the longer windows (repetitive), or straight at 30 s when the 10 s
+window shares the doubt: it ended far too early for its audio, its whole text is one phrase said twice
+("1 1": a short phrase in a window of mostly zero padding), or its average log-probability is below
+faster-whisper's fallback threshold (our fallback is the window, not a temperature).
 """
 
 from __future__ import annotations
@@ -33,7 +39,8 @@ import re
 import time
 import zlib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Literal
 
 import numpy as np
 
@@ -43,6 +50,9 @@ from pipeline.qa.numbers import UNITS
 
 FRAMES_PER_SECOND = 100
 MAX_WINDOW_FRAMES = 3000
+# Why a row that ended by itself is decoded again (SegmentDecoder._doubt).
+Doubt = Literal["echo", "repetitive", "short", "twice", "unsure"]
+STRAIGHT_TO_FULL: frozenset[str] = frozenset({"short", "twice", "unsure"})  # the 10 s window shares these
 LOST_COUNT_TAIL = 8  # tokens at the end of a row that must all say one digit to stop it (lost_count)
 
 
@@ -91,6 +101,14 @@ class DecodeOptions:
     # per-token scores (length penalty 1, faster-whisper's) favour saying it twice ("1 1", "16 16 16").
     short_window_length_penalty: float = 0.0
     short_window_fill: float = 0.5  # a window at least this full of audio keeps the length penalty 1
+    # A row whose whole text is one phrase said twice ("1 1", "Yesterday. Yesterday.") in a short window,
+    # mostly zero padding, where Whisper hears the phrase go on: decoded again at 30 s (Asterisk prompts
+    # "one" "ten" "three" said twice, right at 30 s). A real "no no" is said twice there too.
+    retry_whole_twice: bool = True
+    # A row that ends by itself in a short window with an average log-probability below this is decoded
+    # again at 30 s, Whisper's own window: faster-whisper's fallback threshold (-1.0) on its temperature
+    # retries, with the window as our fallback. -inf = off.
+    retry_logprob: float = -math.inf
 
     def token_cap(self, duration_s: float) -> int:
         return min(
@@ -109,11 +127,18 @@ class DecodedSegment:
     # A guard stopped it in a run of one digit said over and over, which Whisper miscounts in every window
     # short of 30 s: its retry skips the 10 s window and goes straight to 30 s (DecodeOptions.retry_digit_runs).
     lost_count: bool = False
-    # Decoded after a context and echoes it or itself: decoded again without context (see ``echoes``).
-    echo: bool = False
-    # Ended far too early for its audio (``DecodeOptions.min_tokens_per_second``): its retry skips the
-    # 10 s window, which ended the call library's one such 9 s turn at the same pause, for 30 s.
-    short: bool = False
+    # Why a row that ended by itself is decoded again (``SegmentDecoder._doubt``), or None.
+    doubt: Doubt | None = None
+
+    @property
+    def echo(self) -> bool:
+        """Decoded after a context and echoes it or itself: decoded again without context."""
+        return self.doubt == "echo"
+
+    @property
+    def straight_to_full(self) -> bool:
+        """Its retry skips the 10 s window for 30 s: a lost count, or a doubt the 10 s window shares."""
+        return self.lost_count or self.doubt in STRAIGHT_TO_FULL
 
 
 @dataclass(frozen=True)
@@ -230,6 +255,13 @@ def says_twice(tokens: Sequence[int], min_block: int = 3, numbers: NumberTokens 
     return False
 
 
+def whole_text_twice(text: str) -> bool:
+    """Whether ``text``'s words are one run said twice ("1 1", "Time... Time...", "R. R.")."""
+    words = re.findall(r"[\w']+", text.lower())
+    half = len(words) // 2
+    return half > 0 and len(words) == 2 * half and words[:half] == words[half:]
+
+
 def cut_loop(tokens: list[int], max_block: int = 16, numbers: NumberTokens = NumberTokens()) -> list[int]:
     """Cut a looping tail (two or more back-to-back copies of a block, the last maybe partial) to one copy.
 
@@ -335,7 +367,7 @@ class GreedyDecoder:
                     r
                     for r, result in enumerate(results)
                     if result.stopped_by_guard
-                    and (window.bucket_s <= 0 or not (result.lost_count or result.short))
+                    and (window.bucket_s <= 0 or not result.straight_to_full)
                     and window.window_frames(mels[r].shape[1]) > result.window_frames
                 ]
                 if not retry:
@@ -379,8 +411,7 @@ class GreedyDecoder:
         guarded = np.zeros(rows, bool)  # stopped by the token cap or the loop stop, or repetitive
         # ended by <|endoftext|>, but doubtful (repetitive, too short, an echo): retried, its text not cut
         repetitive = np.zeros(rows, bool)
-        echo = np.zeros(rows, bool)
-        short = np.zeros(rows, bool)
+        doubts: list[Doubt | None] = [None] * rows
         prompts = [self._context_text(contexts, r) for r in range(rows)]
         out, next_position, self_mask = self._prefill(rows, contexts, cross, mask)
         no_speech = out.no_speech_prob.astype(np.float64)
@@ -404,10 +435,10 @@ class GreedyDecoder:
                 if token == eot:
                     done[row] = True
                     ended = self._segment(tokens[row], logprob_sum[row], no_speech[row], windows[row], False)
-                    doubt = self._doubt(tokens[row], ended.text, durations_s[row], windows[row], prompts[row])
+                    doubt = self._doubt(ended, durations_s[row], prompts[row])
                     if doubt is not None:
                         guarded[row] = repetitive[row] = True  # a longer window may decode it better
-                        echo[row], short[row] = doubt == "echo", doubt == "short"
+                        doubts[row] = doubt
                     elif on_ended is not None:
                         on_ended(int(row), ended)
                     continue
@@ -437,8 +468,7 @@ class GreedyDecoder:
             self._segment(
                 cut_loop(tokens[r], numbers=self.numbers) if guarded[r] and not repetitive[r] else tokens[r],
                 logprob_sum[r], no_speech[r], windows[r], bool(guarded[r]),
-                bool(guarded[r] and not repetitive[r] and self._lost_count(tokens[r])), bool(echo[r]),
-                bool(short[r]),
+                bool(guarded[r] and not repetitive[r] and self._lost_count(tokens[r])), doubts[r],
             )
             for r in range(rows)
         ]
@@ -533,15 +563,15 @@ class GreedyDecoder:
         best = beam.best(lambda hyp: says_twice(hyp, numbers=self.numbers))
         tokens = cut_loop(list(best.tokens), numbers=self.numbers) if best.guarded else list(best.tokens)
         text = self.model.vocabulary.decode(tokens)
-        doubt = None if best.guarded else self._doubt(tokens, text, duration_s, window_frames, prompt)
-        guarded = best.guarded or doubt is not None
         result = DecodedSegment(
             tokens=tokens, text=text,
             avg_logprob=float(best.logprob / (len(best.tokens) + 1)), no_speech_prob=float(no_speech),
-            window_frames=window_frames, stopped_by_guard=guarded,
-            lost_count=best.guarded and self._lost_count(list(best.tokens)), echo=doubt == "echo",
-            short=doubt == "short",
+            window_frames=window_frames, stopped_by_guard=best.guarded,
+            lost_count=best.guarded and self._lost_count(list(best.tokens)),
         )
+        doubt = None if best.guarded else self._doubt(result, duration_s, prompt)
+        guarded = best.guarded or doubt is not None
+        result = replace(result, stopped_by_guard=guarded, doubt=doubt)
         if not guarded and on_ended is not None:
             on_ended(row, result)
         return result
@@ -617,23 +647,25 @@ class GreedyDecoder:
         one, ..." at 5-25 s, "601-11, 111-11, ..." at 30 s), so they stop early and skip the 10 s retry."""
         return not self.options.retry_digit_runs and self.numbers.one_digit_run(tokens[-LOST_COUNT_TAIL:])
 
-    def _doubt(
-        self, tokens: list[int], text: str, duration_s: float, window_frames: int, prompt: Sequence[int]
-    ) -> str | None:
+    def _doubt(self, ended: DecodedSegment, duration_s: float, prompt: Sequence[int]) -> Doubt | None:
         """Why a row that ended by itself is still retried, or None: "echo" (decoded after a context
-        that it copies or repeats itself after), "repetitive" (compresses too well), "short" (ended
-        far too early for its audio, in a window short of 30 s)."""
+        that it copies or repeats itself after), "repetitive" (compresses too well); and, in a window
+        short of 30 s only (the 30 s window is Whisper's own, with nothing longer to try), "short"
+        (ended far too early for its audio), "twice" (its whole text said twice: "1 1", "Yesterday.
+        Yesterday.") and "unsure" (average log-probability below ``retry_logprob``)."""
         o = self.options
-        if prompt and echoes(tokens, prompt, o.echo_block, o.echo_span, self.numbers):
+        if prompt and echoes(ended.tokens, prompt, o.echo_block, o.echo_span, self.numbers):
             return "echo"
-        if self._repetitive(text):
+        if self._repetitive(ended.text):
             return "repetitive"
-        if (
-            window_frames < MAX_WINDOW_FRAMES
-            and duration_s >= o.short_check_s
-            and len(tokens) < o.min_tokens_per_second * duration_s
-        ):
+        if ended.window_frames >= MAX_WINDOW_FRAMES:
+            return None
+        if duration_s >= o.short_check_s and len(ended.tokens) < o.min_tokens_per_second * duration_s:
             return "short"
+        if o.retry_whole_twice and whole_text_twice(ended.text):
+            return "twice"
+        if ended.avg_logprob < o.retry_logprob:
+            return "unsure"
         return None
 
     def _repetitive(self, text: str) -> bool:
@@ -642,7 +674,7 @@ class GreedyDecoder:
 
     def _segment(
         self, tokens: list[int], logprob_sum: float, no_speech: float, window_frames: int, guarded: bool,
-        lost_count: bool = False, echo: bool = False, short: bool = False,
+        lost_count: bool = False, doubt: Doubt | None = None,
     ) -> DecodedSegment:
         return DecodedSegment(
             tokens=tokens,
@@ -652,6 +684,5 @@ class GreedyDecoder:
             window_frames=window_frames,
             stopped_by_guard=guarded,
             lost_count=lost_count,
-            echo=echo,
-            short=short,
+            doubt=doubt,
         )

@@ -43,6 +43,8 @@ def decode_options(settings: AsrSettings, model: WhisperOnnx) -> DecodeOptions:
         context_tokens=settings.context_tokens,
         beam_size=settings.beam_size,
         min_tokens_per_second=settings.min_tokens_per_second,
+        retry_whole_twice=settings.retry_whole_twice,
+        retry_logprob=settings.retry_logprob,
     )
 
 

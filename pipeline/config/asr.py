@@ -35,6 +35,14 @@ class AsrSettings(BaseModel):
         1.5, ge=0.0,
         description="A segment of 6 s or more whose text ends with fewer tokens per second than this ended early at a pause; it is decoded again in the 30 s window (0 = off).",
     )
+    retry_whole_twice: bool = Field(
+        True,
+        description="A segment whose whole text is one phrase said twice (\"1 1\") in a short window is decoded again in the 30 s window.",
+    )
+    retry_logprob: float = Field(
+        -1.0, le=0.0,
+        description="A segment whose text's average log-probability is below this in a short window is decoded again in the 30 s window (faster-whisper's fallback threshold, -1.0; -1e9 = off).",
+    )
     context_tokens: int = Field(
         0, ge=0, le=200,
         description="Decode each segment after the last this-many text tokens of its leg's previous final text (Whisper's previous-text prompt; 0 = no context).",

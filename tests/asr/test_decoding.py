@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -14,6 +15,7 @@ from pipeline.asr.decoding import (
     compression_ratio,
     cut_loop,
     ends_in_loop,
+    whole_text_twice,
 )
 from pipeline.asr.recognizer import Recognizer
 from pipeline.audio.mel import log_mel_spectrogram
@@ -166,3 +168,55 @@ def test_a_long_row_that_ends_far_too_early_is_decoded_again_at_30_s(
         recognizer_fp32.model, replace(recognizer_fp32.decoder.options, min_tokens_per_second=0.0)
     ).decode([mel], [duration])
     assert "water damage" not in unchecked[0].text and unchecked[0].window_frames == 1000
+
+
+@pytest.mark.parametrize(
+    ("text", "twice"),
+    [("1 1", True), ("Yesterday. Yesterday.", True), ("R. R.", True), ("10 of clubs 10 of clubs", True),
+     ("no no no", False), ("1", False), ("", False), ("Press 1 for", False)],
+)
+def test_whole_text_twice(text: str, twice: bool) -> None:
+    assert whole_text_twice(text) is twice
+
+
+def _asterisk_segment(engine_settings: Settings, recognizer: Recognizer, prompt: str) -> tuple[np.ndarray, float]:
+    """The one VAD segment of an Asterisk prompt, as the gateway sends it (8 kHz mu-law): its log-mel and length."""
+    from pipeline.asr.engine import Engine
+    from pipeline.eval.conditions import conditioned
+    from pipeline.eval.dataset import load_asterisk_set
+
+    utterance = next(u for u in load_asterisk_set() if u.id == f"asterisk/{prompt}")
+    received = conditioned([utterance], "8k-mulaw")[0]
+    (segment,) = Engine(recognizer, engine_settings).leg_segments(received.audio, 16000)
+    audio = np.asarray(segment.audio)
+    return log_mel_spectrogram(audio), audio.size / 16000
+
+
+@pytest.mark.parametrize(
+    ("prompt", "short_window", "full_window", "off"),
+    [
+        # "one" said twice in its 5 s window (mostly zero padding), once at 30 s
+        ("digits/1", "1 1", "1", {"retry_whole_twice": False}),
+        # "less than" heard as "Lise then" at an average log-probability of -1.8 in its 5 s window
+        ("queue-less-than", "Lise then", "Less than.", {"retry_logprob": -math.inf}),
+    ],
+)
+def test_a_short_window_doubt_is_decoded_again_straight_at_30_s(
+    recognizer_fp32: Recognizer, asr_settings: Settings, prompt: str, short_window: str, full_window: str,
+    off: dict[str, object],
+) -> None:
+    mel, duration = _asterisk_segment(asr_settings, recognizer_fp32, prompt)
+    windows: list[int] = []
+
+    class Recording(GreedyDecoder):
+        def _decode_once(self, mels, durations_s, window, wide=False, on_ended=None, contexts=None):  # type: ignore[no-untyped-def]
+            windows.append(window.window_frames(mels[0].shape[1]))
+            return super()._decode_once(mels, durations_s, window, wide, on_ended, contexts)
+
+    checked, _ = Recording(recognizer_fp32.model, recognizer_fp32.decoder.options).decode([mel], [duration])
+    assert windows == [500, MAX_WINDOW_FRAMES]  # the 10 s window skipped
+    assert checked[0].text.strip() == full_window and checked[0].window_frames == MAX_WINDOW_FRAMES
+    unchecked, _ = GreedyDecoder(
+        recognizer_fp32.model, replace(recognizer_fp32.decoder.options, **off)  # type: ignore[arg-type]
+    ).decode([mel], [duration])
+    assert unchecked[0].text.strip() == short_window and unchecked[0].window_frames == 500
