@@ -37,6 +37,18 @@ def _pick(utterances: list[EvalUtterance]) -> list[EvalUtterance]:
     return picked
 
 
+class WindowRecording(GreedyDecoder):
+    """A decoder that notes the window of each pass it makes (its first row's)."""
+
+    def __init__(self, model, options, windows: list[int]) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(model, options)
+        self.windows = windows
+
+    def _decode_once(self, mels, durations_s, window, wide=False, on_ended=None, contexts=None):  # type: ignore[no-untyped-def]
+        self.windows.append(window.window_frames(mels[0].shape[1]))
+        return super()._decode_once(mels, durations_s, window, wide, on_ended, contexts)
+
+
 def test_fp32_tokens_equal_faster_whisper_float32(
     recognizer_fp32: Recognizer, eval_sets: dict[str, list[EvalUtterance]]
 ) -> None:
@@ -100,15 +112,10 @@ def test_a_guarded_row_is_retried_at_the_retry_bucket_before_the_full_window(rec
     """The cheap retry (10 s) comes first; only a row that still loops there pays for 30 s."""
     windows: list[int] = []
 
-    class Recording(GreedyDecoder):
-        def _decode_once(self, mels, durations_s, window, wide=False, on_ended=None, contexts=None):  # type: ignore[no-untyped-def]
-            windows.append(window.window_frames(mels[0].shape[1]))
-            return super()._decode_once(mels, durations_s, window, wide, on_ended, contexts)
-
     options = replace(recognizer.decoder.options, window=WindowPolicy(5.0), retry_bucket_s=10.0,
                       max_tokens_per_second=0.0, token_allowance=1)
     audio = (0.1 * np.random.default_rng(0).standard_normal(32000)).astype(np.float32)
-    results, _ = Recording(recognizer.model, options).decode([log_mel_spectrogram(audio)], [2.0])
+    results, _ = WindowRecording(recognizer.model, options, windows).decode([log_mel_spectrogram(audio)], [2.0])
     assert windows[:2] == [500, 1000]
     assert windows[2:] == ([MAX_WINDOW_FRAMES] if results[0].window_frames == MAX_WINDOW_FRAMES else [])
     assert windows[-1] == results[0].window_frames
@@ -154,14 +161,9 @@ def test_a_long_row_that_ends_far_too_early_is_decoded_again_at_30_s(
     turn = next(s for s in engine.leg_segments(received.audio, 16000) if 19_000 < s.start_ms < 20_000)
     windows: list[int] = []
 
-    class Recording(GreedyDecoder):
-        def _decode_once(self, mels, durations_s, window, wide=False, on_ended=None, contexts=None):  # type: ignore[no-untyped-def]
-            windows.append(window.window_frames(mels[0].shape[1]))
-            return super()._decode_once(mels, durations_s, window, wide, on_ended, contexts)
-
     mel = log_mel_spectrogram(np.asarray(turn.audio))
     duration = np.asarray(turn.audio).size / 16000
-    checked, _ = Recording(recognizer_fp32.model, recognizer_fp32.decoder.options).decode([mel], [duration])
+    checked, _ = WindowRecording(recognizer_fp32.model, recognizer_fp32.decoder.options, windows).decode([mel], [duration])
     assert windows == [1000, MAX_WINDOW_FRAMES]
     assert "water damage" in checked[0].text and checked[0].window_frames == MAX_WINDOW_FRAMES
     unchecked, _ = GreedyDecoder(
@@ -208,12 +210,7 @@ def test_a_short_window_doubt_is_decoded_again_straight_at_30_s(
     mel, duration = _asterisk_segment(asr_settings, recognizer_fp32, prompt)
     windows: list[int] = []
 
-    class Recording(GreedyDecoder):
-        def _decode_once(self, mels, durations_s, window, wide=False, on_ended=None, contexts=None):  # type: ignore[no-untyped-def]
-            windows.append(window.window_frames(mels[0].shape[1]))
-            return super()._decode_once(mels, durations_s, window, wide, on_ended, contexts)
-
-    checked, _ = Recording(recognizer_fp32.model, recognizer_fp32.decoder.options).decode([mel], [duration])
+    checked, _ = WindowRecording(recognizer_fp32.model, recognizer_fp32.decoder.options, windows).decode([mel], [duration])
     assert windows == [500, MAX_WINDOW_FRAMES]  # the 10 s window skipped
     assert checked[0].text.strip() == full_window and checked[0].window_frames == MAX_WINDOW_FRAMES
     unchecked, _ = GreedyDecoder(
