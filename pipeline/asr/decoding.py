@@ -46,11 +46,12 @@ import numpy as np
 
 from pipeline.asr.beam import SegmentBeam
 from pipeline.asr.onnx_model import DecoderStepInputs, DecoderStepOutputs, WhisperOnnx
+from pipeline.asr.results import NO_SPEECH_THRESHOLD
 from pipeline.qa.numbers import UNITS
 
 FRAMES_PER_SECOND = 100
 MAX_WINDOW_FRAMES = 3000
-# Why a row that ended by itself is decoded again (SegmentDecoder._doubt).
+# Why a row that ended by itself is decoded again (GreedyDecoder._doubt).
 Doubt = Literal["echo", "repetitive", "short", "twice", "unsure"]
 STRAIGHT_TO_FULL: frozenset[str] = frozenset({"short", "twice", "unsure"})  # the 10 s window shares these
 LOST_COUNT_TAIL = 8  # tokens at the end of a row that must all say one digit to stop it (lost_count)
@@ -127,7 +128,7 @@ class DecodedSegment:
     # A guard stopped it in a run of one digit said over and over, which Whisper miscounts in every window
     # short of 30 s: its retry skips the 10 s window and goes straight to 30 s (DecodeOptions.retry_digit_runs).
     lost_count: bool = False
-    # Why a row that ended by itself is decoded again (``SegmentDecoder._doubt``), or None.
+    # Why a row that ended by itself is decoded again (``GreedyDecoder._doubt``), or None.
     doubt: Doubt | None = None
 
     @property
@@ -652,7 +653,8 @@ class GreedyDecoder:
         that it copies or repeats itself after), "repetitive" (compresses too well); and, in a window
         short of 30 s only (the 30 s window is Whisper's own, with nothing longer to try), "short"
         (ended far too early for its audio), "twice" (its whole text said twice: "1 1", "Yesterday.
-        Yesterday.") and "unsure" (average log-probability below ``retry_logprob``)."""
+        Yesterday.") and "unsure" (average log-probability below ``retry_logprob``, and not likely
+        silence)."""
         o = self.options
         if prompt and echoes(ended.tokens, prompt, o.echo_block, o.echo_span, self.numbers):
             return "echo"
@@ -664,7 +666,9 @@ class GreedyDecoder:
             return "short"
         if o.retry_whole_twice and whole_text_twice(ended.text):
             return "twice"
-        if ended.avg_logprob < o.retry_logprob:
+        # Unsure but likely no speech is silence, which the no-speech rule drops: faster-whisper skips its
+        # fallback there too, and a 30 s window over noise only invites a hallucination.
+        if ended.avg_logprob < o.retry_logprob and ended.no_speech_prob <= NO_SPEECH_THRESHOLD:
             return "unsure"
         return None
 

@@ -10,6 +10,7 @@ import pytest
 
 from pipeline.asr.decoding import (
     MAX_WINDOW_FRAMES,
+    DecodedSegment,
     GreedyDecoder,
     WindowPolicy,
     compression_ratio,
@@ -217,3 +218,15 @@ def test_a_short_window_doubt_is_decoded_again_straight_at_30_s(
         recognizer_fp32.model, replace(recognizer_fp32.decoder.options, **off)  # type: ignore[arg-type]
     ).decode([mel], [duration])
     assert unchecked[0].text.strip() == short_window and unchecked[0].window_frames == 500
+
+
+def test_an_unsure_row_that_is_likely_silence_is_not_decoded_again(recognizer: Recognizer) -> None:
+    """Low confidence with a high no-speech probability is the no-speech rule's silence (dropped), as
+    faster-whisper skips its fallback there: a 30 s window over noise would only invite words."""
+    decoder = recognizer.decoder
+    unsure = DecodedSegment(tokens=[50], text=" S", avg_logprob=-1.5, no_speech_prob=0.1, window_frames=500,
+                            stopped_by_guard=False)
+    assert decoder._doubt(unsure, 1.0, ()) == "unsure"
+    assert decoder._doubt(replace(unsure, no_speech_prob=0.9), 1.0, ()) is None
+    assert decoder._doubt(replace(unsure, window_frames=MAX_WINDOW_FRAMES), 1.0, ()) is None
+    assert decoder._doubt(replace(unsure, avg_logprob=-0.5), 1.0, ()) is None
