@@ -409,9 +409,8 @@ class GreedyDecoder:
         tokens: list[list[int]] = [[] for _ in range(rows)]
         logprob_sum = np.zeros(rows)
         done = np.zeros(rows, bool)
-        guarded = np.zeros(rows, bool)  # stopped by the token cap or the loop stop, or repetitive
-        # ended by <|endoftext|>, but doubtful (repetitive, too short, an echo): retried, its text not cut
-        repetitive = np.zeros(rows, bool)
+        guarded = np.zeros(rows, bool)  # stopped by the token cap or the loop stop, or doubted
+        # ended by <|endoftext|>, but doubtful (repetitive, too short, an echo...): retried, its text not cut
         doubts: list[Doubt | None] = [None] * rows
         prompts = [self._context_text(contexts, r) for r in range(rows)]
         out, next_position, self_mask = self._prefill(rows, contexts, cross, mask)
@@ -438,7 +437,7 @@ class GreedyDecoder:
                     ended = self._segment(tokens[row], logprob_sum[row], no_speech[row], windows[row], False)
                     doubt = self._doubt(ended, durations_s[row], prompts[row])
                     if doubt is not None:
-                        guarded[row] = repetitive[row] = True  # a longer window may decode it better
+                        guarded[row] = True  # a longer window may decode it better
                         doubts[row] = doubt
                     elif on_ended is not None:
                         on_ended(int(row), ended)
@@ -465,11 +464,12 @@ class GreedyDecoder:
             out = self.model.decode_step(step)
             steps += 1
         finished = time.perf_counter()
+        stopped = [bool(guarded[r]) and doubts[r] is None for r in range(rows)]  # by a guard, mid-speech
         results = [
             self._segment(
-                cut_loop(tokens[r], numbers=self.numbers) if guarded[r] and not repetitive[r] else tokens[r],
+                cut_loop(tokens[r], numbers=self.numbers) if stopped[r] else tokens[r],
                 logprob_sum[r], no_speech[r], windows[r], bool(guarded[r]),
-                bool(guarded[r] and not repetitive[r] and self._lost_count(tokens[r])), doubts[r],
+                stopped[r] and self._lost_count(tokens[r]), doubts[r],
             )
             for r in range(rows)
         ]
