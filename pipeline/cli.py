@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import click
 import pydantic
@@ -18,7 +18,8 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from pipeline.config import Settings, get_settings
+from pipeline.bench.cli import bench_app
+from pipeline.config import get_settings
 
 if TYPE_CHECKING:
     from pipeline.ingest.replay import CallRecording, ReplayOptions
@@ -30,7 +31,6 @@ schemas_app = typer.Typer(no_args_is_help=True, help="Avro contracts and their s
 app.add_typer(broker_app, name="broker")
 app.add_typer(topics_app, name="topics")
 app.add_typer(schemas_app, name="schemas")
-bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks (not tests) of the live pipeline.")
 app.add_typer(bench_app, name="bench")
 
 console = Console()
@@ -274,130 +274,6 @@ def analyze(
     engine = Engine.load(settings=settings)
     if asyncio.run(analyze_paths(paths, engine, config, options, emit, err_console)):
         raise typer.Exit(1)
-
-
-@bench_app.command("live")
-def bench_live(
-    calls: Annotated[int, typer.Option(help="Concurrent calls (legs = 2 x calls); with --search, where it starts.")] = 6,
-    search: Annotated[bool, typer.Option(
-        "--search", help="Find the most concurrent calls held with P99 <= --p99-max-s and lag not growing; "
-                         "then, at that load, max_batch 1 and the engine alone.")] = False,
-    compare: Annotated[bool, typer.Option(
-        "--compare", help="Without --search: also max_batch 1 and the engine alone at --calls.")] = False,
-    warmup_s: Annotated[float, typer.Option(help="Traffic before the steady window (s).")] = 30.0,
-    hold_s: Annotated[float, typer.Option(help="The steady window everything is measured over (s).")] = 120.0,
-    cores: Annotated[str, typer.Option(help="CPU list the worker is pinned to (taskset), e.g. 0 or 0-1; "
-                                            "default: every core.")] = "",
-    workers: Annotated[int, typer.Option(help="Worker processes in the level's consumer group, the cores shared "
-                                              "out among them (2 workers on 0-1: one core each).")] = 1,
-    p99_max_s: Annotated[float, typer.Option(help="Highest P99 final latency a level may have (s).")] = 1.5,
-    max_calls: Annotated[int, typer.Option(help="--search goes no higher.")] = 256,
-    seed: Annotated[int, typer.Option(help="Traffic seed: the same seed and calls give the same calls.")] = 1,
-    out: Annotated[Path | None, typer.Option(help="Folder for live-<stamp>.json, live.json and live.png "
-                                                  "(default bench/results).")] = None,
-) -> None:
-    """Live-traffic capacity benchmark: Poisson call arrivals in real time through the broker and the workers."""
-    from pipeline.bench.benchmark import BenchOptions, parse_cores, run_benchmark
-    from pipeline.bench.live import LevelConfig
-    from pipeline.bench.report import RESULTS, print_report
-
-    if calls < 1 or workers < 1 or hold_s <= 0 or warmup_s < 0:
-        raise typer.BadParameter("--calls and --workers must be >= 1, --hold-s > 0 and --warmup-s >= 0")
-    try:
-        pinned = parse_cores(cores)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from exc
-    level = LevelConfig(calls=calls, cores=pinned, warmup_s=warmup_s, hold_s=hold_s, seed=seed, p99_max_s=p99_max_s,
-                        workers=workers)
-    options = BenchOptions(level, search=search, compare=compare, max_calls=max_calls, out=out or RESULTS)
-    doc, paths = run_benchmark(options, console)
-    print_report(doc, console)
-    for path in paths:
-        console.print(f"wrote {path}")
-
-
-@bench_app.command("accuracy")
-def bench_accuracy(
-    sets: Annotated[str, typer.Option(help="Comma-separated: eval, asterisk, library-numbers.")] =
-        "eval,asterisk,library-numbers",
-    conditions: Annotated[str, typer.Option(help="Comma-separated: 16k, 8k, 8k-mulaw, 8k-alaw.")] =
-        "16k,8k,8k-mulaw,8k-alaw",
-    reference: Annotated[bool, typer.Option(help="Also faster-whisper on the same weights and audio.")] = True,
-    threads: Annotated[int, typer.Option(help="Intra-op threads (ours) and cpu_threads (faster-whisper).")] = 2,
-    variant: Annotated[list[str] | None, typer.Option(
-        help="Also ours with these settings, e.g. --variant context_tokens=64 --variant beam_size=5 "
-             "(repeatable; several settings comma-separated).")] = None,
-    reference_beams: Annotated[str, typer.Option(help="Comma-separated beam sizes of faster-whisper runs.")] = "1",
-    out: Annotated[Path | None, typer.Option(help="Folder for accuracy-<stamp>.json and accuracy.json "
-                                                  "(default bench/results).")] = None,
-) -> None:
-    """WER and digit-sequence accuracy per set and telephony condition, ours (and its variants) beside
-    faster-whisper."""
-    from rich.progress import Progress
-
-    from pipeline.asr.engine import Engine
-    from pipeline.bench.report import RESULTS, git_commit, machine, utc_stamp, write_json
-    from pipeline.eval.accuracy import AccuracyRow, comparison, evaluate, load_sets, markdown
-    from pipeline.eval.systems import FasterWhisper, Ours
-
-    settings = get_settings().model_copy(update={"intra_op_threads": threads})
-    stamp = utc_stamp()
-    with console.status("loading the sets..."):
-        chosen = load_sets([s.strip() for s in sets.split(",") if s.strip()])
-    try:
-        variants = [settings_variant(settings, spec) for spec in variant or []]
-        beams = [int(b) for b in reference_beams.split(",") if b.strip()]
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from exc
-    systems: list[Any] = [Ours(Engine.load(settings=settings))]
-    systems += [Ours(Engine.load(settings=s), name=f"ours {label}") for label, s in variants]
-    if reference:
-        systems += [FasterWhisper.on_our_weights(threads, beam, model=settings.model,
-                                                 cache=Path(settings.models_dir) / ".ct2") for beam in beams]
-    wanted = [c.strip() for c in conditions.split(",") if c.strip()]
-    with Progress(console=console, transient=True) as progress:
-        task = progress.add_task("accuracy", total=len(chosen) * len(wanted) * len(systems))
-
-        started = [0]
-
-        def step(what: str) -> None:  # called as each run starts: the runs before it are done
-            progress.update(task, description=what, completed=started[0])
-            started[0] += 1
-
-        rows: list[AccuracyRow] = evaluate(systems, chosen, wanted, step)
-    doc = {"benchmark": "callqa bench accuracy", "started": stamp, "machine": machine(), "git": git_commit(),
-           "model": settings.model, "quantization": settings.quantization, "max_batch": settings.max_batch,
-           "variants": {f"ours {label}": dict(v.model_dump(include=_changed(settings, v))) for label, v in variants},
-           "sets": {name: {"utterances": len(u), "audio_s": round(sum(x.duration_s for x in u), 1)}
-                    for name, u in chosen.items()},
-           "rows": [r.as_json() for r in rows], "comparison": comparison(rows)}
-    table = Table("set", "condition", "system", "utt", "words", "WER %", "digits exact", "audio s/s")
-    for r in rows:
-        exact = "-" if r.digits_exact_rate is None else f"{r.digit_sequences_exact}/{r.digit_sequences}"
-        table.add_row(r.set, r.condition, r.system, str(r.utterances), str(r.reference_words), f"{100 * r.wer:.1f}",
-                      exact, f"{r.audio_s / r.wall_s:.1f}" if r.wall_s else "-")
-    console.print(table)
-    console.print(markdown(rows))
-    for path in write_json(doc, out or RESULTS, stamp, name="accuracy"):
-        console.print(f"wrote {path}")
-
-
-def settings_variant(settings: Settings, spec: str) -> tuple[str, Settings]:
-    """``"beam_size=5,context_tokens=64"`` -> its label and the settings with those values (validated)."""
-    merged = settings.model_copy()
-    for item in spec.split(","):
-        name, sep, value = (part.strip() for part in item.partition("="))
-        if not sep or name not in Settings.model_fields:
-            raise ValueError(f"--variant {spec!r}: expected setting=value pairs, {item!r} is not one")
-        try:  # the field's own type and bounds, as an environment variable would be checked
-            Settings.__pydantic_validator__.validate_assignment(merged, name, value)
-        except pydantic.ValidationError as exc:
-            raise ValueError(f"--variant {spec!r}: {name}: {exc.errors()[0]['msg']}") from exc
-    return spec.replace("_", " ").replace("=", " "), merged
-
-
-def _changed(a: Settings, b: Settings) -> set[str]:
-    return {name for name in Settings.model_fields if getattr(a, name) != getattr(b, name)}
 
 
 @app.command("settings")

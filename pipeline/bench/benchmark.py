@@ -19,6 +19,7 @@ from pipeline.bench.live import (
     search,
     with_batch,
 )
+from pipeline.bench.results import RESULTS, utc_stamp, write_result
 from pipeline.bench.traffic import TurnLibrary
 from pipeline.broker.local import LocalKafka
 from pipeline.config import Settings
@@ -31,7 +32,7 @@ class BenchOptions:
     compare: bool = False  # batch size 1 and the engine alone at the level (the search does it at the found load)
     max_calls: int = 256
     resolution: float = 0.1
-    out: Path = report.RESULTS
+    out: Path = RESULTS
 
 
 def parse_cores(text: str) -> tuple[int, ...]:
@@ -53,7 +54,7 @@ def parse_cores(text: str) -> tuple[int, ...]:
 
 def run_benchmark(options: BenchOptions, console: Console) -> tuple[dict[str, Any], list[Path]]:
     """Run what the options ask for; returns the JSON document and the files written."""
-    stamp = report.utc_stamp()
+    stamp = utc_stamp()
     work = Settings().state_dir / "bench" / f"live-{stamp}"  # worker logs stay here; stores are removed
     library = TurnLibrary.load()
     kafka = LocalKafka(Settings())
@@ -75,7 +76,7 @@ def run_benchmark(options: BenchOptions, console: Console) -> tuple[dict[str, An
     doc = report.document(options.level, [lv.result for lv in levels], stamp=stamp, search=search_doc,
                           batching=batching, engine=engine)
     doc["worker_logs"] = str(work)
-    paths = report.write_json(doc, options.out, stamp)
+    paths = write_result("live", doc, options.out)
     paths.append(report.plot(doc, options.out / "live.png"))
     return doc, paths
 

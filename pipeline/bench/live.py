@@ -32,7 +32,6 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from pipeline.bench import probes
-from pipeline.bench.gateway import GatewayReport, LiveGateway
 from pipeline.bench.latency import (
     FinalSeen,
     MatchedFinal,
@@ -43,6 +42,7 @@ from pipeline.bench.latency import (
     window_latency,
     written_in,
 )
+from pipeline.bench.sender import LiveSender, SendReport
 from pipeline.bench.traffic import (
     FRAME_MS,
     CallPlan,
@@ -337,21 +337,21 @@ def run_level(config: LevelConfig, library: TurnLibrary, work: Path, console: Co
         tap = TranscriptTap(settings, serde)
         tap.start()
         try:
-            gateway = LiveGateway(ContractProducer.from_settings(settings, serde), settings.topic_audio,
+            sender = LiveSender(ContractProducer.from_settings(settings, serde), settings.topic_audio,
                                   settings.topic_call_events, library, NoiseBed(config.traffic.max_call_s))
-            report, watch = drive(config, workers, gateway, plans, tap, settings.topic_audio, console)
+            report, watch = drive(config, workers, sender, plans, tap, settings.topic_audio, console)
             finals = tap.finals()
         finally:
             tap.stop()
         return measure(config, plans, finals, report, watch)
 
 
-def drive(config: LevelConfig, workers: list[WorkerProcess], gateway: LiveGateway, plans: list[CallPlan],
-          tap: TranscriptTap, audio_topic: str, console: Console) -> tuple[GatewayReport, Watch]:
+def drive(config: LevelConfig, workers: list[WorkerProcess], traffic: LiveSender, plans: list[CallPlan],
+          tap: TranscriptTap, audio_topic: str, console: Console) -> tuple[SendReport, Watch]:
     """Send the traffic while sampling the workers; take CPU snapshots at the window's ends; then drain."""
     pids = [w.proc.pid for w in workers if w.proc is not None]
-    report, watch, stop = GatewayReport(), Watch(), threading.Event()
-    sender = Background("the gateway", lambda: gateway.run(plans, config.horizon_s, stop, report))
+    report, watch, stop = SendReport(), Watch(), threading.Event()
+    sender = Background("the traffic sender", lambda: traffic.run(plans, config.horizon_s, stop, report))
     window_end = config.warmup_s + config.hold_s
     columns = (TextColumn("[bold]{task.description}[/bold]"), BarColumn(), TextColumn("{task.fields[phase]}"),
                TextColumn("finals {task.fields[finals]}, lag {task.fields[lag]} frames"), TimeElapsedColumn())
@@ -406,7 +406,7 @@ def drain(config: LevelConfig, workers: list[WorkerProcess], tap: TranscriptTap,
 
 
 # ---- figures of a level ----------------------------------------------------------------------------------
-def measure(config: LevelConfig, plans: list[CallPlan], finals: list[FinalSeen], report: GatewayReport,
+def measure(config: LevelConfig, plans: list[CallPlan], finals: list[FinalSeen], report: SendReport,
             watch: Watch) -> LevelRun:
     """A level's figures over its steady window, JSON-ready."""
     if watch.cpu_start is None or watch.cpu_end is None:
@@ -443,7 +443,7 @@ def measure(config: LevelConfig, plans: list[CallPlan], finals: list[FinalSeen],
                 "max_frames": max((s["lag_frames"] for s in timeline if s["lag_frames"] is not None), default=None)},
         "batches": {**batch_sizes(written), f"{probes.BATCH_SIZE}_histogram":
                     probes.histogram_between(in_window[0], in_window[-1]) if len(in_window) >= 2 else None},
-        "gateway": {"frames_sent": report.frames_sent, "events_sent": report.events_sent,
+        "sender": {"frames_sent": report.frames_sent, "events_sent": report.events_sent,
                     "tick_late": report.lateness()},
         "drain": {"drained": watch.drained_after_s is not None,
                   "after_s": None if watch.drained_after_s is None else round(watch.drained_after_s, 1)},

@@ -1,16 +1,10 @@
-"""The live benchmark's output: a JSON document (``live-<UTC stamp>.json`` and ``live.json``, the latest),
-a PNG plot (``live.png``: latency percentiles and throughput against concurrent calls), a rich table
-and a Markdown table for the README naming the machine and the commit."""
+"""The live benchmark's output: its document (written by ``results.write_result`` as ``live.json`` and a
+line of ``live.jsonl``), a PNG plot (``live.png``: latency percentiles and throughput against concurrent
+calls), a rich table and a Markdown table for the README naming the machine and the commit."""
 
 from __future__ import annotations
 
-import json
-import os
-import platform
-import subprocess
-from contextlib import suppress
 from dataclasses import asdict
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -20,18 +14,9 @@ from rich.table import Table
 
 from pipeline.bench.latency import STAGE_DOC
 from pipeline.bench.live import LAG_SLOPE_MAX, LevelConfig
+from pipeline.bench.results import record, settings_that_matter
 from pipeline.config import Settings
 
-ROOT = Path(__file__).resolve().parents[2]
-RESULTS = ROOT / "bench" / "results"
-# Settings that change the figures: the model and its numeric path, batching, threads, segmentation.
-SETTINGS_THAT_MATTER = (
-    "model", "quantization", "window_bucket_s", "full_window_retry", "retry_window_bucket_s", "max_batch", "max_wait_ms",
-    "batcher_queue_size", "intra_op_threads",
-    "inference_threads",
-    "endpoint_silence_ms", "max_segment_ms", "vad_threshold", "frame_batch_max", "frame_batch_within_ms",
-    "max_poll_records", "audio_partitions", "partial_interval_ms", "early_decode", "max_inflight_audio_mb", "commit_interval_s",
-)
 DEFINITIONS = {
     "stages": STAGE_DOC,
     "latency": "per final segment: the Kafka timestamp of its transcript record - the wall time its speech ended "
@@ -57,57 +42,17 @@ DEFINITIONS = {
 
 
 # ---- the document ----------------------------------------------------------------------------------------
-def machine() -> dict[str, Any]:
-    model = ""
-    with suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.partition(":")[2].strip()
-                break
-    return {"cpu_model": model or platform.processor(), "cores": os.cpu_count(),
-            "cores_available": len(os.sched_getaffinity(0)), "platform": platform.platform(),
-            "python": platform.python_version()}
-
-
-def git_commit() -> dict[str, Any]:
-    def git(*args: str) -> str:
-        done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False)  # noqa: S603,S607
-        return done.stdout.strip()
-
-    return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
-
-
-def settings_that_matter(settings: Settings) -> dict[str, Any]:
-    return {name: getattr(settings, name) for name in SETTINGS_THAT_MATTER if hasattr(settings, name)}
-
-
 def document(config: LevelConfig, levels: list[dict[str, Any]], *, stamp: str, search: dict[str, Any] | None,
              batching: dict[str, Any] | None, engine: dict[str, Any] | None) -> dict[str, Any]:
     spec = config.traffic
-    return {
-        "benchmark": "callqa bench live", "started": stamp, "machine": machine(), "git": git_commit(),
-        "settings": settings_that_matter(Settings()),
+    return record("live", settings_that_matter(Settings()), {
         "traffic": {**{k: v for k, v in asdict(spec).items() if k != "calls"}, "mean_call_s": spec.mean_call_s,
                     "frame_ms": 20, "encoding": "mulaw", "sample_rate": 8000,
                     "arrivals": "Poisson, rate calls / mean_call_s; the level's calls in progress at the start"},
         "criteria": {"p99_max_s": config.p99_max_s, "hold_s": config.hold_s, "lag_slope_max_s_per_s": LAG_SLOPE_MAX},
         "definitions": DEFINITIONS,
         "levels": levels, "search": search, "batching": batching, "engine_alone": engine,
-    }
-
-
-def write_json(doc: dict[str, Any], out: Path, stamp: str, name: str = "live") -> list[Path]:
-    """``doc`` as ``<name>-<stamp>.json`` (kept) and ``<name>.json`` (the latest run)."""
-    out.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(doc, indent=1, default=float) + "\n"
-    paths = [out / f"{name}-{stamp}.json", out / f"{name}.json"]
-    for path in paths:
-        path.write_text(text)
-    return paths
-
-
-def utc_stamp() -> str:
-    return datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    }, started=stamp)
 
 
 # ---- plot ---------------------------------------------------------------------------------------------------
@@ -192,7 +137,7 @@ def level_tables(doc: dict[str, Any]) -> list[Table]:
             str(lv["calls"]), str(lv["max_batch"]), f"{w['cores_used']:.2f}",
             *(f"{c.get(k, 0.0):.2f}" for k in ("event_loop", "inference", "native_pools", "other")),
             "-" if not w["rss_mb"] else f"{w['rss_mb']['max']:.0f}", _s(lv["batches"].get("mean_size")),
-            f"{lv['gateway']['tick_late']['p99_ms']:.0f}",
+            f"{lv['sender']['tick_late']['p99_ms']:.0f}",
         )
     return [latency, worker]
 

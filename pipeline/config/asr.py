@@ -13,7 +13,7 @@ class AsrSettings(BaseModel):
     # fp32 by default: int8's dynamic quantization scales activations over the whole batch, so a
     # segment's text changed with the segments it was batched with; fp32 gives the same text alone or
     # batched (a replay after a crash, or `callqa transcribe`, reproduces the stream), and a lower WER
-    # on 8 kHz mu-law (4.3 % vs 6.8 %), for ~19 % less pipeline throughput (bench/end_to_end.py).
+    # on 8 kHz mu-law (4.3 % vs 6.8 %), for ~19 % less pipeline throughput (callqa bench end-to-end).
     quantization: Literal["fp32", "int8"] = Field(
         "fp32", description="ONNX graph variant: fp32 (batch-independent, matches faster-whisper fp32) or int8 (faster).",
     )
@@ -63,7 +63,7 @@ class AsrSettings(BaseModel):
     )
     # 1: on 2 cores, 2 threads made batches smaller (1.2 vs 2.6 segments) without more inference CPU
     # (the decode loop's Python and the event loop share the GIL): 10 calls, P99 14.0 s against 6.3 s
-    # (bench/results/live-20261130T225858Z.json, live-20261130T230226Z.json). Try it with more cores.
+    # (bench/results/live.jsonl, runs 20261130T225858Z and T230226Z). Try it with more cores.
     inference_threads: int = Field(
         1, ge=0, description="Batches decoded at once, one thread each (0 = one per core the process may use).",
     )

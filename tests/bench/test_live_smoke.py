@@ -31,15 +31,15 @@ def test_small_live_run_of_two_workers_writes_json_plot_and_tables(broker: str, 
         env={**os.environ, "COLUMNS": "120"},
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert len(list(out.glob("live-*.json"))) == 1
     doc = json.loads((out / "live.json").read_text())
+    assert [json.loads(line) for line in (out / "live.jsonl").read_text().splitlines()] == [doc]  # the history
     assert doc["git"]["commit"] and doc["machine"]["cores"] >= 1 and doc["settings"]["max_batch"] >= 1
     assert doc["search"] is None and doc["batching"] is None and doc["engine_alone"] is None
     (level,) = doc["levels"]
     assert level["calls"] == 2 and level["legs"] == 4 and level["calls_open"]["mean"] > 0
     # Two workers in one consumer group, each on its share of the cores, measured as one.
     assert level["workers"] == 2 and len(level["worker_cores"]) == 2
-    assert level["calls_started"] >= 2 and level["gateway"]["frames_sent"] > 0
+    assert level["calls_started"] >= 2 and level["sender"]["frames_sent"] > 0
 
     # Finals whose speech ended in the steady window, matched to the traffic's turns, with their percentiles.
     latency = level["latency"]

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from pipeline.audio import codecs
-from pipeline.bench.gateway import CallStream
 from pipeline.bench.latency import FinalSeen, match_finals, stages, window_latency
+from pipeline.bench.sender import CallStream
 from pipeline.bench.traffic import (
     FRAME_BYTES,
     FRAME_MS,

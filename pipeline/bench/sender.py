@@ -1,11 +1,12 @@
-"""Sends planned calls in real time, as a media gateway does: a start event when a call connects, both
-legs' 20 ms μ-law frames as their audio happens (keyed by call id), an end event after the last frame.
+"""The live benchmark's traffic sender: planned calls sent in real time, as a media gateway sends them (a
+start event when a call connects, both legs' 20 ms μ-law frames as their audio happens, keyed by call id,
+an end event after the last frame).
 
 ``pipeline.ingest.replay.TelephonyReplay`` starts every call at once; here each call starts at its own
 arrival time, so the pacing is a 20 ms tick over every open call (arrivals are on the frame grid, so a
 frame is never held back to the next tick). The wall time of traffic time 0 is recorded: a turn's last
 frame is due at that + the call's arrival + the turn's end, the reference its final's latency is
-measured from. How late the ticks ran is recorded too (a late gateway inflates every latency).
+measured from. How late the ticks ran is recorded too (a late sender inflates every latency).
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ class CallStream:
 
 
 @dataclass
-class GatewayReport:
+class SendReport:
     """What was sent: the wall time of traffic time 0, per call whether it started and ended."""
 
     started_wall_s: float = 0.0
@@ -88,7 +89,7 @@ class GatewayReport:
                 "p99_ms": round(float(np.percentile(values, 99)), 1), "max_ms": round(float(values.max()), 1)}
 
 
-class LiveGateway:
+class LiveSender:
     """Sends calls at their arrival times, in real time, through one producer."""
 
     def __init__(self, producer: ContractProducer, audio_topic: str, events_topic: str, library: TurnLibrary,
@@ -101,10 +102,10 @@ class LiveGateway:
         noise.data  # noqa: B018 - built now, not at the first call's arrival
 
     def run(self, plans: Sequence[CallPlan], until_s: float, stop: threading.Event,
-            report: GatewayReport | None = None, on_tick: Callable[[float], None] | None = None) -> GatewayReport:
+            report: SendReport | None = None, on_tick: Callable[[float], None] | None = None) -> SendReport:
         """Send until traffic time ``until_s`` (calls still open then just stop, as at a capture's end) or
         ``stop``. ``report`` is filled as it goes (others may read it while this runs)."""
-        report = report or GatewayReport()
+        report = report or SendReport()
         pending = sorted(plans, key=lambda p: p.arrival_s)
         arrival_tick = {p.call_id: round(p.arrival_s * 1000 / FRAME_MS) for p in plans}
         active: list[CallStream] = []
@@ -127,14 +128,14 @@ class LiveGateway:
         self.producer.flush()
         return report
 
-    def _start(self, plan: CallPlan, report: GatewayReport) -> CallStream:
+    def _start(self, plan: CallPlan, report: SendReport) -> CallStream:
         stream = CallStream.render(plan, self.library, self.noise)
         self.producer.send(self.events_topic, plan.call_id, stream.start_event())
         report.events_sent += 1
         report.started.add(plan.call_id)
         return stream
 
-    def _send_frames(self, stream: CallStream, frames_due: int, report: GatewayReport) -> None:
+    def _send_frames(self, stream: CallStream, frames_due: int, report: SendReport) -> None:
         for frame in stream.frames_until(frames_due):
             self.producer.send(self.audio_topic, stream.plan.call_id, frame)
             report.frames_sent += 1

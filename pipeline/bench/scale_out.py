@@ -1,4 +1,4 @@
-"""Scale-out benchmark (not a test): workers in one consumer group, real broker, real worker processes.
+"""`callqa bench scale-out`: workers in one consumer group, real broker, real worker processes.
 
 Measured in one run, on fresh topics per part (12 audio partitions by default):
 1. throughput: the same backlog of N two-leg library calls (replayed as fast as possible, spread evenly
@@ -14,16 +14,11 @@ Measured in one run, on fresh topics per part (12 audio partitions by default):
    fed before the kill + fed after the restart - the call's audio (callqa_leg_audio_seconds_total), against
    n_legs * (max_segment + commit interval + checkpoint interval).
 A part that fails is reported with one line (and the workers' logs are kept), the others still run.
-Prints a table and writes bench/results/scale_out-<timestamp>.json and bench/results/scale_out.json.
-
-    .venv/bin/python bench/scale_out.py [--calls 24] [--quick]
-                                        [--skip-throughput] [--skip-rebalance] [--skip-crash]
+Prints a table. Result: ``scale-out``.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -34,7 +29,6 @@ import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +38,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from pipeline.bench.report import git_commit, machine
+from pipeline.bench.results import RESULTS, ROOT, record, settings_that_matter, utc_stamp, write_result
 from pipeline.broker.groups import GroupNotStableError, group_assignment
 from pipeline.broker.groups import wait_for_members as members_settled
 from pipeline.broker.local import LocalKafka, free_port
@@ -64,8 +58,6 @@ from pipeline.ingest.replay import (
 )
 from pipeline.worker.process import WorkerProcess, worker_env
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "bench" / "results"
 console = Console()
 
 OPTIONS = ReplayOptions(encoding="mulaw", frame_ms=20)
@@ -645,13 +637,28 @@ def run_part(name: str, fn: Callable[[], dict[str, Any]], work: Path) -> dict[st
     return result
 
 
-def sizes(args: argparse.Namespace) -> dict[str, Any]:
-    if args.quick:
-        return {"calls": args.calls or 4, "live_calls": args.live_calls, "join_after_s": 10.0, "call_s": 90.0,
-                "live_tail_s": 40.0, "kill_before_end_s": 10.0}
-    return {"calls": args.calls or 24, "live_calls": args.live_calls, "join_after_s": args.join_after_s,
-            "call_s": args.long_call_s, "live_tail_s": args.live_tail_s,
-            "kill_before_end_s": args.kill_before_end_s}
+@dataclass(frozen=True)
+class ScaleOutOptions:
+    calls: int = 0  # backlog calls of the throughput runs (0: 24, or 4 with quick)
+    quick: bool = False  # small smoke sizes (minutes, figures not meaningful)
+    live_calls: int = 12  # real-time calls under the rebalance, one per partition
+    join_after_s: float = 20.0  # live load on A before B joins
+    long_call_s: float = 600.0  # length of the call killed near its end
+    live_tail_s: float = 120.0  # its last seconds, sent in real time
+    kill_before_end_s: float = 20.0  # kill -9 this long before its end
+    throughput: bool = True
+    rebalance: bool = True
+    crash: bool = True
+    out: Path = RESULTS
+
+
+def sizes(options: ScaleOutOptions) -> dict[str, Any]:
+    if options.quick:
+        return {"calls": options.calls or 4, "live_calls": options.live_calls, "join_after_s": 10.0,
+                "call_s": 90.0, "live_tail_s": 40.0, "kill_before_end_s": 10.0}
+    return {"calls": options.calls or 24, "live_calls": options.live_calls, "join_after_s": options.join_after_s,
+            "call_s": options.long_call_s, "live_tail_s": options.live_tail_s,
+            "kill_before_end_s": options.kill_before_end_s}
 
 
 def summary_table(parts: dict[str, dict[str, Any]]) -> Table:
@@ -680,23 +687,10 @@ def summary_table(parts: dict[str, dict[str, Any]]) -> Table:
     return table
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--calls", type=int, default=0, help="backlog calls of the throughput runs (default 24)")
-    parser.add_argument("--quick", action="store_true", help="small smoke sizes (minutes, figures not meaningful)")
-    parser.add_argument("--live-calls", type=int, default=12, help="real-time calls under the rebalance, one "
-                        "per partition (more than half the partitions, so the joining worker gets some)")
-    parser.add_argument("--join-after-s", type=float, default=20.0, help="live load on A before B joins")
-    parser.add_argument("--long-call-s", type=float, default=600.0, help="length of the call killed near its end")
-    parser.add_argument("--live-tail-s", type=float, default=120.0, help="its last seconds, sent in real time")
-    parser.add_argument("--kill-before-end-s", type=float, default=20.0, help="kill -9 this long before its end")
-    parser.add_argument("--skip-throughput", action="store_true")
-    parser.add_argument("--skip-rebalance", action="store_true")
-    parser.add_argument("--skip-crash", action="store_true")
-    args = parser.parse_args()
-    size = sizes(args)
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    work = ROOT / ".callqa" / "bench" / f"scale_out-{stamp}"  # worker logs stay here; stores are removed
+def run_scale_out(options: ScaleOutOptions) -> tuple[dict[str, Any], list[Path]]:
+    size = sizes(options)
+    stamp = utc_stamp()
+    work = ROOT / ".callqa" / "bench" / f"scale-out-{stamp}"  # worker logs stay here; stores are removed
     notes = [f"{os.cpu_count()} cores: the replay producer and the Kafka broker are not pinned; they share the "
              "cores with the workers (pinned, one core each, in the throughput part only), so the 2-worker run "
              "competes with them on both cores"]
@@ -705,12 +699,12 @@ def main() -> None:
     started = kafka.start()
     parts: dict[str, dict[str, Any]] = {}
     try:
-        if not args.skip_throughput:
+        if options.throughput:
             parts["throughput"] = run_part("throughput", lambda: part_throughput(work, size["calls"]), work)
-        if not args.skip_rebalance:
+        if options.rebalance:
             parts["rebalance"] = run_part("rebalance", lambda: part_rebalance(
                 work, size["live_calls"], size["join_after_s"]), work)
-        if not args.skip_crash:
+        if options.crash:
             parts["crash"] = run_part("crash", lambda: part_crash(
                 work, size["call_s"], size["live_tail_s"], size["kill_before_end_s"]), work)
     finally:
@@ -719,14 +713,8 @@ def main() -> None:
         for store in work.glob("*/store-*"):
             shutil.rmtree(store, ignore_errors=True)
     console.print(summary_table(parts))
-    doc = {"machine": {**machine(), "taskset": shutil.which("taskset") is not None}, "git": git_commit(), "started": stamp, "quick": args.quick, "sizes": size,
-           "notes": notes, "worker_logs": str(work.relative_to(ROOT)), "parts": parts}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(doc, indent=1, default=float) + "\n"
-    for out in (RESULTS / f"scale_out-{stamp}.json", RESULTS / "scale_out.json"):
-        out.write_text(text)
-        console.print(f"wrote {out.relative_to(ROOT)}")
-
-
-if __name__ == "__main__":
-    main()
+    doc = record("scale-out", settings_that_matter(Settings()), {
+        "taskset": shutil.which("taskset") is not None, "quick": options.quick, "sizes": size, "notes": notes,
+        "worker_logs": str(work.relative_to(ROOT)), "parts": parts,
+    }, started=stamp)
+    return doc, write_result("scale-out", doc, options.out)

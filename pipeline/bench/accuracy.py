@@ -1,0 +1,82 @@
+"""`callqa bench accuracy`: WER and digit-sequence accuracy per set and telephony condition, ours (at the
+current settings and at each variant) beside faster-whisper on the same weights and audio.
+
+The sets, conditions and systems are pipeline/eval's (see pipeline/eval/README.md); this module runs them
+with a progress bar, prints the tables and writes the result ``accuracy``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from pipeline.bench.results import RESULTS, record, settings_that_matter, write_result
+from pipeline.bench.variants import changed_settings, settings_variant
+from pipeline.config import Settings, get_settings
+from pipeline.eval.accuracy import AccuracyRow
+
+SETS = ("eval", "asterisk", "library-numbers")
+CONDITIONS = ("16k", "8k", "8k-mulaw", "8k-alaw")
+
+
+@dataclass(frozen=True)
+class AccuracyOptions:
+    sets: tuple[str, ...] = SETS
+    conditions: tuple[str, ...] = CONDITIONS
+    reference: bool = True  # faster-whisper on the same weights and audio too
+    threads: int = 2  # intra-op threads (ours), cpu_threads (faster-whisper)
+    variants: tuple[str, ...] = ()  # ours again with these settings: "beam_size=5,context_tokens=64"
+    reference_beams: tuple[int, ...] = (1,)  # a faster-whisper run per beam size
+    out: Path = RESULTS
+    settings: Settings = field(default_factory=get_settings)
+
+
+def run_accuracy(options: AccuracyOptions, console: Console) -> tuple[dict[str, Any], list[Path]]:
+    """Every system on every set under every condition; a bad variant raises BadVariant before any loading."""
+    from pipeline.asr.engine import Engine
+    from pipeline.eval.accuracy import comparison, evaluate, load_sets, markdown
+    from pipeline.eval.systems import FasterWhisper, Ours
+
+    settings = options.settings.model_copy(update={"intra_op_threads": options.threads})
+    variants = [settings_variant(settings, spec) for spec in options.variants]  # bad specs fail before loading
+    with console.status("loading the sets..."):
+        chosen = load_sets(options.sets)
+    systems: list[Any] = [Ours(Engine.load(settings=settings))]
+    systems += [Ours(Engine.load(settings=s), name=f"ours {label}") for label, s in variants]
+    if options.reference:
+        systems += [FasterWhisper.on_our_weights(options.threads, beam, model=settings.model,
+                                                 cache=Path(settings.models_dir) / ".ct2")
+                    for beam in options.reference_beams]
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("accuracy", total=len(chosen) * len(options.conditions) * len(systems))
+        started = [0]
+
+        def step(what: str) -> None:  # called as each run starts: the runs before it are done
+            progress.update(task, description=what, completed=started[0])
+            started[0] += 1
+
+        rows: list[AccuracyRow] = evaluate(systems, chosen, list(options.conditions), step)
+    print_rows(rows, console)
+    console.print(markdown(rows))
+    doc = record("accuracy", settings_that_matter(settings), {
+        "variants": {f"ours {label}": changed_settings(settings, v) for label, v in variants},
+        "reference_beams": list(options.reference_beams) if options.reference else [],
+        "sets": {name: {"utterances": len(u), "audio_s": round(sum(x.duration_s for x in u), 1)}
+                 for name, u in chosen.items()},
+        "rows": [r.as_json() for r in rows], "comparison": comparison(rows),
+    })
+    return doc, write_result("accuracy", doc, options.out)
+
+
+def print_rows(rows: list[AccuracyRow], console: Console) -> None:
+    table = Table("set", "condition", "system", "utt", "words", "WER %", "digits exact", "audio s/s")
+    for r in rows:
+        exact = "-" if r.digits_exact_rate is None else f"{r.digit_sequences_exact}/{r.digit_sequences}"
+        table.add_row(r.set, r.condition, r.system, str(r.utterances), str(r.reference_words), f"{100 * r.wer:.1f}",
+                      exact, f"{r.audio_s / r.wall_s:.1f}" if r.wall_s else "-")
+    console.print(table)

@@ -1,0 +1,180 @@
+"""`callqa bench`: the benchmarks (not tests). Each prints its tables and writes bench/results/<name>.json
+(the latest run) and a line of bench/results/<name>.jsonl (every run), or the same under --out."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+bench_app = typer.Typer(no_args_is_help=True, short_help="Benchmarks (not tests): capacity, accuracy, speed, scale-out.",
+                        help=__doc__)
+console = Console()
+
+OUT_HELP = "Folder for <name>.json and <name>.jsonl (default bench/results)."
+Out = Annotated[Path | None, typer.Option(help=OUT_HELP)]
+
+
+def _wrote(paths: list[Path]) -> None:
+    for path in paths:
+        console.print(f"wrote {path}")
+
+
+def _split(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+@bench_app.command("live")
+def bench_live(
+    calls: Annotated[int, typer.Option(help="Concurrent calls (legs = 2 x calls); with --search, where it starts.")] = 6,
+    search: Annotated[bool, typer.Option(
+        "--search", help="Find the most concurrent calls held with P99 <= --p99-max-s and lag not growing; "
+                         "then, at that load, max_batch 1 and the engine alone.")] = False,
+    compare: Annotated[bool, typer.Option(
+        "--compare", help="Without --search: also max_batch 1 and the engine alone at --calls.")] = False,
+    warmup_s: Annotated[float, typer.Option(help="Traffic before the steady window (s).")] = 30.0,
+    hold_s: Annotated[float, typer.Option(help="The steady window everything is measured over (s).")] = 120.0,
+    cores: Annotated[str, typer.Option(help="CPU list the worker is pinned to (taskset), e.g. 0 or 0-1; "
+                                            "default: every core.")] = "",
+    workers: Annotated[int, typer.Option(help="Worker processes in the level's consumer group, the cores shared "
+                                              "out among them (2 workers on 0-1: one core each).")] = 1,
+    p99_max_s: Annotated[float, typer.Option(help="Highest P99 final latency a level may have (s).")] = 1.5,
+    max_calls: Annotated[int, typer.Option(help="--search goes no higher.")] = 256,
+    seed: Annotated[int, typer.Option(help="Traffic seed: the same seed and calls give the same calls.")] = 1,
+    out: Annotated[Path | None, typer.Option(help="Folder for live.json, live.jsonl and live.png "
+                                                  "(default bench/results).")] = None,
+) -> None:
+    """Capacity: live call traffic through the broker and workers.
+
+    Poisson call arrivals sent in real time as a gateway sends them; final latency from the end of speech, throughput, the workers' CPU and memory; --search finds the most calls held under the P99 bound."""
+    from pipeline.bench.benchmark import BenchOptions, parse_cores, run_benchmark
+    from pipeline.bench.live import LevelConfig
+    from pipeline.bench.report import print_report
+    from pipeline.bench.results import RESULTS
+
+    if calls < 1 or workers < 1 or hold_s <= 0 or warmup_s < 0:
+        raise typer.BadParameter("--calls and --workers must be >= 1, --hold-s > 0 and --warmup-s >= 0")
+    try:
+        pinned = parse_cores(cores)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    level = LevelConfig(calls=calls, cores=pinned, warmup_s=warmup_s, hold_s=hold_s, seed=seed, p99_max_s=p99_max_s,
+                        workers=workers)
+    options = BenchOptions(level, search=search, compare=compare, max_calls=max_calls, out=out or RESULTS)
+    doc, paths = run_benchmark(options, console)
+    print_report(doc, console)
+    _wrote(paths)
+
+
+@bench_app.command("accuracy")
+def bench_accuracy(
+    sets: Annotated[str, typer.Option(help="Comma-separated: eval, asterisk, library-numbers, library-legs.")] =
+        "eval,asterisk,library-numbers",
+    conditions: Annotated[str, typer.Option(help="Comma-separated: 16k, 8k, 8k-mulaw, 8k-alaw.")] =
+        "16k,8k,8k-mulaw,8k-alaw",
+    reference: Annotated[bool, typer.Option(help="Also faster-whisper on the same weights and audio.")] = True,
+    threads: Annotated[int, typer.Option(help="Intra-op threads (ours) and cpu_threads (faster-whisper).")] = 2,
+    variant: Annotated[list[str] | None, typer.Option(
+        help="Also ours with these settings, e.g. --variant context_tokens=64 --variant beam_size=5 "
+             "(repeatable; several settings comma-separated).")] = None,
+    reference_beams: Annotated[str, typer.Option(help="Comma-separated beam sizes of faster-whisper runs.")] = "1",
+    out: Out = None,
+) -> None:
+    """WER and digits per set and condition, beside faster-whisper.
+
+    Ours (and its --variant settings) and faster-whisper on the same weights and audio, per evaluation set and telephony condition: corpus WER and digit sequences exact."""
+    from pipeline.bench.accuracy import AccuracyOptions, run_accuracy
+    from pipeline.bench.results import RESULTS
+    from pipeline.bench.variants import BadVariant
+
+    try:
+        beams = tuple(int(b) for b in _split(reference_beams))
+    except ValueError as exc:
+        raise typer.BadParameter(f"--reference-beams {reference_beams!r}: use beam sizes such as 1,5") from exc
+    options = AccuracyOptions(sets=_split(sets), conditions=_split(conditions), reference=reference, threads=threads,
+                              variants=tuple(variant or ()), reference_beams=beams, out=out or RESULTS)
+    try:
+        _, paths = run_accuracy(options, console)
+    except BadVariant as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    _wrote(paths)
+
+
+@bench_app.command("asr")
+def bench_asr(
+    repeat: Annotated[int, typer.Option(help="Times the 20 evaluation utterances are repeated.")] = 2,
+    threads: Annotated[int, typer.Option(help="Intra-op threads (ours) and cpu_threads (faster-whisper).")] = 2,
+    load: Annotated[float, typer.Option(help="The batcher run's offered audio seconds per second.")] = 8.0,
+    windows: Annotated[bool, typer.Option("--windows", help="Measure the encoder window policy instead "
+                                                            "(result asr-windows).")] = False,
+    decoding_options: Annotated[bool, typer.Option(
+        "--options", help="Measure the decoding options (context, beam 5, base) against the default instead "
+                          "(result asr-options).")] = False,
+    out: Out = None,
+) -> None:
+    """Engine speed, batch 1-16, int8/fp32, beside faster-whisper.
+
+    Audio seconds per wall and CPU second and WER on the same segments, the batcher's latency under Poisson arrivals, peak RSS; --windows the window policy, --options the decoding options instead."""
+    from pipeline.bench.asr import AsrOptions, run_options, run_speed, run_windows
+    from pipeline.bench.results import RESULTS
+
+    if repeat < 1 or threads < 0 or load <= 0:
+        raise typer.BadParameter("--repeat must be >= 1, --threads >= 0 and --load > 0")
+    if windows and decoding_options:
+        raise typer.BadParameter("--windows and --options are two runs: give one")
+    options = AsrOptions(repeat=repeat, threads=threads, load=load, out=out or RESULTS)
+    run = run_windows if windows else run_options if decoding_options else run_speed
+    _, paths = run(options, console)
+    _wrote(paths)
+
+
+@bench_app.command("scale-out")
+def bench_scale_out(
+    calls: Annotated[int, typer.Option(help="Backlog calls of the throughput runs (0: 24, or 4 with --quick).")] = 0,
+    quick: Annotated[bool, typer.Option("--quick", help="Small smoke sizes (minutes; figures not meaningful).")] = False,
+    live_calls: Annotated[int, typer.Option(
+        help="Real-time calls under the rebalance, one per partition (more than half the partitions, so the "
+             "joining worker gets some).")] = 12,
+    join_after_s: Annotated[float, typer.Option(help="Live load on worker A before B joins (s).")] = 20.0,
+    long_call_s: Annotated[float, typer.Option(help="Length of the call killed near its end (s).")] = 600.0,
+    live_tail_s: Annotated[float, typer.Option(help="Its last seconds, sent in real time (s).")] = 120.0,
+    kill_before_end_s: Annotated[float, typer.Option(help="kill -9 this long before its end (s).")] = 20.0,
+    skip_throughput: Annotated[bool, typer.Option("--skip-throughput", help="Leave out part 1.")] = False,
+    skip_rebalance: Annotated[bool, typer.Option("--skip-rebalance", help="Leave out part 2.")] = False,
+    skip_crash: Annotated[bool, typer.Option("--skip-crash", help="Leave out part 3.")] = False,
+    out: Out = None,
+) -> None:
+    """2 workers vs 1, the rebalance pause, re-decoding after kill -9.
+
+    Workers in one consumer group on the real broker: throughput of 2 pinned workers against 1, the pause in finals when a worker joins a live load, the audio decoded again after a crash near a long call's end."""
+    from pipeline.bench.results import RESULTS
+    from pipeline.bench.scale_out import ScaleOutOptions, run_scale_out
+
+    options = ScaleOutOptions(calls=calls, quick=quick, live_calls=live_calls, join_after_s=join_after_s,
+                              long_call_s=long_call_s, live_tail_s=live_tail_s, kill_before_end_s=kill_before_end_s,
+                              throughput=not skip_throughput, rebalance=not skip_rebalance, crash=not skip_crash,
+                              out=out or RESULTS)
+    _, paths = run_scale_out(options)
+    _wrote(paths)
+
+
+@bench_app.command("end-to-end")
+def bench_end_to_end(
+    calls: Annotated[int, typer.Option(help="Calls of the capacity (backlog) runs.")] = 24,
+    realtime_calls: Annotated[int, typer.Option(
+        help="Concurrent real-time calls of the latency run (keep it under the capacity).")] = 6,
+    out: Out = None,
+) -> None:
+    """The sample calls as a backlog (batch 16, 1, int8), then live.
+
+    Call-audio seconds the worker finishes per wall second at max_batch 16, max_batch 1 and int8, then end-to-end latency percentiles with calls replayed in real time."""
+    from pipeline.bench.end_to_end import EndToEndOptions, run_end_to_end
+    from pipeline.bench.results import RESULTS
+
+    if calls < 1 or realtime_calls < 1:
+        raise typer.BadParameter("--calls and --realtime-calls must be >= 1")
+    _, paths = run_end_to_end(EndToEndOptions(calls=calls, realtime_calls=realtime_calls, out=out or RESULTS),
+                              console)
+    _wrote(paths)

@@ -1,0 +1,37 @@
+"""Settings variants named on the command line: ``--variant beam_size=5,context_tokens=64``.
+
+A benchmark runs ours at the current settings and, beside it, at each variant; the variant's label names
+it in tables and its changed settings go into the result document.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pydantic
+
+from pipeline.config import Settings
+
+
+class BadVariant(ValueError):
+    """A --variant that is not setting=value pairs of known settings with valid values; one line why."""
+
+
+def settings_variant(settings: Settings, spec: str) -> tuple[str, Settings]:
+    """``"beam_size=5,context_tokens=64"`` -> its label and the settings with those values (validated)."""
+    merged = settings.model_copy()
+    for item in spec.split(","):
+        name, sep, value = (part.strip() for part in item.partition("="))
+        if not sep or name not in Settings.model_fields:
+            raise BadVariant(f"--variant {spec!r}: expected setting=value pairs, {item!r} is not one")
+        try:  # the field's own type and bounds, as an environment variable would be checked
+            Settings.__pydantic_validator__.validate_assignment(merged, name, value)
+        except pydantic.ValidationError as exc:
+            raise BadVariant(f"--variant {spec!r}: {name}: {exc.errors()[0]['msg']}") from exc
+    return spec.replace("_", " ").replace("=", " "), merged
+
+
+def changed_settings(base: Settings, variant: Settings) -> dict[str, Any]:
+    """The settings ``variant`` gives other values than ``base``, with the variant's values (JSON-ready)."""
+    names = {name for name in Settings.model_fields if getattr(base, name) != getattr(variant, name)}
+    return variant.model_dump(mode="json", include=names)
