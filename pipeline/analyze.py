@@ -55,6 +55,7 @@ from pipeline.qa.rules import QaEvent, RuleSet
 from pipeline.qa.scorecard import CallQaResult
 from pipeline.qa.segment import Segment
 from pipeline.segmentation import SpeechSegment
+from pipeline.tables import keep_whole, print_table
 
 JSON_FORMAT = 1
 AgentChannel = Literal["left", "right"]
@@ -282,21 +283,22 @@ def render_analysis(a: CallAnalysis, console: Console) -> None:
     console.print(f"[bold]{escape(a.call_id)}[/bold]  {escape(a.file)}  {a.duration_ms / 1000:.1f} s  "
                   f"({escape(legs)}; {a.encoding} {a.sample_rate} Hz; {escape(a.model)})")
     console.print(f"score: [bold]{score}[/bold]  (scorecard {escape(a.qa.scorecard)})")
-    console.print(_items_table(a))
-    console.print(_rules_table(a))
-    metrics = Table("metric", "value", title="conversation metrics")
+    print_table(console, _items_table(a))
+    print_table(console, _rules_table(a))
+    metrics = keep_whole(Table("metric", "value", title="conversation metrics"), "metric", "value")
     for name, value in sorted(a.qa.metrics.items()):
-        metrics.add_row(name, f"{value:,.2f}")
-    console.print(metrics)
-    console.print(_alerts_table(a))
-    transcript = Table("time", "leg", "text", title="transcript (redacted)")
+        metrics.add_row(escape(name), f"{value:,.2f}")
+    print_table(console, metrics)
+    print_table(console, _alerts_table(a), optional=("leg", "kind"))
+    transcript = keep_whole(Table("time", "leg", "text", title="transcript (redacted)"), "time", "leg")
     for s in a.segments:
         transcript.add_row(f"{s.start_ms / 1000:6.1f}-{s.end_ms / 1000:6.1f}", s.leg, escape(s.text))
-    console.print(transcript)
+    print_table(console, transcript)
 
 
 def _items_table(a: CallAnalysis) -> Table:
-    items = Table("question", "weight", "passed", "rationale", title="scorecard items")
+    items = keep_whole(Table("question", "weight", "passed", "rationale", title="scorecard items"),
+                       "weight", "passed")
     for i in a.qa.items:
         passed = "n/a" if i.passed is None else "yes" if i.passed else "[red]no[/red]"
         items.add_row(escape(i.question) + (" (auto-fail)" if i.auto_fail else ""), f"{i.weight:g}", passed,
@@ -305,18 +307,19 @@ def _items_table(a: CallAnalysis) -> Table:
 
 
 def _rules_table(a: CallAnalysis) -> Table:
-    rules = Table("rule", "type", "verdict", "at s", title="rules")
+    rules = keep_whole(Table("rule", "type", "verdict", "at s", title="rules"), "rule", "type", "verdict")
     for name, v in a.rule_verdicts().items():
         bad = v["verdict"] in ("missing", "violated")
         verdict = f"[red]{v['verdict']}[/red]" if bad else v["verdict"]
-        rules.add_row(name, v["type"], verdict, ", ".join(f"{ms / 1000:.1f}" for ms in v["offsets_ms"]))
+        rules.add_row(escape(name), v["type"], verdict, ", ".join(f"{ms / 1000:.1f}" for ms in v["offsets_ms"]))
     return rules
 
 
 def _alerts_table(a: CallAnalysis) -> Table:
-    alerts = Table("at s", "rule", "kind", "leg", "severity", "text", title="live alerts")
+    alerts = keep_whole(Table("at s", "rule", "kind", "leg", "severity", "text", title="live alerts"),
+                        "at s", "rule", "kind", "leg", "severity")
     for e in a.live_alerts:
-        alerts.add_row(f"{e.offset_ms / 1000:.1f}", e.rule, e.kind, e.leg, e.severity, escape(e.text))
+        alerts.add_row(f"{e.offset_ms / 1000:.1f}", escape(e.rule), e.kind, e.leg, e.severity, escape(e.text))
     if not a.live_alerts:
         alerts.add_row("-", "none", "", "", "", "")
     return alerts

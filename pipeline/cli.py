@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import click
 import pydantic
@@ -19,7 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from pipeline.bench.cli import bench_app
-from pipeline.config import get_settings
+from pipeline.config import Settings, get_settings
 
 if TYPE_CHECKING:
     from pipeline.ingest.replay import CallRecording, ReplayOptions
@@ -88,33 +88,57 @@ def broker_stop() -> None:
 
 
 @broker_app.command("status")
-def broker_status() -> None:
-    """Show the broker and its topics."""
+def broker_status(
+    as_json: Annotated[bool, typer.Option(
+        "--json", help='The same as one JSON object on stdout: {"running", "pid", "bootstrap", "answers_metadata", '
+                       '"topics": {name: partitions}}.')] = False,
+) -> None:
+    """Show the broker and its topics (exit status 1 when it is not running)."""
+    from dataclasses import asdict
+
     from pipeline.broker.local import LocalKafka
+    from pipeline.tables import keep_whole, print_json, print_table
 
     st = LocalKafka(get_settings()).status()
-    if not st.running:
+    if as_json:
+        print_json(asdict(st))
+    elif st.running:
+        console.print(f"broker: running (pid {st.pid}) at {st.bootstrap}; answers metadata: {st.answers_metadata}")
+        table = keep_whole(Table("topic", "partitions"), "topic", "partitions")
+        for name, parts in st.topics.items():
+            table.add_row(escape(name), str(parts))
+        print_table(console, table)
+    else:
         console.print("broker: not running")
+    if not st.running:
         raise typer.Exit(1)
-    console.print(f"broker: running (pid {st.pid}) at {st.bootstrap}; answers metadata: {st.answers_metadata}")
-    table = Table("topic", "partitions")
-    for name, parts in st.topics.items():
-        table.add_row(name, str(parts))
-    console.print(table)
 
 
 # ---- topics / schemas ---------------------------------------------------------------------------
 @topics_app.command("create")
-def topics_create() -> None:
+def topics_create(
+    as_json: Annotated[bool, typer.Option(
+        "--json", help='The same rows as a JSON list on stdout: {"topic", "partitions", "retention_ms", '
+                       '"created"}.')] = False,
+) -> None:
     """Create callqa's topics that do not exist yet (idempotent)."""
     from pipeline.broker.topics import ensure_topics, topic_specs
+    from pipeline.tables import keep_whole, print_json, print_table
 
     settings = get_settings()
     created = ensure_topics(settings)
-    table = Table("topic", "partitions", "retention ms", "", title="callqa topics")
-    for spec in topic_specs(settings):
-        table.add_row(spec.name, str(spec.partitions), str(spec.retention_ms), "created" if spec.name in created else "exists")
-    console.print(table)
+    rows: list[dict[str, Any]] = [
+        {"topic": spec.name, "partitions": spec.partitions, "retention_ms": spec.retention_ms,
+         "created": spec.name in created} for spec in topic_specs(settings)]
+    if as_json:
+        print_json(rows)
+        return
+    table = keep_whole(Table("topic", "partitions", "retention ms", "state", title="callqa topics"),
+                       "topic", "partitions", "retention ms", "state")
+    for row in rows:
+        table.add_row(escape(row["topic"]), str(row["partitions"]), str(row["retention_ms"]),
+                      "created" if row["created"] else "exists")
+    print_table(console, table)
 
 
 @schemas_app.command("register")
@@ -217,18 +241,25 @@ def report(
     call: Annotated[str | None, typer.Option("--call", help="Show one call in full: scorecard, metrics, transcript.")] = None,
     agent: Annotated[str | None, typer.Option("--agent", help="Only this agent's calls.")] = None,
     since: Annotated[str | None, typer.Option("--since", help="Only calls started since (ISO date/time, UTC).")] = None,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="The same rows as one JSON document on stdout (its fields: pipeline/report.py).")] = False,
 ) -> None:
     """QA report from ClickHouse (through the running worker's API when one holds the embedded store)."""
     from datetime import datetime
 
-    from pipeline.report import render_report, source_for
+    from pipeline.report import print_report, read_report, source_for
+    from pipeline.tables import print_json
 
     settings = get_settings()
     since_dt = datetime.fromisoformat(since) if since else None
-    shown = render_report(source_for(settings), settings.clickhouse_database, console,
-                          call_id=call, agent_id=agent, since=since_dt)
-    if call and not shown:
+    found = read_report(source_for(settings), settings.clickhouse_database, call_id=call, agent_id=agent,
+                        since=since_dt)
+    if call and not found.calls:
         raise RuntimeError(f"no call {call!r} in the store")
+    if as_json:
+        print_json(found.as_json())
+    else:
+        print_report(found, console)
 
 
 @app.command("analyze")
@@ -277,12 +308,27 @@ def analyze(
 
 
 @app.command("settings")
-def show_settings() -> None:
+def show_settings(
+    as_json: Annotated[bool, typer.Option(
+        "--json", help='The same rows as a JSON list on stdout: {"setting", "env", "value", "default", '
+                       '"description"}, values as JSON (secrets masked).')] = False,
+) -> None:
     """Every setting: env var, current value, default and what it does."""
-    table = Table("env var", "value", "default", "description")
-    for row in get_settings().describe():
-        table.add_row(*row)
-    console.print(table)
+    from pydantic_core import to_jsonable_python
+
+    from pipeline.tables import keep_whole, print_json, print_table
+
+    settings = get_settings()
+    if as_json:
+        values = settings.model_dump(mode="json")  # a SecretStr dumps as "**********"
+        print_json([{"setting": name, "env": env, "value": values[name], "default": to_jsonable_python(field.default),
+                     "description": field.description or ""}
+                    for (name, field), (env, *_) in zip(Settings.model_fields.items(), settings.describe(), strict=True)])
+        return
+    table = keep_whole(Table("env var", "value", "default", "description"), "env var", "value", "default")
+    for row in settings.describe():
+        table.add_row(*(escape(cell) for cell in row))
+    print_table(console, table, optional=("default",))
 
 
 def _register_optional_commands() -> None:

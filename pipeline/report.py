@@ -1,4 +1,4 @@
-"""`callqa report`: calls, QA scores, failed items, metrics and redacted transcripts as rich tables.
+"""`callqa report`: calls, QA scores, failed items, metrics and redacted transcripts, as tables or JSON.
 
 The embedded store (chdb) admits one process per data folder; while a worker runs it holds the
 store, so the report asks the worker's web API (read-only SQL, with the bearer token CALLQA_API_TOKEN)
@@ -12,14 +12,16 @@ import json
 import urllib.error
 import urllib.parse
 import urllib.request
-from dataclasses import dataclass, field
-from datetime import datetime
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from pipeline.config import Settings
+from pipeline.tables import keep_whole, print_table
 
 
 class RowSource(Protocol):
@@ -86,9 +88,12 @@ def source_for(settings: Settings) -> RowSource:
     return api if api.available() else StoreSource(settings)
 
 
+# A call not scored yet has no call_qa row: the LEFT JOIN gives it call_qa's defaults (a score of 0),
+# hence NULL for those, told apart by the empty call_id.
 CALLS_SQL = """
 SELECT c.call_id AS call_id, c.agent_id AS agent_id, c.started_at AS started_at, c.end_reason AS end_reason,
-       c.audio_ms AS audio_ms, c.segments AS segments, q.score_pct AS score_pct, q.auto_failed AS auto_failed,
+       c.audio_ms AS audio_ms, c.segments AS segments,
+       if(empty(q.call_id), NULL, q.score_pct) AS score_pct, if(empty(q.call_id), NULL, q.auto_failed) AS auto_failed,
        length(arrayFilter(p -> p = 0, q.`items.passed`)) AS failed, length(q.`items.passed`) AS items
 FROM {db}.calls AS c FINAL
 LEFT JOIN (SELECT * FROM {db}.call_qa FINAL) AS q ON q.call_id = c.call_id
@@ -109,11 +114,64 @@ FROM {db}.call_qa FINAL WHERE call_id = {{call:String}}
 """
 
 
-def render_report(
-    source: RowSource, db: str, console: Console, *, call_id: str | None = None, agent_id: str | None = None,
+@dataclass(frozen=True)
+class CallRow:
+    """One call of the list: its state and its QA score (None until the call is scored)."""
+
+    call_id: str
+    agent_id: str
+    started_at: datetime
+    end_reason: str | None  # end, abort or timeout; None while the call is open
+    audio_s: float
+    segments: int
+    score_pct: float | None
+    auto_failed: bool | None
+    failed_items: int
+    items: int
+
+
+@dataclass(frozen=True)
+class ScorecardItem:
+    question: str
+    weight: float
+    passed: bool
+    rationale: str
+
+
+@dataclass(frozen=True)
+class TranscriptLine:
+    start_s: float
+    end_s: float
+    leg: str
+    text: str  # redacted
+
+
+@dataclass
+class CallDetail:
+    """One call in full (``--call``): its scorecard (empty before QA ran), metrics and redacted transcript."""
+
+    score_pct: float | None
+    auto_failed: bool | None
+    items: list[ScorecardItem]
+    metrics: dict[str, float]
+    transcript: list[TranscriptLine]
+
+
+@dataclass
+class Report:
+    calls: list[CallRow]
+    call: CallDetail | None = None  # with --call, when the store has that call
+
+    def as_json(self) -> dict[str, Any]:
+        """``callqa report --json``: ``{"calls": [CallRow], "call": CallDetail or null}``, field names as above."""
+        return {"calls": [asdict(c) for c in self.calls], "call": asdict(self.call) if self.call else None}
+
+
+def read_report(
+    source: RowSource, db: str, *, call_id: str | None = None, agent_id: str | None = None,
     since: datetime | None = None,
-) -> int:
-    """Print the report; returns the number of calls shown."""
+) -> Report:
+    """The calls matching the filters (the newest 200), and with ``call_id`` that call in full."""
     where, params = ["1"], {}
     if call_id:
         where.append("c.call_id = {call:String}")
@@ -124,35 +182,76 @@ def render_report(
     if since:
         where.append("c.started_at >= {since:DateTime64(3, 'UTC')}")
         params["since"] = since.strftime("%Y-%m-%d %H:%M:%S")
-    calls = source.rows(CALLS_SQL.format(db=db, where=" AND ".join(where)), params)
-    table = Table("call", "agent", "started", "ended", "audio s", "segments", "score %", "failed",
-                  title="calls")
-    table.columns[0].no_wrap = True
-    for c in calls:
-        score = "-" if c["score_pct"] is None else f"{c['score_pct']:.1f}" + (" AUTO-FAIL" if c["auto_failed"] else "")
-        table.add_row(c["call_id"], c["agent_id"], str(c["started_at"])[:19], c["end_reason"] or "open",
-                      f"{c['audio_ms'] / 1000:.1f}", str(c["segments"]), score,
-                      f"{c['failed']}/{c['items']}" if c["items"] else "-")
-    console.print(table)
-    if call_id and calls:
-        _render_call(source, db, console, call_id)
-    return len(calls)
+    calls = [_call_row(c) for c in source.rows(CALLS_SQL.format(db=db, where=" AND ".join(where)), params)]
+    return Report(calls, _read_call(source, db, call_id) if call_id and calls else None)
 
 
-def _render_call(source: RowSource, db: str, console: Console, call_id: str) -> None:
+def _call_row(c: dict[str, Any]) -> CallRow:
+    started = c["started_at"]  # a datetime from the store, ISO 8601 text through the worker's API
+    if not isinstance(started, datetime):
+        started = datetime.fromisoformat(started)
+    scored = c["score_pct"] is not None
+    return CallRow(
+        call_id=c["call_id"], agent_id=c["agent_id"],
+        started_at=started if started.tzinfo else started.replace(tzinfo=UTC),  # the column is in UTC
+        end_reason=c["end_reason"] or None, audio_s=c["audio_ms"] / 1000, segments=int(c["segments"]),
+        score_pct=round(float(c["score_pct"]), 2) if scored else None,
+        auto_failed=bool(c["auto_failed"]) if scored else None,
+        failed_items=int(c["failed"] or 0), items=int(c["items"] or 0),
+    )
+
+
+def _read_call(source: RowSource, db: str, call_id: str) -> CallDetail:
     qa = source.rows(QA_SQL.format(db=db), {"call": call_id})
-    if qa:
-        q = qa[0]
-        items = Table("question", "weight", "passed", "rationale", title=f"scorecard: {q['score_pct']:.1f} %")
-        for question, weight, passed, why in zip(q["q"], q["w"], q["p"], q["r"], strict=True):
-            items.add_row(question, f"{weight:g}", "yes" if passed else "[red]no[/red]", why)
-        console.print(items)
-        metrics = Table("metric", "value", title="conversation metrics")
-        for name, value in sorted(q["metrics"].items()):
-            metrics.add_row(name, f"{value:,.2f}")
-        console.print(metrics)
-    lines = source.rows(TRANSCRIPT_SQL.format(db=db), {"call": call_id})
-    transcript = Table("time", "leg", "text", title="transcript (redacted)")
-    for line in lines:
-        transcript.add_row(f"{line['start_ms'] / 1000:6.1f}-{line['end_ms'] / 1000:6.1f}", line["leg"], line["text"])
-    console.print(transcript)
+    q = qa[0] if qa else {"score_pct": None, "auto_failed": None, "metrics": {}, "q": [], "w": [], "p": [], "r": []}
+    items = [ScorecardItem(question, float(weight), bool(passed), why)
+             for question, weight, passed, why in zip(q["q"], q["w"], q["p"], q["r"], strict=True)]
+    lines = [TranscriptLine(line["start_ms"] / 1000, line["end_ms"] / 1000, line["leg"], line["text"])
+             for line in source.rows(TRANSCRIPT_SQL.format(db=db), {"call": call_id})]
+    return CallDetail(
+        score_pct=None if q["score_pct"] is None else round(float(q["score_pct"]), 2),
+        auto_failed=None if q["auto_failed"] is None else bool(q["auto_failed"]),
+        items=items, metrics=dict(sorted(q["metrics"].items())), transcript=lines,
+    )
+
+
+def render_report(
+    source: RowSource, db: str, console: Console, *, call_id: str | None = None, agent_id: str | None = None,
+    since: datetime | None = None,
+) -> int:
+    """Read and print the report; returns the number of calls shown."""
+    report = read_report(source, db, call_id=call_id, agent_id=agent_id, since=since)
+    print_report(report, console)
+    return len(report.calls)
+
+
+def print_report(report: Report, console: Console) -> None:
+    """The calls table; with a call in full, its scorecard, metrics and transcript after it."""
+    table = keep_whole(Table("call", "agent", "started", "ended", "audio s", "segments", "score %", "failed",
+                             title="calls"), "call", "agent", "ended", "audio s", "segments", "failed")
+    for c in report.calls:
+        score = "-" if c.score_pct is None else f"{c.score_pct:.1f}" + (" AUTO-FAIL" if c.auto_failed else "")
+        table.add_row(escape(c.call_id), escape(c.agent_id), c.started_at.strftime("%Y-%m-%d %H:%M:%S"),
+                      c.end_reason or "open", f"{c.audio_s:.1f}", str(c.segments), score,
+                      f"{c.failed_items}/{c.items}" if c.items else "-")
+    print_table(console, table, optional=("segments", "audio s", "ended"))
+    if report.call:
+        _print_call(report.call, console)
+
+
+def _print_call(call: CallDetail, console: Console) -> None:
+    if call.score_pct is not None:
+        items = keep_whole(Table("question", "weight", "passed", "rationale",
+                                 title=f"scorecard: {call.score_pct:.1f} %"), "weight", "passed")
+        for i in call.items:
+            items.add_row(escape(i.question), f"{i.weight:g}", "yes" if i.passed else "[red]no[/red]",
+                          escape(i.rationale))
+        print_table(console, items)
+        metrics = keep_whole(Table("metric", "value", title="conversation metrics"), "metric", "value")
+        for name, value in call.metrics.items():
+            metrics.add_row(escape(name), f"{value:,.2f}")
+        print_table(console, metrics)
+    transcript = keep_whole(Table("time", "leg", "text", title="transcript (redacted)"), "time", "leg")
+    for line in call.transcript:
+        transcript.add_row(f"{line.start_s:6.1f}-{line.end_s:6.1f}", line.leg, escape(line.text))
+    print_table(console, transcript)

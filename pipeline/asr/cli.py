@@ -7,7 +7,7 @@ import json
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -118,24 +118,45 @@ def sign(
 
 
 @models_app.command("list")
-def list_models() -> None:
+def list_models(
+    as_json: Annotated[bool, typer.Option(
+        "--json", help='The same rows as a JSON list on stdout: {"model", "version", "signer" (key id or null), '
+                       '"source_package", "source_version", "graphs", "tools", "path"}.')] = False,
+) -> None:
     """Built models and their versions."""
+    from pipeline.tables import keep_whole, print_json, print_table
+
     models_dir = Path(get_settings().models_dir)
-    table = Table("model", "version", "source", "graphs", "tools")
-    names = sorted(p.name for p in models_dir.iterdir() if p.is_dir()) if models_dir.is_dir() else []
-    for name in names:
-        for version in model_versions(models_dir, name):
-            m = Manifest.read(models_dir / name / str(version))
-            tools = ", ".join(f"{k} {v}" for k, v in m.tools.items())
-            signer = signer_id(models_dir / name / str(version))  # claimed key id; loading verifies it
-            label = f"{version}\nsigned\n{signer[:8]}" if signer else f"{version}\nunsigned"
-            table.add_row(
-                name, label, f"{m.source_package} {m.source_version}", ", ".join(m.graphs), tools
-            )
-    if not table.rows:
+    built = built_models(models_dir)
+    if as_json:
+        print_json(built)
+        return
+    if not built:
         console.print(f"no model built in {models_dir} (run: callqa models build tiny.en)")
         return
-    console.print(table)
+    table = keep_whole(Table("model", "version", "source", "graphs", "tools"), "model", "version", "source")
+    for m in built:
+        signed = f"signed\n{m['signer'][:8]}" if m["signer"] else "unsigned"
+        tools = ", ".join(f"{k} {v}" for k, v in m["tools"].items())
+        source = f"{m['source_package']} {m['source_version']}"
+        table.add_row(escape(m["model"]), f"{m['version']}\n{signed}", escape(source), ", ".join(m["graphs"]),
+                      escape(tools))
+    print_table(console, table, optional=("tools",))
+
+
+def built_models(models_dir: Path) -> list[dict[str, Any]]:
+    """Every built version, oldest first per model: ``callqa models list --json``'s rows."""
+    names = sorted(p.name for p in models_dir.iterdir() if p.is_dir()) if models_dir.is_dir() else []
+    rows = []
+    for name in names:
+        for version in model_versions(models_dir, name):
+            folder = models_dir / name / str(version)
+            m = Manifest.read(folder)
+            rows.append({"model": name, "version": version,
+                         "signer": signer_id(folder) or None,  # the claimed key id; loading verifies it
+                         "source_package": m.source_package, "source_version": m.source_version,
+                         "graphs": list(m.graphs), "tools": m.tools, "path": str(folder)})
+    return rows
 
 
 def transcribe(
