@@ -6,11 +6,25 @@ shares one path; tests isolate themselves with a database of their own.
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+# pytest-xdist's workers start with COLUMNS=80 in their environment, which no terminal set: the CLI's
+# tables would fit 80 columns in every test run in parallel, and not when run alone.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.pop("COLUMNS", None)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test that uses the broker, directly or through another fixture, is a broker test whether or not
+    its module says so: `make test-fast` deselects them by this mark, so it never needs Kafka."""
+    for item in items:
+        if "broker" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.broker)
 
 
 @pytest.fixture(scope="session")
