@@ -24,6 +24,15 @@ from pipeline.config import Settings
 from pipeline.tables import keep_whole, print_table
 
 
+class TruncatedRowsError(RuntimeError):
+    """A read matched more rows than the read-only API returns: a reader that went on with the first
+    ones would report a partial answer as a whole one (a count, a scan for PII, a comparison)."""
+
+    def __init__(self, returned: int) -> None:
+        super().__init__(f"the query matched more than the {returned} rows the API returns "
+                         "(CALLQA_API_QUERY_MAX_ROWS): narrow it (--call, --agent, --since) or raise the limit")
+
+
 class RowSource(Protocol):
     def rows(self, sql: str, params: dict[str, Any]) -> list[dict[str, Any]]: ...
 
@@ -47,6 +56,8 @@ class WorkerApiSource:
             body = _error_body(exc)
         if "error" in body:
             raise RuntimeError(body["error"])
+        if body.get("truncated"):
+            raise TruncatedRowsError(len(body["rows"]))
         return [dict(zip(body["columns"], r, strict=True)) for r in body["rows"]]
 
     def available(self) -> bool:
@@ -79,6 +90,8 @@ class StoreSource:
         result = run_readonly_query(sql, params, url=self.settings.reader_url,
                                     database=self.settings.clickhouse_database,
                                     limits=QueryLimits.from_settings(self.settings))
+        if result.truncated:
+            raise TruncatedRowsError(len(result.rows))
         return [dict(zip(result.columns, r, strict=True)) for r in result.rows]
 
 

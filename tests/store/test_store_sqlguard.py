@@ -277,3 +277,17 @@ def test_the_limit_settings_refuse_writes_and_table_functions_without_the_checke
     finally:
         client.close()
     assert store.command("SELECT 1") == 1  # the writer's client is not left read-only
+
+
+def test_a_reader_of_rows_fails_loudly_when_the_limit_cut_its_answer(
+    store: Client, store_url: str, database: str, insert: Insert, make_call: Callable[..., Any]
+) -> None:
+    """A read that hit the row cap must not pass a part for the whole (a count, a PII scan, a comparison)."""
+    from pipeline.config import Settings
+    from pipeline.report import StoreSource, TruncatedRowsError
+
+    insert(store, "calls", [make_call(f"c{i}") for i in range(20)])
+    source = StoreSource(Settings(clickhouse_url=store_url, clickhouse_database=database, api_query_max_rows=19))
+    with pytest.raises(TruncatedRowsError, match="more than the 19 rows .*CALLQA_API_QUERY_MAX_ROWS"):
+        source.rows("SELECT call_id FROM calls", {})
+    assert len(source.rows("SELECT call_id FROM calls LIMIT 19", {})) == 19
