@@ -1,6 +1,7 @@
 # callqa: two set-up commands, both idempotent and fast on the second run.
 #   make demo   install everything, start the broker, run the pipeline on the sample calls, show results
 #   make test   same set-up, then ruff + mypy + the whole pytest suite against the real broker
+#   make test-fast  the Kafka-free core (no broker, no slow tests), for the edit-test loop
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -11,7 +12,13 @@ SYSTEM_PACKAGES := kcat pocketsphinx-testdata alsa-utils default-jre-headless ma
 	festival festvox-us-slt-hts asterisk-core-sounds-en-wav asterisk-core-sounds-en \
 	asterisk-moh-opsound-wav
 
-.PHONY: demo test setup system venv kafka models library lint broker-stop clean
+# Tests run side by side in this many processes (pytest-xdist). More than the cores: most of the suite
+# waits on real processes (a worker starting, a real-time replay, a rebalance), not on the CPU. Tests that
+# share a module fixture stay in one process (tests/conftest.py groups them for --dist loadgroup).
+TEST_WORKERS ?= 3
+PYTEST := $(BIN)/pytest -q -p no:cacheprovider --durations=20
+
+.PHONY: demo test test-fast setup system venv kafka models library lint broker-stop clean
 
 demo: setup
 	$(CALLQA) broker start
@@ -24,8 +31,11 @@ test: setup
 	trap '$(CALLQA) broker stop' EXIT; \
 	$(BIN)/ruff check pipeline tests bench || status=1; \
 	$(BIN)/mypy pipeline || status=1; \
-	$(BIN)/pytest -q -p no:cacheprovider $(PYTEST_ARGS) || status=$$?; \
+	$(PYTEST) -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS) || status=$$?; \
 	exit $$status
+
+test-fast: setup
+	$(PYTEST) -n 2 -m "not broker and not slow" $(PYTEST_ARGS)
 
 setup: system venv kafka models library
 

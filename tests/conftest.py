@@ -25,6 +25,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "broker" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.broker)
+        module_scoped = _module_fixtures(item)
+        if module_scoped:
+            # Run in parallel (`pytest -n N --dist loadgroup`), the tests sharing a module fixture (a running
+            # worker, a replayed call) stay on one xdist worker, so the fixture is made once, not once each.
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+
+def _module_fixtures(item: pytest.Item) -> list[str]:
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return []
+    return [name for name, defs in info.name2fixturedefs.items() if defs and defs[-1].scope == "module"]
 
 
 @pytest.fixture(scope="session")
@@ -73,13 +85,19 @@ def kafka_settings(broker: str, unique_name: str):  # type: ignore[no-untyped-de
 def _read_topic(bootstrap: str, topic: str, expected: int | None = None, idle_s: float = 3.0,
                 timeout_s: float = 60.0) -> list:  # type: ignore[type-arg]
     """Every message of ``topic`` from the beginning, in a fresh consumer group: until ``expected``
-    messages arrived, or nothing new came for ``idle_s``."""
+    messages arrived, or (``expected`` None) until every message the topic held when called was read and
+    then nothing new came for ``idle_s``. Idle time alone is not enough: on a busy broker a new group's
+    first fetch can take longer than ``idle_s``, and an empty answer would pass for an empty topic."""
     import time
 
-    from confluent_kafka import Consumer
+    from confluent_kafka import Consumer, TopicPartition
 
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"read-{uuid.uuid4().hex}",
                          "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
+    # What the topic holds now: the high watermark of each partition.
+    ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in partitions}
+    read_to = dict.fromkeys(partitions, 0)
     consumer.subscribe([topic])
     out: list = []  # type: ignore[type-arg]
     began = last = time.monotonic()
@@ -87,11 +105,13 @@ def _read_topic(bootstrap: str, topic: str, expected: int | None = None, idle_s:
         while time.monotonic() - began < timeout_s:
             if expected is not None and len(out) >= expected:
                 break
-            if expected is None and time.monotonic() - last >= idle_s:
+            held_read = all(read_to[p] >= end for p, end in ends.items())
+            if expected is None and held_read and time.monotonic() - last >= idle_s:
                 break
             msg = consumer.poll(0.3)
             if msg is not None and not msg.error():
                 out.append(msg)
+                read_to[msg.partition()] = msg.offset() + 1
                 last = time.monotonic()
     finally:
         consumer.close()

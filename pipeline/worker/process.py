@@ -16,6 +16,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -226,6 +227,24 @@ class GroupCalls:
                 spans.sort()
                 problems += [f"{call_id}: {a[2]} [{a[0]}, {a[1]}) overlaps {b[2]} [{b[0]}, {b[1]})"
                              for a, b in zip(spans, spans[1:], strict=False) if b[0] < a[1]]
+        return problems
+
+    def differences(self, expected: dict[str, list[tuple[str, int, int, str]]]) -> list[str]:
+        """Where each call's stored finals differ from an independent reference (call id -> its
+        (leg, start_ms, end_ms, text) in time order, e.g. from ``callqa analyze`` of the same recording):
+        a final lost, added, stored twice or with other bounds or text, and call rows counting another
+        number of segments than the reference has."""
+        problems: list[str] = []
+        for call_id, want in expected.items():
+            # Counted, not set-compared: the same speech stored under two segment ids is a difference too.
+            stored = Counter((s["leg"], int(s["start_ms"]), int(s["end_ms"]), s["text"])
+                             for s in self.segments.get(call_id, {}).values())
+            missing = sorted((Counter(want) - stored).elements())
+            extra = sorted((stored - Counter(want)).elements())
+            problems += [f"{call_id}: reference final not stored: {m}" for m in missing]
+            problems += [f"{call_id}: stored final not in the reference: {e}" for e in extra]
+            problems += [f"{call_id}: a call row counts {r['segments']} segments, the reference has {len(want)}"
+                         for r in self.finished.get(call_id, []) if int(r["segments"]) != len(want)]
         return problems
 
 

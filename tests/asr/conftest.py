@@ -3,6 +3,9 @@ signed and broken copies of the build for the model-trust tests."""
 
 from __future__ import annotations
 
+import fcntl
+import os
+import shutil
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -14,7 +17,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from onnx import numpy_helper
 
 from pipeline.asr.build import BuildResult, build_model
-from pipeline.asr.manifest import sha256_of
+from pipeline.asr.manifest import Manifest, sha256_of
 from pipeline.asr.recognizer import Recognizer
 from pipeline.asr.signing import generate_key, load_private_key, sign_model
 from pipeline.config import Settings
@@ -28,8 +31,22 @@ def models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def built(models_dir: Path) -> BuildResult:
-    return build_model("tiny.en", models_dir)
+def built(models_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> BuildResult:
+    """This run's build of tiny.en as models_dir/tiny.en/1. Run in parallel (pytest-xdist), the processes
+    share one build, made by whichever gets the lock first, and each links its files into a models_dir of
+    its own (tests place versions beside it): a build is a minute of the run, once, not once per process."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if not run:
+        return build_model("tiny.en", models_dir)
+    shared = tmp_path_factory.getbasetemp().parent / f"models-{run}"
+    shared.mkdir(exist_ok=True)
+    with open(shared / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not (shared / "tiny.en" / "1" / "manifest.json").exists():
+            build_model("tiny.en", shared)
+    folder = models_dir / "tiny.en" / "1"
+    shutil.copytree(shared / "tiny.en" / "1", folder, copy_function=os.link)
+    return BuildResult(folder, Manifest.read(folder))
 
 
 @pytest.fixture(scope="session")

@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from pipeline.analyze import analyze_recordings
+from pipeline.asr.engine import Engine
 from pipeline.broker.local import free_port
 from pipeline.broker.producer import ContractProducer
 from pipeline.broker.topics import ensure_topics
@@ -26,6 +28,7 @@ from pipeline.config import Settings
 from pipeline.contracts import Serde
 from pipeline.eval.call_library import LIBRARY_DIR
 from pipeline.ingest.replay import CallRecording, ReplayOptions, TelephonyReplay, load_recording
+from pipeline.qa.call import QaConfig
 from pipeline.worker.process import GroupStores, WorkerProcess, committed_offsets, worker_env
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
@@ -142,9 +145,9 @@ def test_kill_9_under_load_after_commits_and_a_new_worker_finishes_every_call(
     kafka_settings: Settings, start_group_worker: Any
 ) -> None:
     # Short calls end (and release their offsets) while the long ones still run when the kill comes.
-    recordings = [load_recording(p, OPTIONS) for p in sorted(SAMPLES.glob("call_0*.wav"))]
-    recordings += [load_recording(LIBRARY_DIR / f"{n}.wav", OPTIONS)
-                   for n in ("01_address_change", "05_rude_agent", "07_escalation_manager")]
+    paths = sorted(SAMPLES.glob("call_0*.wav")) + [
+        LIBRARY_DIR / f"{n}.wav" for n in ("01_address_change", "05_rude_agent", "07_escalation_manager")]
+    recordings = [load_recording(p, OPTIONS) for p in paths]
     first = start_group_worker()
     replay, call_ids = replay_in_background(kafka_settings, recordings, realtime=True, prefix="kill")
 
@@ -155,7 +158,7 @@ def test_kill_9_under_load_after_commits_and_a_new_worker_finishes_every_call(
         return {p: o for p, o in offsets.items() if o > 0}
 
     # So the new worker cannot pass by reading everything again from the earliest offset.
-    before_kill = wait_for("segments stored and audio offsets committed", advanced, timeout_s=120, worker=first)
+    wait_for("segments stored and audio offsets committed", advanced, timeout_s=120, worker=first)
     first.kill9()
     assert replay.is_alive(), "the replay ended before the kill: the kill did not happen under load"
     second = start_group_worker()
@@ -170,10 +173,23 @@ def test_kill_9_under_load_after_commits_and_a_new_worker_finishes_every_call(
     assert calls.inconsistencies(call_ids) == []
     finished_by_second = [c for c in call_ids if calls.finished_in[c] == {1}]
     assert finished_by_second, "the first worker had finished every call: the kill was not mid-load"
-    # The group's position moved on from where it was at the kill, up to the end of every partition.
-    ends = wait_for("the new worker commits the end of each partition", lambda: _caught_up(kafka_settings, second),
-                    timeout_s=60, worker=second)
-    assert all(ends[p] >= o for p, o in before_kill.items())
+    # Against an independent reference, not the stores' own counts: each call's finals are exactly those
+    # `callqa analyze` finds in its recording (same bounds, same text), each stored once over both stores.
+    assert calls.differences(dict(zip(call_ids, offline_finals(paths), strict=True))) == []
+    # The group's commits reach the end of every partition (else this waits out its timeout and fails)...
+    wait_for("the new worker commits the end of each partition", lambda: _caught_up(kafka_settings, second),
+             timeout_s=60, worker=second)
+    # ...and the new worker resumed from the group's commits and the calls' checkpoints, not from the
+    # earliest offset: it took in less audio than the replay sent.
+    sent_s = sum(len(leg) for rec in recordings for leg in rec.legs.values()) / RATE
+    fed_s = read_metric(second, LEG_AUDIO)
+    assert 0 < fed_s < sent_s, f"the new worker took {fed_s:.0f} s of leg audio of the {sent_s:.0f} s sent"
+
+
+def offline_finals(paths: list[Path]) -> list[list[tuple[str, int, int, str]]]:
+    """Each recording's final segments as `callqa analyze` finds them: (leg, start_ms, end_ms, text)."""
+    analyses = analyze_recordings(paths, Engine.load(), QaConfig.from_settings(Settings()))
+    return [[(s.leg, s.start_ms, s.end_ms, s.text) for s in a.segments] for a in analyses]
 
 
 def _caught_up(settings: Settings, worker: WorkerProcess) -> dict[int, int] | None:
