@@ -19,12 +19,19 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.pop("COLUMNS", None)
 
 
+# Fixtures that load faster-whisper: a test comparing with it costs a second decode of its audio.
+REFERENCE_FIXTURES = {"faster_whisper_int8", "faster_whisper_fp32"}
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A test that uses the broker, directly or through another fixture, is a broker test whether or not
     its module says so: `make test-fast` deselects them by this mark, so it never needs Kafka."""
     for item in items:
-        if "broker" in getattr(item, "fixturenames", ()):
+        fixtures = getattr(item, "fixturenames", ())
+        if "broker" in fixtures:
             item.add_marker(pytest.mark.broker)
+        if REFERENCE_FIXTURES.intersection(fixtures):
+            item.add_marker(pytest.mark.slow)  # the reference implementation decodes the same audio again
         module_scoped = _module_fixtures(item)
         if module_scoped:
             # Run in parallel (`pytest -n N --dist loadgroup`), the tests sharing a module fixture (a running

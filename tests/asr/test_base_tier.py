@@ -28,6 +28,9 @@ from pipeline.worker.transcriber import BatcherTranscriber
 # At or below faster-whisper base's 4.3 % (the goal for the base tier); one error is 0.85 points.
 BASE_WER_CEILING_8K_MULAW = 0.043
 
+# Builds the base model (a second, larger build) and decodes with it and with faster-whisper's base.
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def base_engine(tmp_path_factory: pytest.TempPathFactory) -> Engine:

@@ -189,6 +189,7 @@ async def test_batches_run_at_once_on_several_inference_threads() -> None:
     assert recognizer.met == 2, "the two batches did not run at the same time"
 
 
+@pytest.mark.slow
 async def test_the_idle_wide_encoder_gives_the_same_tokens(
     built: Any, asr_settings: Settings, eval_sets: dict[str, list[EvalUtterance]]
 ) -> None:

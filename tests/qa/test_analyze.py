@@ -74,6 +74,7 @@ def check_shape(report: dict[str, Any], rule_set: RuleSet, questions: int) -> No
     assert all(set(e) == EVENT_KEYS for e in report["live_alerts"] + report["events"])
 
 
+@pytest.mark.slow
 def test_json_of_sample_calls_has_both_legs_segments_and_verdicts(qa_config: QaConfig, rule_set: RuleSet) -> None:
     assert len(SAMPLE_CALLS) >= 2
     done = run_cli("--json", *map(str, SAMPLE_CALLS))
