@@ -2,7 +2,9 @@
 
 - ``reorder``      per-leg jitter buffer: duplicates dropped, gaps filled with silence, late frames counted
 - ``legs``         one call leg: jitter buffer in front of the engine's leg front end (decode, 16 kHz, VAD)
-- ``calls``        ``CallProcessor``: orchestrates call lifecycle, segments to the shared batcher, durability
+- ``calls``        ``CallProcessor``: wires the stages a frame goes through (README.md has the path):
+                   ``intake``, ``segmentation``, ``transcription``, ``release``, ``call_outputs``,
+                   ``lifecycle``, ``registry``, ``durability``, ``tasks``
 - ``ports``        the processor's ports: ``OutputPort``, ``SegmentTranscriber`` and its ``Transcription``
 - ``state``        ``CallState`` (per call: events, legs, analyzer, pending tasks), segment ids, watermarks
 - ``budget``       ``InflightBudget``: back-pressure on audio submitted for inference

@@ -12,13 +12,13 @@ from pipeline.contracts.serde import ContractError
 # Label values exported at 0 from the start. A labelled series that appears only at its first
 # increment has no earlier sample, so rate()/increase() never see that increment and the dashboard's
 # "Dropped frames" / "Dead letters" panels stay empty until a second one: Prometheus's advice is to
-# initialise the label values you know. Reasons: pipeline/worker/calls.py; a dead letter's reason is
+# initialise the label values you know. Reasons: pipeline/worker/intake.py; a dead letter's reason is
 # its exception's class, ContractError for any message that does not decode.
 FRAME_DROP_REASONS = ("duplicate", "late", "after_call_end", "before_checkpoint")
 DEAD_LETTER_REASONS = (ContractError.__name__,)
 # Why a hot reload was refused: pipeline/worker/transcriber.py refusal_reason().
 MODEL_REFUSAL_REASONS = ("version", "format", "integrity", "signature", "canary")
-# Kinds of call task (pipeline/worker/calls.py TASK_KINDS).
+# Kinds of call task (pipeline/worker/tasks.py TaskKind).
 TASK_KINDS = ("segment", "emit", "finish", "partial")
 # What became of early decodes (pipeline/worker/early.py).
 EARLY_DECODE_OUTCOMES = ("started", "used", "overtaken")

@@ -1,0 +1,90 @@
+"""Outputs of a call: released segments, failed segments and the call's QA go to Kafka and ClickHouse.
+
+Messages go through the ``OutputPort`` (their deliveries are kept on the call: its offsets are released
+only once they are acknowledged, see durability.py) and rows through the ``RowSink``. What the messages
+and rows hold is built in outputs.py; this stage decides what a call publishes when.
+"""
+
+from __future__ import annotations
+
+from pipeline.config import Settings
+from pipeline.contracts.messages import DeadLetter, Message, now_ms
+from pipeline.qa.call import AnalyzedSegment
+from pipeline.qa.scorecard import CallQaResult
+from pipeline.segmentation.segmenter import SpeechSegment
+from pipeline.store.base import RowSink
+from pipeline.worker.dead_letters import segment_dead_letter
+from pipeline.worker.legs import LegState
+from pipeline.worker.metrics import WorkerMetrics
+from pipeline.worker.outputs import (
+    call_qa_message,
+    call_qa_row,
+    call_row,
+    latency_message,
+    latency_row,
+    qa_alert,
+    qa_event_row,
+    segment_row,
+    transcript_message,
+)
+from pipeline.worker.ports import OutputPort
+from pipeline.worker.state import CallState, DecodedSegment, publish
+
+
+class CallOutputs:
+    """Publishes a call's results and writes its rows."""
+
+    def __init__(self, settings: Settings, output: OutputPort, sink: RowSink, metrics: WorkerMetrics) -> None:
+        self.settings = settings
+        self.output = output
+        self.sink = sink
+        self.metrics = metrics
+
+    async def segment(self, call: CallState, decoded: DecodedSegment, analyzed: AnalyzedSegment) -> None:
+        """A released final: its transcript, latency and QA alerts, and its rows."""
+        leg, start_ms, end_ms, r, consumed_ms, closed_ms = decoded
+        seg_id = analyzed.redacted.segment.segment_id
+        text = analyzed.redacted.text  # the analyzer redacts unless redaction is explicitly off
+        produced = now_ms()
+        last_frame_ms = leg.produced_at(end_ms) or consumed_ms
+        transcript = transcript_message(call.call_id, leg, seg_id, start_ms, end_ms, text, r, True,
+                                        sum(analyzed.redacted.counts.values()), closed_ms, produced)
+        latency = latency_message(call.call_id, leg.leg, seg_id, r, consumed_ms, last_frame_ms, produced,
+                                  self.settings.worker_id)
+        await self.publish(call, self.settings.topic_transcripts, transcript)
+        await self.publish(call, self.settings.topic_latency, latency)
+        for ev in analyzed.events:
+            self.metrics.qa_alerts.labels(ev.rule).inc()
+            await self.publish(call, self.settings.topic_qa, qa_alert(call.call_id, ev))
+        await self.sink.write("segments", [segment_row(transcript)])
+        await self.sink.write("latency", [latency_row(latency)])
+        call.segments_done += 1
+        call.unresolved.discard(seg_id)  # only now: a checkpoint after it needs its rows written
+        self.metrics.segments.labels("final").inc()
+        self.metrics.final_delay.observe(latency.end_to_end_ms / 1000)
+        self.metrics.batch_size.observe(r.batch_size)
+
+    async def segment_failed(self, call: CallState, leg: LegState, seg: SpeechSegment, seg_id: str,
+                             exc: BaseException) -> None:
+        """A segment that could not be transcribed goes to the dead-letter topic (the call goes on)."""
+        self.metrics.dead_letters.labels(type(exc).__name__).inc()
+        letter: DeadLetter = segment_dead_letter(
+            self.settings.topic_audio, call.audio_tp[1] if call.audio_tp else -1, call.call_id, leg.leg, seg,
+            seg_id, exc, self.settings.worker_id, self.settings.debug_raw_audio,
+        )
+        await self.publish(call, self.settings.topic_dead_letters, letter)
+
+    async def call_result(self, call: CallState, result: CallQaResult, how: str, audio_ms: int) -> None:
+        """The call's QA (message, call row, QA rows), once all its segments are out."""
+        start = call.start or call.end
+        qa = call_qa_message(call.call_id, result, start)
+        await self.publish(call, self.settings.topic_qa, qa)
+        await self.sink.write("calls", [call_row(call, qa, start, how, audio_ms, now_ms())])
+        await self.sink.write("call_qa", [call_qa_row(qa)])
+        if result.events:
+            await self.sink.write("qa_events", [qa_event_row(call.call_id, e) for e in result.events])
+        self.metrics.calls_finished.labels(how).inc()
+
+    async def publish(self, call: CallState, topic: str, message: Message) -> None:
+        """One of the call's messages, keyed by its id (its delivery is awaited before its release)."""
+        await publish(self.output, call, topic, call.call_id, message)

@@ -1,0 +1,91 @@
+"""CallRegistry (pipeline/worker/registry.py): which calls a worker holds, opened new or from checkpoints,
+and what a rebalance takes away. In-memory checkpoint store; no Kafka."""
+
+from __future__ import annotations
+
+import asyncio
+
+from pipeline.asr.engine import LegFrontEnd
+from pipeline.config import Settings
+from pipeline.contracts.messages import CallCheckpoint, CheckpointSegment
+from pipeline.qa.call import QaConfig
+from pipeline.worker.checkpoints import MemoryCheckpointStore
+from pipeline.worker.metrics import WorkerMetrics
+from pipeline.worker.registry import CallRegistry
+
+AUDIO, EVENTS = ("audio", 3), ("events", 3)
+
+
+def _no_front_end(rate: int, encoding: str) -> LegFrontEnd:
+    raise AssertionError("no leg is opened here")
+
+
+def _registry(store: MemoryCheckpointStore | None = None) -> tuple[CallRegistry, MemoryCheckpointStore, WorkerMetrics]:
+    settings, metrics = Settings(topic_audio="audio", topic_call_events="events"), WorkerMetrics()
+    store = store or MemoryCheckpointStore()
+    return CallRegistry(settings, QaConfig.from_settings(settings), _no_front_end, store, metrics), store, metrics
+
+
+async def test_a_new_call_opens_once_on_its_audio_partition_with_an_analyzer() -> None:
+    registry, _, _ = _registry()
+    call = await registry.call_for("c1", EVENTS)  # an event may come first: the call is on audio partition 3
+    assert call is not None and call.analyzer is not None and call.audio_tp == AUDIO
+    assert await registry.call_for("c1", AUDIO) is call and registry.calls == {"c1": call}
+
+
+async def test_two_agents_opening_one_call_at_once_get_the_same_call() -> None:
+    registry, _, _ = _registry()
+    a, b = await asyncio.gather(registry.call_for("c1", AUDIO), registry.call_for("c1", EVENTS))
+    assert a is b is registry.calls["c1"]
+
+
+async def test_a_call_finished_before_is_not_opened_again() -> None:
+    store = MemoryCheckpointStore()
+    await (await store.save(3, "c1", CallCheckpoint("c1", "finished")))
+    registry, _, _ = _registry(store)
+    assert await registry.call_for("c1", AUDIO) is None
+    assert await registry.call_for("c1", AUDIO) is None and "c1" in registry.finished and not registry.calls
+
+
+async def test_a_call_resumes_from_its_checkpoint_with_its_segments() -> None:
+    store = MemoryCheckpointStore()
+    segment = CheckpointSegment("c1/agent/000000000", "agent", 0, 900, "hello")
+    await (await store.save(3, "c1", CallCheckpoint("c1", "open", segments=[segment], segments_done=1)))
+    registry, _, metrics = _registry(store)
+    call = await registry.call_for("c1", AUDIO)
+    assert call is not None and call.segments_done == 1 and call.announced == {"agent": ["c1/agent/000000000"]}
+    assert call.analyzer is not None and [s.text for s in call.analyzer.segments] == ["hello"]
+    assert metrics.registry.get_sample_value("callqa_calls_resumed_total") == 1
+
+
+async def test_a_call_closed_for_inactivity_is_reopened_by_its_late_frames() -> None:
+    registry, _, metrics = _registry()
+    call = await registry.call_for("c1", AUDIO)
+    assert call is not None
+    registry.retire(call, "timeout")
+    assert not registry.calls and registry.awaiting_release == [call] and "c1" in registry.closed
+    again = await registry.call_for("c1", AUDIO)
+    assert again is not None and again is not call and "c1" not in registry.closed
+    assert metrics.registry.get_sample_value("callqa_calls_reopened_total") == 1
+
+
+async def test_a_call_that_ended_stays_finished() -> None:
+    registry, _, _ = _registry()
+    call = await registry.call_for("c1", AUDIO)
+    assert call is not None
+    registry.retire(call, "end")
+    assert await registry.call_for("c1", AUDIO) is None and registry.awaiting_release == [call]
+
+
+async def test_revoked_partitions_take_their_calls_and_input_of_them_is_ignored() -> None:
+    registry, _, metrics = _registry()
+    registry.on_assigned({AUDIO, EVENTS, ("audio", 4), ("events", 4)})
+    kept, dropped = await registry.call_for("c4", ("audio", 4)), await registry.call_for("c3", AUDIO)
+    assert kept is not None and dropped is not None
+    waiting = asyncio.create_task(asyncio.Event().wait())
+    dropped.pending.add(waiting)
+    registry.drop_partitions({3})
+    await asyncio.sleep(0)
+    assert registry.calls == {"c4": kept} and dropped.finishing and waiting.cancelled()
+    assert not registry.owns(AUDIO) and registry.owns(("audio", 4))
+    assert metrics.registry.get_sample_value("callqa_calls_dropped_on_revoke_total") == 1
