@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from pipeline.audio.resample import resample  # noqa: E402
+from pipeline.config.segmentation import SegmentationSettings  # noqa: E402
 from pipeline.qa.metrics import compute_metrics  # noqa: E402
 from pipeline.qa.numbers import digit_runs  # noqa: E402
 from pipeline.qa.rules import load_rules  # noqa: E402
@@ -77,12 +78,16 @@ DEFAULT_RULES = {
     "escalation_request": "absent",
     "cancellation_intent": "absent",
 }
-# How far the streamed metrics may be from the ones computed on the scripted placement: the VAD pads
-# and merges segments, the synthetic voices pause inside sentences.
+# How far the streamed metrics may be from the ones computed on the scripted placement as the segmenter
+# stores it (each turn padded by its pre- and post-roll: see ``as_segmented``): the VAD merges segments,
+# finds onsets inside the synthetic voices' leading silence, and they pause inside sentences. Measured at
+# 21f1ea5 over the 23 calls, the largest differences were 3.0 points of non-talk, 2.6 of talk, 236 ms of
+# overtalk, 108 ms of first response and 1420 ms of longest silence (against the unpadded placement:
+# 12.2 points, 6.4 points, 2914 ms, 438 ms, 970 ms).
 TOLERANCES = {
-    "duration_ms": 500, "non_talk_pct": 12.0, "agent_talk_pct": 12.0, "customer_talk_pct": 12.0,
-    "silence_count": 1, "longest_silence_ms": 1500, "overtalk_ms": 3000, "agent_interruptions": 1,
-    "customer_interruptions": 1, "first_agent_response_ms": 1500,
+    "duration_ms": 500, "non_talk_pct": 5.0, "agent_talk_pct": 5.0, "customer_talk_pct": 5.0,
+    "silence_count": 1, "longest_silence_ms": 2000, "overtalk_ms": 1000, "agent_interruptions": 1,
+    "customer_interruptions": 1, "first_agent_response_ms": 500,
 }  # fmt: skip
 # A metric check this close to its threshold on the scripted placement cannot have a reliable expectation.
 CHECK_MARGINS = {"non_talk_pct": 4.0, "silence_count": 0.5, "overtalk_ms": 2500, "agent_interruptions": 0.5,
@@ -289,13 +294,26 @@ def write_wav(path: Path, channels: np.ndarray) -> None:
 
 
 # ---- expectations ---------------------------------------------------------------------------------
+def as_segmented(call: str, turns: list[Turn], duration_ms: int) -> list[Segment]:
+    """The turns as the worker's segmenter stores them: each keeps the default pre-roll before its onset and
+    post-roll after its end, never reaching back into its leg's previous segment or past the call. Metrics
+    of the bare placement counted every 500 ms pause between speakers as silence that the padding fills."""
+    defaults = SegmentationSettings()
+    last_end: dict[str, int] = {}
+    out = []
+    for i, t in enumerate(turns):
+        start = max(t.start_ms - defaults.pre_roll_ms, last_end.get(t.leg, 0), 0)
+        end = min(t.end_ms + defaults.post_roll_ms, duration_ms)
+        last_end[t.leg] = end
+        out.append(Segment(call, t.leg, f"turn{i}", start, end, t.text))  # type: ignore[arg-type]
+    return out
+
+
 def expected_verdicts(script: CallScript, turns: list[Turn], duration_ms: int) -> dict[str, Any]:
     """Rule verdicts from the script, question verdicts from the scorecard, metrics from the placement."""
     rule_set = load_rules(ROOT / "rules")
     card = load_scorecard(ROOT / "rules" / "scorecards" / "default.yaml", rule_set)
-    segments = [Segment(script.name, t.leg, f"turn{i}", t.start_ms, t.end_ms, t.text)  # type: ignore[arg-type]
-                for i, t in enumerate(turns)]
-    metrics = compute_metrics(segments, call_end_ms=duration_ms).as_dict()
+    metrics = compute_metrics(as_segmented(script.name, turns, duration_ms), call_end_ms=duration_ms).as_dict()
     items: dict[str, str] = {}
     uncertain: list[str] = []
     for q in card.questions:

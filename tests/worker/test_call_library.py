@@ -3,7 +3,8 @@
 Every library call is replayed (fast, holds honoured: no frames there) to one worker. Then
 - every call's rule and scorecard verdicts are compared with the manifest (agreement ≥ 95 %);
 - no PII span of the manifest appears in any output topic, any table or the worker's log (hard: zero);
-- WER of the stored (redacted) transcripts against the scripts is printed.
+- metrics are within the manifest's tolerances, WER of the stored (redacted) transcripts against the
+  scripts is under a ceiling, and only holds leave frames missing.
 Before that, one short call is replayed in real time and its live QaAlert must come before the call ends.
 """
 
@@ -44,6 +45,8 @@ REPO = Path(__file__).resolve().parents[2]
 OPTIONS = ReplayOptions(encoding="mulaw", frame_ms=20)
 LIVE_CALL = "05_rude_agent"  # short, and its agent says prohibited words mid-call
 AGREEMENT_GOAL = 0.95
+# The stored finals against the scripts (4.8 % measured at 21f1ea5; the offline legs set reads 5.0-5.3 %).
+WER_CEILING = 0.06
 IDS = "has(splitByChar(',', {ids:String}), call_id)"
 # Free-text columns: searched for every PII kind of their call. Whole rows are searched for the long kinds.
 TEXT_COLUMNS = {"segments": ["text"], "call_qa": ["items.rationale"], "qa_events": ["text"]}
@@ -168,8 +171,9 @@ def test_call_library_verdicts_pii_and_live_alerts_through_the_running_pipeline(
     # A clean replay has no late frames: each one is audio that arrived after its place had been filled
     # with silence (the call finalised too early). Holds account for the filled gaps.
     hold_frames = sum(2 * (h["end_ms"] - h["start_ms"]) // OPTIONS.frame_ms for c, _ in calls for h in c["holds"])
-    print(f"worker: {worker.metric('callqa_frames_dropped_total', reason='late'):.0f} late frames dropped, "
-          f"{worker.metric('callqa_gap_frames_total'):.0f} missing frames filled with silence "
+    late_frames = worker.metric("callqa_frames_dropped_total", reason="late")
+    gap_frames = worker.metric("callqa_gap_frames_total")
+    print(f"worker: {late_frames:.0f} late frames dropped, {gap_frames:.0f} missing frames filled with silence "
           f"({hold_frames} are holds)")
 
     # (a) verdicts and metrics against the manifest
@@ -207,7 +211,8 @@ def test_call_library_verdicts_pii_and_live_alerts_through_the_running_pipeline(
         for leg in ("agent", "customer"):
             refs.append(redacted_reference(by_id[call_id], leg))
             hyps.append(" ".join(s["text"] for s in segments if s["call_id"] == call_id and s["leg"] == leg))
-    print(f"WER of the library transcripts (redacted, vs scripts): {word_error_rate(refs, hyps):.1%}")
+    wer = word_error_rate(refs, hyps)
+    print(f"WER of the library transcripts (redacted, vs scripts): {wer:.1%}")
 
     # (b) PII: nowhere, in any topic, table or log line
     spans = {call_id: by_id[call_id]["pii"] for call_id in [*call_ids, live_id]}
@@ -226,3 +231,7 @@ def test_call_library_verdicts_pii_and_live_alerts_through_the_running_pipeline(
     assert end_at is not None and alert_at < end_at, "the live alert came only after the call had ended"
     assert leaks == [], f"{len(leaks)} PII leaks (listed above)"
     assert agreement >= AGREEMENT_GOAL, f"verdict agreement {agreement:.1%} < {AGREEMENT_GOAL:.0%}"
+    assert metric_notes == [], f"{len(metric_notes)} metrics outside the manifest's tolerance (listed above)"
+    assert wer <= WER_CEILING, f"WER {wer:.1%} of the stored transcripts > {WER_CEILING:.0%}"
+    # Only the holds are missing frames, and nothing came after its place was filled.
+    assert (late_frames, gap_frames) == (0, hold_frames)
