@@ -20,6 +20,7 @@ from rich.table import Table
 
 from pipeline.bench.cli import bench_app
 from pipeline.config import Settings, get_settings
+from pipeline.gateway.cli import gateway_app
 
 if TYPE_CHECKING:
     from pipeline.ingest.replay import CallRecording, ReplayOptions
@@ -32,6 +33,7 @@ app.add_typer(broker_app, name="broker")
 app.add_typer(topics_app, name="topics")
 app.add_typer(schemas_app, name="schemas")
 app.add_typer(bench_app, name="bench")
+app.add_typer(gateway_app, name="gateway")
 
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)

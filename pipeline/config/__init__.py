@@ -24,6 +24,7 @@ from pydantic_settings import (
 
 from pipeline.config.asr import AsrSettings
 from pipeline.config.broker import BrokerSettings
+from pipeline.config.gateway import GatewaySettings
 from pipeline.config.qa import QaSettings
 from pipeline.config.segmentation import SegmentationSettings
 from pipeline.config.store import StoreSettings
@@ -41,6 +42,7 @@ class Settings(
     WorkerSettings,
     StoreSettings,
     QaSettings,
+    GatewaySettings,
     BaseSettings,
 ):
     model_config = SettingsConfigDict(

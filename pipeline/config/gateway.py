@@ -1,0 +1,84 @@
+"""Settings of the live telephony gateway (`callqa gateway`: Twilio Media Streams, Genesys AudioHook)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
+
+
+class GatewaySettings(BaseModel):
+    gateway_public_url: str = Field(
+        "",
+        description="Base URL callers use to reach the gateway (e.g. wss://gw.example.com), which Twilio signs; "
+        "empty rebuilds it from Host and X-Forwarded-Proto/-Host.",
+    )
+    gateway_tls_cert: Path | None = Field(
+        None, description="PEM certificate (chain) of the gateway: set with gateway_tls_key, it serves wss://."
+    )
+    gateway_tls_key: Path | None = Field(None, description="PEM private key of gateway_tls_cert.")
+    twilio_auth_token: SecretStr = Field(
+        SecretStr(""),
+        description="Twilio auth token that signs X-Twilio-Signature (secret); empty accepts unsigned streams, "
+        "allowed only on a loopback host.",
+    )
+    audiohook_api_key: SecretStr = Field(
+        SecretStr(""),
+        description="X-API-KEY Genesys AudioHook must send (secret); empty accepts any, allowed only on a loopback host.",
+    )
+    audiohook_client_secret: SecretStr = Field(
+        SecretStr(""),
+        description="Base64 client secret of the AudioHook integration: its RFC 9421 signatures are required "
+        "when set (secret).",
+    )
+    audiohook_signature_max_age_s: float = Field(
+        10.0, gt=0, description="Oldest AudioHook signature accepted, from its `created` time (s)."
+    )
+    audiohook_clock_skew_s: float = Field(
+        3.0, ge=0, description="Clock difference allowed between Genesys and the gateway in signature times (s)."
+    )
+    gateway_end_grace_s: float = Field(
+        5.0, ge=0,
+        description="After a call's last stream closes, how long a new stream may continue it before its end "
+        "event is sent (s).",
+    )
+    gateway_idle_timeout_s: float = Field(
+        60.0, gt=0, description="A stream that sends nothing (no media, no ping) for this long is closed (s)."
+    )
+    gateway_leg_buffer_s: float = Field(
+        2.0, gt=0,
+        description="Audio held per leg while Kafka is slow (s); AudioHook is paused near it, Twilio's oldest "
+        "audio is dropped past it.",
+    )
+    gateway_max_sessions: int = Field(
+        2000, ge=1, description="Open websocket sessions a gateway takes; beyond it the handshake gets 503."
+    )
+    gateway_drain_s: float = Field(
+        30.0, ge=0, description="On SIGTERM, how long open streams may go on before they are closed (s)."
+    )
+    gateway_close_flush_s: float = Field(
+        5.0, ge=0,
+        description="How long an AudioHook `close` waits for the session's audio to reach Kafka before `closed` (s).",
+    )
+    gateway_send_batch: int = Field(
+        2000, ge=1, description="Most messages the Kafka sender produces before waiting for their acknowledgement."
+    )
+
+    @field_validator("gateway_tls_cert", "gateway_tls_key", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: Any) -> Any:
+        return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("gateway_tls_cert", "gateway_tls_key")
+    @classmethod
+    def _existing_file(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_file():
+            raise ValueError(f"no such file: {value}")
+        return value
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> GatewaySettings:
+        if (self.gateway_tls_cert is None) != (self.gateway_tls_key is None):
+            raise ValueError("CALLQA_GATEWAY_TLS_CERT and CALLQA_GATEWAY_TLS_KEY must be set together")
+        return self

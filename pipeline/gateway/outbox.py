@@ -1,0 +1,193 @@
+"""Between the sockets and Kafka: bounded per-leg buffers, drained by one sender thread.
+
+Socket readers only append here (under a lock held for microseconds); they never wait on Kafka, so
+pings and ``opened`` stay on time whatever the broker does. Each leg holds at most
+``gateway_leg_buffer_s`` of frames; when one is full its oldest frame is dropped and counted (the seq
+gap it leaves is filled with silence by the worker). AudioHook sessions read ``buffered_fraction`` and
+pause their client before that happens; Twilio has no flow control, so its audio is what gets dropped.
+
+The sender produces what is buffered (start events first, then frames round-robin over the legs, then
+the end events of calls with no frame left), waits for the broker's acknowledgement of the batch
+(acks=all, idempotent: ``ContractProducer``), and only then takes the next one: the buffers fill up
+exactly when Kafka is slower than the calls.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from pipeline.broker.producer import ContractProducer, DeliveryError
+from pipeline.contracts.messages import LEGS, AudioFrame, CallEvent
+from pipeline.gateway.metrics import GatewayMetrics
+from pipeline.gateway.timeline import FRAME_MS
+
+log = logging.getLogger("callqa.gateway")
+
+
+@dataclass
+class Batch:
+    starts: list[CallEvent] = field(default_factory=list)
+    frames: list[AudioFrame] = field(default_factory=list)
+    ends: list[CallEvent] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.starts) + len(self.frames) + len(self.ends)
+
+
+class Outbox:
+    """The core's ``CallSink``: frames and call events waiting for Kafka."""
+
+    def __init__(self, metrics: GatewayMetrics, leg_buffer_s: float) -> None:
+        self.metrics = metrics
+        self.leg_capacity = max(1, round(leg_buffer_s * 1000 / FRAME_MS))
+        self._lock = threading.Condition()
+        self._starts: deque[CallEvent] = deque()
+        self._ends: deque[CallEvent] = deque()
+        self._legs: dict[tuple[str, str], deque[AudioFrame]] = {}
+        self._in_flight: dict[str, int] = {}  # call -> frames taken by the sender, not yet acknowledged
+        self.dropped: dict[str, int] = {}  # call -> frames dropped from its full leg buffers
+
+    # ---- CallSink (the event loop's side) ---------------------------------------------------------------
+    def call_started(self, event: CallEvent) -> None:
+        with self._lock:
+            self._starts.append(event)
+            self._lock.notify()
+
+    def frame(self, frame: AudioFrame) -> None:
+        with self._lock:
+            buffer = self._legs.setdefault((frame.call_id, frame.leg), deque())
+            if len(buffer) >= self.leg_capacity:
+                buffer.popleft()
+                self.dropped[frame.call_id] = self.dropped.get(frame.call_id, 0) + 1
+                self.metrics.frames_dropped.inc()
+            buffer.append(frame)
+            self._lock.notify()
+
+    def buffered_fraction(self, call_id: str) -> float:
+        with self._lock:
+            fullest = max(len(self._legs.get((call_id, leg), ())) for leg in LEGS)
+            return fullest / self.leg_capacity
+
+    def call_ended(self, event: CallEvent) -> None:
+        with self._lock:
+            self._ends.append(event)
+            self.dropped.pop(event.call_id, None)
+            self._lock.notify()
+
+    def call_held(self, call_id: str, at_ms: int) -> None:
+        """A PCI pause began. Counted only: the ``hold`` call event goes on the topic once the CallEvent
+        schema has the hold and resume types and the worker reads them (today's worker would take any
+        event that is not a start for the call's end)."""
+        log.info("call %s: client paused the audio at %d ms (PCI)", call_id, at_ms)
+
+    def call_resumed(self, call_id: str, at_ms: int, held_ms: int) -> None:
+        """A PCI pause ended (see ``call_held``): the hold time is counted in
+        ``callqa_gateway_hold_seconds_total``; the ``resume`` event waits for the schema's types."""
+        log.info("call %s: client resumed the audio at %d ms after %d ms", call_id, at_ms, held_ms)
+
+    # ---- the sender's side --------------------------------------------------------------------------------
+    def take(self, max_messages: int, wait_s: float) -> Batch:
+        """What to produce next (waiting up to ``wait_s`` for anything)."""
+        with self._lock:
+            if not (self._starts or self._legs or self._ends):
+                self._lock.wait(wait_s)
+            batch = Batch(starts=list(self._starts))
+            self._starts.clear()
+            self._take_frames(batch, max_messages)
+            self._take_ends(batch)
+            self.metrics.buffered_frames.set(sum(len(b) for b in self._legs.values()))
+            return batch
+
+    def _take_frames(self, batch: Batch, max_messages: int) -> None:
+        if not self._legs:
+            return
+        share = max(1, max_messages // len(self._legs))
+        for key in list(self._legs):
+            buffer = self._legs[key]
+            for _ in range(min(share, len(buffer))):
+                batch.frames.append(buffer.popleft())
+            if not buffer:
+                del self._legs[key]
+        for f in batch.frames:
+            self._in_flight[f.call_id] = self._in_flight.get(f.call_id, 0) + 1
+
+    def _take_ends(self, batch: Batch) -> None:
+        waiting = {c for c, _ in self._legs}
+        keep: deque[CallEvent] = deque()
+        for event in self._ends:
+            (keep if event.call_id in waiting else batch.ends).append(event)
+        self._ends = keep
+
+    def acknowledged(self, batch: Batch) -> None:
+        with self._lock:
+            for f in batch.frames:
+                left = self._in_flight[f.call_id] - 1
+                if left:
+                    self._in_flight[f.call_id] = left
+                else:
+                    del self._in_flight[f.call_id]
+
+    def call_flushed(self, call_id: str) -> bool:
+        """No frame of the call is buffered or on its way to Kafka (AudioHook's ``closed`` waits for it)."""
+        with self._lock:
+            return call_id not in self._in_flight and not any((call_id, leg) in self._legs for leg in LEGS)
+
+    def empty(self) -> bool:
+        with self._lock:
+            return not (self._starts or self._legs or self._ends or self._in_flight)
+
+
+class KafkaSender:
+    """The thread that drains the outbox into Kafka, one acknowledged batch at a time."""
+
+    def __init__(self, outbox: Outbox, producer: ContractProducer, audio_topic: str, events_topic: str,
+                 metrics: GatewayMetrics, batch_max: int = 2000) -> None:
+        self.outbox = outbox
+        self.producer = producer
+        self.audio_topic = audio_topic
+        self.events_topic = events_topic
+        self.metrics = metrics
+        self.batch_max = batch_max
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="callqa-gateway-sender", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Send everything still buffered, then stop."""
+        self._stop.set()
+        self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        while True:
+            batch = self.outbox.take(self.batch_max, wait_s=0.05)
+            if not len(batch):
+                if self._stop.is_set() and self.outbox.empty():
+                    return
+                continue
+            self._send(batch)
+
+    def _send(self, batch: Batch) -> None:
+        for event in batch.starts:
+            self.producer.send(self.events_topic, event.call_id, event)
+        for frame in batch.frames:
+            self.producer.send(self.audio_topic, frame.call_id, frame)
+        for event in batch.ends:
+            self.producer.send(self.events_topic, event.call_id, event)
+        try:
+            self.producer.flush(30.0)
+        except DeliveryError as exc:
+            # Nothing to hand the failure back to (the audio was live): count it, say it once per batch.
+            self.metrics.delivery_failures.inc(max(1, len(self.producer.failures)))
+            log.error("Kafka did not take %d messages: %s", len(batch), exc)
+            self.producer.failures.clear()
+        acked_at = time.time()
+        for frame in batch.frames:
+            self.metrics.ack_latency.observe(max(0.0, acked_at - frame.produced_at_ms / 1000))
+        self.metrics.frames_acked.inc(len(batch.frames))
+        self.outbox.acknowledged(batch)

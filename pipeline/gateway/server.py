@@ -1,0 +1,278 @@
+"""The websocket shell around the gateway's core: one asyncio server, paths /twilio and /audiohook, and
+plain HTTP /healthz and /metrics answered before any upgrade.
+
+Everything that can refuse a connection happens on the upgrade request (``process_request``): the
+session limit (503), the credentials (Twilio 403, AudioHook 401), unknown paths (404). After the
+upgrade a session object of the core (``TwilioStream``, ``AudioHookSession``) takes each message; this
+module only reads sockets, sends replies, closes with the core's close codes, and runs the timers
+(call end grace, back-pressure resume, idle timeout, AudioHook's flush before ``closed``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import json
+import logging
+import ssl
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST
+from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.datastructures import Headers
+from websockets.exceptions import ConnectionClosed
+from websockets.http11 import Request, Response
+
+from pipeline.broker.producer import ContractProducer
+from pipeline.config import Settings
+from pipeline.gateway.audiohook import AudioHookSession, State
+from pipeline.gateway.auth import AudioHookAuthenticator, PublicAddress, twilio_refusal
+from pipeline.gateway.calls import OpenCalls
+from pipeline.gateway.metrics import GatewayMetrics
+from pipeline.gateway.outbox import KafkaSender, Outbox
+from pipeline.gateway.protocol import CLOSE_GOING_AWAY, CLOSE_IDLE, CLOSE_NORMAL, CLOSE_POLICY, ProtocolError
+from pipeline.gateway.twilio import TwilioStream
+
+log = logging.getLogger("callqa.gateway")
+
+PATHS = ("/twilio", "/audiohook")
+MAX_MESSAGE_BYTES = 64 * 1024  # a second of stereo PCMU is 16 KB; Twilio's JSON of a second ~11 KB
+TICK_S = 0.1
+ERROR_CLOSE_WAIT_S = 2.0  # after an AudioHook disconnect, how long the client has to send its close
+
+Session = TwilioStream | AudioHookSession
+
+
+class GatewayServer:
+    def __init__(self, settings: Settings, producer: ContractProducer, *, metrics: GatewayMetrics | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.settings = settings
+        self.metrics = metrics or GatewayMetrics()
+        self.outbox = Outbox(self.metrics, settings.gateway_leg_buffer_s)
+        self.calls = OpenCalls(self.outbox, self.metrics, settings.gateway_end_grace_s, clock)
+        self.sender = KafkaSender(self.outbox, producer, settings.topic_audio, settings.topic_call_events,
+                                  self.metrics, settings.gateway_send_batch)
+        self.audiohook_auth = AudioHookAuthenticator(
+            settings.audiohook_api_key.get_secret_value(), settings.audiohook_client_secret.get_secret_value(),
+            settings.audiohook_signature_max_age_s, settings.audiohook_clock_skew_s)
+        self.tls = _tls_context(settings)
+        self.sessions: dict[ServerConnection, Session] = {}
+        self.draining = False
+        self._closing_all = False
+        self._loopback = True
+        self._server: Server | None = None
+        self._ticker: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    # ---- lifecycle ----------------------------------------------------------------------------------------
+    async def start(self, host: str, port: int) -> int:
+        """Listen; returns the port (useful with port 0)."""
+        self._loopback = _is_loopback(host)
+        self.sender.start()
+        self._server = await serve(self._handle, host, port, process_request=self._process_request,
+                                   max_size=MAX_MESSAGE_BYTES, compression=None, ssl=self.tls,
+                                   logger=logging.getLogger("callqa.gateway.websockets"))
+        self._ticker = asyncio.create_task(self._tick())
+        bound: int = self._server.sockets[0].getsockname()[1]
+        return bound
+
+    async def shutdown(self) -> None:
+        """Drain: refuse new sessions, let open ones go on up to ``gateway_drain_s``, close the rest,
+        end every call (one end event each), and send what is buffered."""
+        self.draining = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.gateway_drain_s
+        while self.sessions and loop.time() < deadline:
+            await asyncio.sleep(TICK_S)
+        self._closing_all = True
+        for ws in list(self.sessions):
+            await ws.close(CLOSE_GOING_AWAY, "gateway shutdown")
+        while self.sessions and loop.time() < deadline + 5:
+            await asyncio.sleep(0.01)
+        if self._ticker is not None:
+            self._ticker.cancel()
+        self.calls.end_all("gateway shutdown")
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+        await asyncio.to_thread(self.sender.stop)
+
+    # ---- before the upgrade -------------------------------------------------------------------------------
+    def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
+        path = request.path.partition("?")[0]
+        if path == "/healthz":
+            return connection.respond(503 if self.draining else 200, "draining\n" if self.draining else "ok\n")
+        if path == "/metrics":
+            response = connection.respond(200, self.metrics.exposition().decode())
+            response.headers["Content-Type"] = CONTENT_TYPE_LATEST
+            return response
+        if path not in PATHS:
+            return connection.respond(404, "not found: the gateway serves /twilio, /audiohook, /healthz, /metrics\n")
+        protocol = path[1:]
+        if self.draining or len(self.sessions) >= self.settings.gateway_max_sessions:
+            self.metrics.sessions.labels(protocol, "refused_busy").inc()
+            log.warning("%s handshake refused: %s", protocol, "draining" if self.draining else "session limit reached")
+            return connection.respond(503, "gateway at its session limit\n")
+        refusal = self._refusal(protocol, request)
+        if refusal is not None:
+            self.metrics.auth_failures.labels(protocol, refusal).inc()
+            self.metrics.sessions.labels(protocol, "refused_auth").inc()
+            log.warning("%s handshake from %s refused: %s", protocol, _peer(connection), refusal)
+            return connection.respond(403 if protocol == "twilio" else 401, f"refused: {refusal}\n")
+        return None
+
+    def _refusal(self, protocol: str, request: Request) -> str | None:
+        headers = _lower(request.headers)
+        address = PublicAddress.of_request(headers, self.settings.gateway_public_url, self.tls is not None)
+        if protocol == "twilio":
+            token = self.settings.twilio_auth_token.get_secret_value()
+            if not token:
+                return None if self._loopback else "no_auth_token_configured"
+            return twilio_refusal(token, address.url(request.path), headers.get("x-twilio-signature"))
+        if not self.settings.audiohook_api_key.get_secret_value() and not self._loopback:
+            return "no_api_key_configured"
+        return self.audiohook_auth.refusal(request.path, address.host, headers)
+
+    # ---- after the upgrade --------------------------------------------------------------------------------
+    async def _handle(self, ws: ServerConnection) -> None:
+        assert ws.request is not None
+        protocol = ws.request.path.partition("?")[0][1:]
+        stream_id = uuid.uuid4().hex[:16]
+        session: Session
+        if protocol == "twilio":
+            session = TwilioStream(self.calls, self.metrics, stream_id)
+        else:
+            headers = _lower(ws.request.headers)
+            session = AudioHookSession(self.calls, self.metrics, stream_id,
+                                       session_id=headers.get("audiohook-session-id", "")[:64],
+                                       organization_id=headers.get("audiohook-organization-id", ""))
+        self.sessions[ws] = session
+        self.metrics.sessions.labels(protocol, "accepted").inc()
+        self.metrics.sessions_active.labels(protocol).inc()
+        reason = "disconnected"
+        try:
+            reason = await (self._read_twilio(ws, session) if isinstance(session, TwilioStream)
+                            else self._read_audiohook(ws, session))
+        finally:
+            if isinstance(session, TwilioStream):
+                session.close(reason)
+            else:
+                session.socket_closed(reason)
+            del self.sessions[ws]
+            self.metrics.sessions_active.labels(protocol).dec()
+
+    async def _read_twilio(self, ws: ServerConnection, session: TwilioStream) -> str:
+        while True:
+            message = await self._receive(ws, session, self.settings.gateway_idle_timeout_s)
+            if isinstance(message, _Ended):
+                return message.reason
+            try:
+                if isinstance(message, str):
+                    session.on_text(message)
+                else:
+                    session.on_binary(message)
+            except ProtocolError as err:
+                await ws.close(err.code, err.detail[:120])
+                return "protocol error"
+
+    async def _read_audiohook(self, ws: ServerConnection, session: AudioHookSession) -> str:
+        while True:
+            errored = session.state is State.ERROR
+            wait = ERROR_CLOSE_WAIT_S if errored else self.settings.gateway_idle_timeout_s
+            message = await self._receive(ws, session, wait, count_idle=not errored)
+            if isinstance(message, _Ended):
+                if errored and message.reason == "idle timeout":  # the client never closed after disconnect
+                    code, why = ((session.error.code, session.error.detail) if session.error
+                                 else (CLOSE_POLICY, "unauthorized"))
+                    await ws.close(code, why[:120])
+                    return "protocol error" if session.error else "unauthorized"
+                return message.reason
+            replies = session.on_text(message) if isinstance(message, str) else session.on_binary(message)
+            await self._send(ws, replies)
+            if session.state is State.CLOSING:
+                self._spawn(self._close_after_flush(ws, session))
+            elif session.state is State.CLOSED:  # the client closed after our disconnect
+                await ws.close(CLOSE_NORMAL)
+                return "protocol error" if session.error else "unauthorized"
+
+    async def _receive(self, ws: ServerConnection, session: Session, wait_s: float,
+                       count_idle: bool = True) -> str | bytes | _Ended:
+        try:
+            return await asyncio.wait_for(ws.recv(), wait_s)
+        except TimeoutError:
+            if count_idle:
+                self.metrics.protocol_errors.labels(session.protocol, "idle").inc()
+                log.warning("%s: nothing received for %.0f s, closing", session.name, wait_s)
+                await ws.close(CLOSE_IDLE, "idle timeout")
+            return _Ended("idle timeout")
+        except ConnectionClosed:
+            return _Ended("gateway shutdown" if self._closing_all else "disconnected")
+
+    async def _close_after_flush(self, ws: ServerConnection, session: AudioHookSession) -> None:
+        """``closed`` once the session's audio is acknowledged by Kafka (bounded), then the socket closes."""
+        deadline = time.monotonic() + self.settings.gateway_close_flush_s
+        while not self.outbox.call_flushed(session.call_id) and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        await self._send(ws, session.closed_message())
+        await ws.close(CLOSE_NORMAL)
+
+    async def _tick(self) -> None:
+        """Calls past their end grace end; AudioHook sessions paused for back-pressure resume."""
+        while True:
+            await asyncio.sleep(TICK_S)
+            self.calls.tick()
+            for ws, session in list(self.sessions.items()):
+                if isinstance(session, AudioHookSession):
+                    await self._send(ws, session.check_flow())
+
+    async def _send(self, ws: ServerConnection, replies: list[dict[str, Any]]) -> None:
+        for reply in replies:
+            with contextlib.suppress(ConnectionClosed):
+                await ws.send(json.dumps(reply))
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+
+class _Ended:
+    """The socket gave no message: why."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def _lower(headers: Headers) -> dict[str, str]:
+    """Header names lower-cased; a repeated header keeps its first value."""
+    out: dict[str, str] = {}
+    for name, value in headers.raw_items():
+        out.setdefault(name.lower(), value)
+    return out
+
+
+def _peer(connection: ServerConnection) -> str:
+    address = connection.remote_address
+    return str(address[0]) if address else "?"
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _tls_context(settings: Settings) -> ssl.SSLContext | None:
+    if settings.gateway_tls_cert is None or settings.gateway_tls_key is None:
+        return None
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(str(settings.gateway_tls_cert), str(settings.gateway_tls_key))
+    return context
