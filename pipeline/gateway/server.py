@@ -39,7 +39,7 @@ from pipeline.gateway.twilio import TwilioStream
 
 log = logging.getLogger("callqa.gateway")
 
-PATHS = ("/twilio", "/audiohook")
+PROTOCOLS = ("twilio", "audiohook")
 MAX_MESSAGE_BYTES = 64 * 1024  # a second of stereo PCMU is 16 KB; Twilio's JSON of a second ~11 KB
 TICK_S = 0.1
 ERROR_CLOSE_WAIT_S = 2.0  # after an AudioHook disconnect, how long the client has to send its close
@@ -108,11 +108,12 @@ class GatewayServer:
             return connection.respond(503 if self.draining else 200, "draining\n" if self.draining else "ok\n")
         if path == "/metrics":
             response = connection.respond(200, self.metrics.exposition().decode())
+            del response.headers["Content-Type"]
             response.headers["Content-Type"] = CONTENT_TYPE_LATEST
             return response
-        if path not in PATHS:
+        protocol = _protocol_of(path)
+        if protocol is None:
             return connection.respond(404, "not found: the gateway serves /twilio, /audiohook, /healthz, /metrics\n")
-        protocol = path[1:]
         if self.draining or len(self.sessions) >= self.settings.gateway_max_sessions:
             self.metrics.sessions.labels(protocol, "refused_busy").inc()
             log.warning("%s handshake refused: %s", protocol, "draining" if self.draining else "session limit reached")
@@ -140,7 +141,7 @@ class GatewayServer:
     # ---- after the upgrade --------------------------------------------------------------------------------
     async def _handle(self, ws: ServerConnection) -> None:
         assert ws.request is not None
-        protocol = ws.request.path.partition("?")[0][1:]
+        protocol = _protocol_of(ws.request.path.partition("?")[0])
         stream_id = uuid.uuid4().hex[:16]
         session: Session
         if protocol == "twilio":
@@ -245,6 +246,12 @@ class _Ended:
 
     def __init__(self, reason: str) -> None:
         self.reason = reason
+
+
+def _protocol_of(path: str) -> str | None:
+    """``twilio`` for /twilio and /twilio/<anything> (a per-call path a load balancer can route on), ..."""
+    first = path.split("/", 2)[1] if path.startswith("/") else ""
+    return first if first in PROTOCOLS else None
 
 
 def _lower(headers: Headers) -> dict[str, str]:

@@ -160,6 +160,9 @@ class TwilioStream:
         if self.attachment is None:
             raise ProtocolError(CLOSE_POLICY, "state", "stop before start")
         self.stopped = True
+        # The stream is over now, not when its socket has closed: a stream continuing the call may
+        # already be on its way (a transfer), and it must not be taken for a concurrent one.
+        self.calls.detach(self.stream_id, self.attachment.call_id, "stop")
 
 
 def _parse_json(text: str) -> dict[str, Any]:

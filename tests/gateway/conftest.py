@@ -3,8 +3,12 @@ for both protocols (as Twilio and Genesys send them), and an in-process gateway 
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import hashlib
+import hmac
 import json
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
@@ -16,7 +20,8 @@ import pytest
 
 from pipeline.contracts.messages import AudioFrame, CallEvent
 
-RECORDING = Path("/usr/share/sounds/alsa/Front_Center.wav")
+# Real speech (pocketsphinx's test recordings, ~9.6 s in all), as phone legs carry it.
+RECORDINGS = sorted(Path("/usr/share/pocketsphinx/test/data/cards").glob("*.wav"))
 
 
 class ManualClock:
@@ -100,13 +105,18 @@ def mulaw_audio():  # type: ignore[no-untyped-def]
 
 @pytest.fixture(scope="session")
 def recording_mulaw() -> bytes:
-    """A real recording (ALSA's test voice) at 8 kHz μ-law: what a phone leg carries."""
+    """Real recordings one after the other at 8 kHz μ-law: what a phone leg carries."""
     from pipeline.audio import codecs
     from pipeline.audio.files import load_audio
     from pipeline.audio.resample import resample
 
-    audio = load_audio(RECORDING)
-    return codecs.encode(resample(audio.mono(), audio.sample_rate, 8000), "mulaw")
+    legs = []
+    for path in RECORDINGS:
+        audio = load_audio(path)
+        legs.append(codecs.encode(resample(audio.mono(), audio.sample_rate, 8000), "mulaw"))
+    joined = b"".join(legs)
+    assert len(joined) >= 40000, "the test recordings are missing"
+    return joined
 
 
 # ---- Twilio Media Streams messages ---------------------------------------------------------------------
@@ -232,7 +242,9 @@ async def start_gateway(kafka_settings) -> AsyncIterator[Any]:  # type: ignore[n
     started: list[Any] = []
 
     async def start(producer: ContractProducer | None = None, **overrides: Any) -> RunningGateway:
-        values = {"gateway_end_grace_s": 0.3, "gateway_drain_s": 0.0, **overrides}
+        # The tests send audio faster than real time: a leg buffer of 30 s takes their bursts without
+        # back-pressure, unless a test asks for a small one.
+        values = {"gateway_end_grace_s": 0.3, "gateway_drain_s": 0.0, "gateway_leg_buffer_s": 30.0, **overrides}
         settings = kafka_settings.model_copy(update=values)
         producer = producer or ContractProducer.from_settings(settings, Serde.from_settings(""))
         server = GatewayServer(settings, producer)
@@ -247,17 +259,90 @@ async def start_gateway(kafka_settings) -> AsyncIterator[Any]:  # type: ignore[n
 
 @pytest.fixture
 def read_calls(read_topic):  # type: ignore[no-untyped-def]
-    """``read_calls(settings, frames=N, events=M)``: the decoded frames and call events on the test's topics."""
+    """``await read_calls(settings, frames=N, events=M)``: the decoded frames and call events on the test's
+    topics, read in a thread (the gateway under test runs on this event loop)."""
+    from confluent_kafka import KafkaException
+
     from pipeline.contracts import Serde
 
     serde = Serde.from_settings("")
 
-    def read(settings: Any, frames: int | None = None, events: int | None = None,
-             idle_s: float = 2.0) -> tuple[list[AudioFrame], list[CallEvent]]:
+    def read_one(bootstrap: str, topic: str, expected: int | None, idle_s: float) -> list[Any]:
+        for attempt in range(10):
+            try:
+                return read_topic(bootstrap, topic, expected, idle_s=idle_s)  # type: ignore[no-any-return]
+            except KafkaException:  # a topic created moments ago may still be electing its leaders
+                if attempt == 9:
+                    raise
+                time.sleep(0.5)
+        return []
+
+    def read(settings: Any, frames: int | None, events: int | None,
+             idle_s: float) -> tuple[list[AudioFrame], list[CallEvent]]:
         got_frames = [serde.decode(m.value(), AudioFrame)
-                      for m in read_topic(settings.bootstrap, settings.topic_audio, frames, idle_s=idle_s)]
+                      for m in read_one(settings.bootstrap, settings.topic_audio, frames, idle_s)]
         got_events = [serde.decode(m.value(), CallEvent)
-                      for m in read_topic(settings.bootstrap, settings.topic_call_events, events, idle_s=idle_s)]
+                      for m in read_one(settings.bootstrap, settings.topic_call_events, events, idle_s)]
         return got_frames, got_events
 
-    return read
+    async def read_async(settings: Any, frames: int | None = None, events: int | None = None,
+                         idle_s: float = 2.0) -> tuple[list[AudioFrame], list[CallEvent]]:
+        return await asyncio.to_thread(read, settings, frames, events, idle_s)
+
+    return read_async
+
+
+# ---- signed websocket clients ----------------------------------------------------------------------------
+TWILIO_TOKEN = "twilio-test-auth-token-0123456789"
+AUDIOHOOK_KEY = "callqa-test-api-key"
+AUDIOHOOK_SECRET = base64.b64encode(b"callqa-test-client-secret-32-byt").decode()
+CREDENTIALS = {"twilio_auth_token": TWILIO_TOKEN, "audiohook_api_key": AUDIOHOOK_KEY,
+               "audiohook_client_secret": AUDIOHOOK_SECRET}
+
+
+@pytest.fixture
+def credentials() -> dict[str, Any]:
+    """Settings overrides that make the gateway check both protocols' credentials."""
+    from pydantic import SecretStr
+
+    return {k: SecretStr(v) for k, v in CREDENTIALS.items()}
+
+
+def _twilio_headers(url: str, token: str = TWILIO_TOKEN) -> dict[str, str]:
+    digest = hmac.new(token.encode(), url.encode(), hashlib.sha1).digest()
+    return {"X-Twilio-Signature": base64.b64encode(digest).decode()}
+
+
+def _audiohook_headers(url: str, client: AudioHookClient, key: str = AUDIOHOOK_KEY,
+                       secret: str = AUDIOHOOK_SECRET, nonce: str | None = None) -> dict[str, str]:
+    from http_message_signatures import HTTPMessageSigner, MappingKeyResolver, algorithms
+
+    @dataclass
+    class Request:
+        method: str
+        url: str
+        headers: dict[str, str]
+
+    authority = url.split("://", 1)[1].split("/", 1)[0]
+    request = Request("GET", f"https://{authority}/audiohook", {"Host": authority, "X-API-KEY": key,
+                                                                 **client.headers()})
+    signer = HTTPMessageSigner(signature_algorithm=algorithms.HMAC_SHA256,
+                               key_resolver=MappingKeyResolver(public_keys={},
+                                                               private_keys={key: base64.b64decode(secret)}))
+    signer.sign(request, key_id=key, label="sig1",
+                nonce=nonce or base64.urlsafe_b64encode(uuid.uuid4().bytes + uuid.uuid4().bytes).decode(),
+                covered_component_ids=("@request-target", "@authority", "audiohook-organization-id",
+                                       "audiohook-session-id", "audiohook-correlation-id", "x-api-key"))
+    return {k: v for k, v in request.headers.items() if k != "Host"}
+
+
+@pytest.fixture
+def twilio_headers():  # type: ignore[no-untyped-def]
+    """``twilio_headers(url, token=...)``: the X-Twilio-Signature header Twilio would send for ``url``."""
+    return _twilio_headers
+
+
+@pytest.fixture
+def audiohook_headers():  # type: ignore[no-untyped-def]
+    """``audiohook_headers(url, client, key=..., secret=..., nonce=None)``: Genesys's signed headers."""
+    return _audiohook_headers

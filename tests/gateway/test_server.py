@@ -1,0 +1,341 @@
+"""The gateway in-process with real websocket clients and the real broker: what reaches the topics."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+import pytest
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from pipeline.broker.producer import ContractProducer
+from pipeline.contracts import AudioFrame, CallEvent
+
+pytestmark = pytest.mark.broker
+
+
+def leg_audio(frames: list[AudioFrame], leg: str) -> bytes:
+    return b"".join(f.payload for f in sorted(frames, key=lambda f: f.seq) if f.leg == leg)
+
+
+def only(events: list[CallEvent], kind: str) -> CallEvent:
+    matching = [e for e in events if e.event_type == kind]
+    assert len(matching) == 1, f"{len(matching)} {kind} events: {events}"
+    return matching[0]
+
+
+async def until(condition: Any, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)
+
+
+async def recv_json(ws: ClientConnection, timeout: float = 10.0) -> dict[str, Any]:
+    return json.loads(await asyncio.wait_for(ws.recv(), timeout))
+
+
+# ---- Twilio ------------------------------------------------------------------------------------------------
+async def test_a_twilio_call_reaches_the_topics_as_sent(start_gateway, credentials, twilio_messages, twilio_headers,
+                                                        recording_mulaw, read_calls) -> None:  # type: ignore[no-untyped-def]
+    gw = await start_gateway(**credentials)
+    customer, agent = recording_mulaw[:16000], recording_mulaw[8000:20000]  # 2 s and 1.5 s
+    tw = twilio_messages("CA-live-1", tenant="acme", agent_id="agent-7", queue="billing", caller="+15551234567")
+    url = gw.ws("/twilio/CA-live-1")  # a per-call path, as a load balancer routes on (the same endpoint)
+    async with await connect(url, additional_headers=twilio_headers(url)) as ws:
+        for message in [tw.connected(), tw.start(), *tw.chunks_of({"inbound": customer, "outbound": agent}),
+                        tw.stop()]:
+            await ws.send(message)
+    frames, events = await read_calls(gw.settings, frames=100 + 75, events=2)
+    assert leg_audio(frames, "customer") == customer and leg_audio(frames, "agent") == agent
+    for leg, n in (("customer", 100), ("agent", 75)):
+        assert sorted(f.seq for f in frames if f.leg == leg) == list(range(n))
+        assert all(f.start_ms == f.seq * 20 and f.call_id == "CA-live-1" for f in frames if f.leg == leg)
+    start, end = only(events, "start"), only(events, "end")
+    assert (start.tenant, start.agent_id, start.queue, start.legs) == ("acme", "agent-7", "billing",
+                                                                       ["agent", "customer"])
+    assert end.frame_counts == {"customer": 100, "agent": 75} and end.reason == "stop"
+    assert "5551234567" not in json.dumps([e.to_record() for e in events])
+
+
+async def test_a_dropped_socket_ends_the_call_once(start_gateway, twilio_messages, recording_mulaw,
+                                                   read_calls) -> None:  # type: ignore[no-untyped-def]
+    gw = await start_gateway()
+    tw = twilio_messages("CA-dropped")
+    ws = await connect(gw.ws("/twilio"))
+    for message in [tw.start(("inbound",)), *tw.chunks_of({"inbound": recording_mulaw[:4000]})]:
+        await ws.send(message)
+    await asyncio.sleep(0.2)
+    assert ws.transport is not None
+    ws.transport.abort()  # no stop, no close frame: the network went away
+    frames, events = await read_calls(gw.settings, frames=25, events=2)
+    assert only(events, "end").frame_counts == {"customer": 25}
+    assert only(events, "end").reason == "disconnected"
+
+
+async def test_an_idle_stream_is_closed_and_its_call_ended(start_gateway, twilio_messages, read_calls) -> None:  # type: ignore[no-untyped-def]
+    gw = await start_gateway(gateway_idle_timeout_s=0.5)
+    tw = twilio_messages("CA-idle")
+    async with connect(gw.ws("/twilio")) as ws:
+        await ws.send(tw.start(("inbound",)))
+        await ws.send(tw.media("inbound", 0, b"\x11" * 160))
+        with pytest.raises(ConnectionClosed) as closed:
+            await asyncio.wait_for(ws.recv(), 10)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 4408
+    _, events = await read_calls(gw.settings, events=2)
+    assert only(events, "end").reason == "idle timeout"
+    assert gw.server.metrics.value("callqa_gateway_protocol_errors_total", protocol="twilio", kind="idle") == 1
+
+
+async def test_a_second_stream_within_the_grace_continues_the_call(start_gateway, twilio_messages,
+                                                                   recording_mulaw, read_calls) -> None:  # type: ignore[no-untyped-def]
+    gw = await start_gateway(gateway_end_grace_s=3.0)
+    first, second = twilio_messages("CA-transfer"), twilio_messages("CA-transfer")
+    async with connect(gw.ws("/twilio")) as ws:
+        for message in [first.start(("inbound",)), *first.chunks_of({"inbound": recording_mulaw[:8000]}),
+                        first.stop()]:
+            await ws.send(message)
+    await until(lambda: not gw.server.sessions)  # the first stream is over (a transfer takes seconds)
+    async with connect(gw.ws("/twilio")) as ws:
+        for message in [second.start(("inbound",)), *second.chunks_of({"inbound": recording_mulaw[8000:16000]}),
+                        second.stop()]:
+            await ws.send(message)
+    frames, events = await read_calls(gw.settings, events=2, idle_s=4.0)
+    start, end = only(events, "start"), only(events, "end")
+    seqs = sorted(f.seq for f in frames)
+    assert seqs[:50] == list(range(50))  # the first stream's second
+    assert len(seqs) >= 100 and seqs[-1] + 1 == end.frame_counts["customer"]  # the second stream after it
+    real = b"".join(f.payload for f in sorted(frames, key=lambda f: f.seq) if f.payload != b"\xff" * 160)
+    assert real == recording_mulaw[:16000]  # both streams' audio, in order, on one call
+    assert start.call_id == end.call_id == "CA-transfer"
+
+
+async def test_bad_input_ends_only_its_own_session(start_gateway, twilio_messages, recording_mulaw,
+                                                   read_calls) -> None:  # type: ignore[no-untyped-def]
+    gw = await start_gateway()
+    good, bad = twilio_messages("CA-good"), twilio_messages("CA-bad")
+    async with connect(gw.ws("/twilio")) as good_ws, connect(gw.ws("/twilio")) as bad_ws:
+        await good_ws.send(good.start(("inbound",)))
+        await bad_ws.send(bad.start(("inbound",)))
+        await bad_ws.send("{this is not json")
+        with pytest.raises(ConnectionClosed) as closed:
+            await asyncio.wait_for(bad_ws.recv(), 10)
+        for message in [*good.chunks_of({"inbound": recording_mulaw[:8000]}), good.stop()]:
+            await good_ws.send(message)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1007
+    frames, events = await read_calls(gw.settings, frames=50, events=4)
+    ends = {e.call_id: e for e in events if e.event_type == "end"}
+    assert ends["CA-good"].frame_counts == {"customer": 50} and ends["CA-bad"].reason == "protocol error"
+    assert leg_audio([f for f in frames if f.call_id == "CA-good"], "customer") == recording_mulaw[:8000]
+    assert gw.server.metrics.value("callqa_gateway_protocol_errors_total", protocol="twilio", kind="malformed") == 1
+
+
+# ---- AudioHook ---------------------------------------------------------------------------------------------
+async def test_an_audiohook_session_reaches_the_topics_and_closes_after_flushing(
+        start_gateway, credentials, audiohook_client, audiohook_headers, interleave, recording_mulaw,
+        read_calls) -> None:  # type: ignore[no-untyped-def]
+    gw = await start_gateway(**credentials)
+    client = audiohook_client()
+    customer, agent = recording_mulaw[:16000], recording_mulaw[16000:32000]
+    stereo = interleave(customer, agent)  # external, internal
+    async with connect(gw.ws("/audiohook"), additional_headers=audiohook_headers(gw.ws("/audiohook"), client)) as ws:
+        await ws.send(client.open(tenant="acme"))
+        opened = client.saw(await recv_json(ws))
+        assert opened["type"] == "opened"
+        for at in range(0, len(stereo), 3200):  # 200 ms messages
+            await ws.send(stereo[at:at + 3200])
+        await ws.send(client.message("ping"))
+        assert client.saw(await recv_json(ws))["type"] == "pong"
+        await ws.send(client.message("close", {"reason": "end"}))
+        closed = await recv_json(ws)
+        assert closed["type"] == "closed"
+        # closed came once the session's audio was acknowledged by Kafka
+        assert gw.server.metrics.value("callqa_gateway_frames_acknowledged_total") == 200
+    frames, events = await read_calls(gw.settings, frames=200, events=2)
+    assert leg_audio(frames, "customer") == customer and leg_audio(frames, "agent") == agent
+    end = only(events, "end")
+    assert end.call_id == client.conversation_id and end.frame_counts == {"customer": 100, "agent": 100}
+    assert only(events, "start").tenant == "acme"
+    assert "5551234567" not in json.dumps([e.to_record() for e in events])
+
+
+async def test_a_probe_produces_nothing(start_gateway, audiohook_client, interleave, read_calls) -> None:  # type: ignore[no-untyped-def]
+    gw = await start_gateway()
+    client = audiohook_client(conversation_id="00000000-0000-0000-0000-000000000000")
+    async with connect(gw.ws("/audiohook"), additional_headers=client.headers()) as ws:
+        await ws.send(client.open())
+        assert client.saw(await recv_json(ws))["type"] == "opened"
+        await ws.send(interleave(b"\x01" * 1600, b"\x02" * 1600))
+        await ws.send(client.message("close", {"reason": "end"}))
+        assert (await recv_json(ws))["type"] == "closed"
+    await asyncio.sleep(0.5)  # past the end grace
+    assert await read_calls(gw.settings, idle_s=1.0) == ([], [])
+
+
+async def test_a_pci_pause_mid_call_skips_its_time(start_gateway, audiohook_client, interleave, recording_mulaw,
+                                                   read_calls) -> None:  # type: ignore[no-untyped-def]
+    gw = await start_gateway()
+    client = audiohook_client()
+    before, after = recording_mulaw[:8000], recording_mulaw[8000:16000]
+    async with connect(gw.ws("/audiohook"), additional_headers=client.headers()) as ws:
+        await ws.send(client.open(channels=("external",)))
+        client.saw(await recv_json(ws))
+        await ws.send(before)
+        await ws.send(client.message("paused"))
+        await ws.send(client.message("resumed", {"start": "PT1S", "discarded": "PT30S"}))
+        await ws.send(after)
+        await ws.send(client.message("close", {"reason": "end"}))
+        assert (await recv_json(ws))["type"] == "closed"
+    frames, events = await read_calls(gw.settings, frames=100, events=2)
+    assert sorted(f.seq for f in frames) == list(range(50)) + list(range(1550, 1600))
+    assert only(events, "end").frame_counts == {"customer": 1600}
+    assert gw.server.metrics.value("callqa_gateway_hold_seconds_total") == 30
+
+
+# ---- refusals at the handshake ---------------------------------------------------------------------------
+async def test_bad_credentials_are_refused_before_the_upgrade(start_gateway, credentials, twilio_headers,
+                                                              audiohook_client, audiohook_headers) -> None:  # type: ignore[no-untyped-def]
+    gw = await start_gateway(**credentials)
+    url = gw.ws("/twilio")
+    for headers in ({}, twilio_headers(url, token="not-the-token"), twilio_headers(url + "?x=1")):
+        with pytest.raises(InvalidStatus) as refused:
+            await connect(url, additional_headers=headers)
+        assert refused.value.response.status_code == 403
+    client = audiohook_client()
+    url = gw.ws("/audiohook")
+    nonce = "a-nonce-of-thirty-two-characters"
+    async with connect(url, additional_headers=audiohook_headers(url, client, nonce=nonce)):
+        pass
+    for headers in (audiohook_headers(url, client, nonce=nonce),  # replayed
+                    audiohook_headers(url, client, key="wrong-key"),
+                    audiohook_headers(url, client, secret="d3Jvbmctc2VjcmV0LXdyb25nLXNlY3JldC0zMmJ5dGU=")):
+        with pytest.raises(InvalidStatus) as refused:
+            await connect(url, additional_headers=headers)
+        assert refused.value.response.status_code == 401
+    metrics = gw.server.metrics
+    assert metrics.value("callqa_gateway_auth_failures_total", protocol="twilio", reason="missing_signature") == 1
+    assert metrics.value("callqa_gateway_auth_failures_total", protocol="twilio", reason="bad_signature") == 2
+    for reason in ("replayed_nonce", "bad_api_key", "bad_signature"):
+        assert metrics.value("callqa_gateway_auth_failures_total", protocol="audiohook", reason=reason) == 1
+
+
+async def test_sessions_over_the_limit_get_503(start_gateway) -> None:  # type: ignore[no-untyped-def]
+    gw = await start_gateway(gateway_max_sessions=2)
+    async with connect(gw.ws("/twilio")), connect(gw.ws("/twilio")):
+        with pytest.raises(InvalidStatus) as refused:
+            await connect(gw.ws("/twilio"))
+        assert refused.value.response.status_code == 503
+    await asyncio.sleep(0.1)
+    async with connect(gw.ws("/twilio")):  # room again once they closed
+        pass
+
+
+async def test_healthz_metrics_and_unknown_paths_are_plain_http(start_gateway) -> None:  # type: ignore[no-untyped-def]
+    gw = await start_gateway()
+    base = gw.url.replace("ws://", "http://")
+
+    def get(path: str) -> tuple[int, str, str]:
+        try:
+            with urllib.request.urlopen(base + path, timeout=10) as r:
+                return r.status, r.headers["Content-Type"], r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.headers["Content-Type"], e.read().decode()
+
+    status, _, body = await asyncio.to_thread(get, "/healthz")
+    assert (status, body) == (200, "ok\n")
+    status, content_type, body = await asyncio.to_thread(get, "/metrics")
+    assert status == 200 and content_type.startswith("text/plain; version=")
+    assert "callqa_gateway_sessions_active" in body
+    assert (await asyncio.to_thread(get, "/elsewhere"))[0] == 404
+
+
+# ---- back-pressure -----------------------------------------------------------------------------------------
+class SlowProducer(ContractProducer):
+    """Kafka as a slow cluster looks from here: each frame takes ``delay_s`` to hand over."""
+
+    delay_s = 0.01
+
+    def send(self, topic: str, key: str, message: Any) -> None:
+        if isinstance(message, AudioFrame):
+            time.sleep(self.delay_s)
+        super().send(topic, key, message)
+
+
+def slow_producer(settings: Any) -> SlowProducer:
+    from pipeline.contracts import Serde
+
+    return SlowProducer.from_settings(settings, Serde.from_settings(""))  # type: ignore[return-value]
+
+
+async def test_a_slow_kafka_pauses_audiohook_and_resumes_it(start_gateway, kafka_settings, audiohook_client,
+                                                            interleave, recording_mulaw, read_calls) -> None:  # type: ignore[no-untyped-def]
+    gw = await start_gateway(producer=slow_producer(kafka_settings), gateway_leg_buffer_s=0.4)
+    client = audiohook_client()
+    stereo = interleave(recording_mulaw[:16000], recording_mulaw[16000:32000])
+    seen: list[str] = []
+    async with connect(gw.ws("/audiohook"), additional_headers=client.headers()) as ws:
+        await ws.send(client.open())
+        client.saw(await recv_json(ws))
+        at = 0
+        while at < len(stereo) and "pause" not in seen:  # as fast as it can, until asked to pause
+            await ws.send(stereo[at:at + 1600])  # 100 ms
+            at += 1600
+            try:
+                reply = await recv_json(ws, timeout=0.02)
+            except TimeoutError:
+                continue
+            seen.append(client.saw(reply)["type"])
+        assert seen == ["pause"], "Kafka at 50 frames/s should have filled a 0.4 s buffer"
+        await ws.send(client.message("paused"))
+        seen.append(client.saw(await recv_json(ws))["type"])  # it drains, then resume comes
+        await ws.send(client.message("resumed", {"start": f"PT{at / 16000}S", "discarded": "PT1S"}))
+        await ws.send(stereo[at:at + 3200])  # 200 ms more: within the buffer, so no second pause
+        await ws.send(client.message("close", {"reason": "end"}))
+        seen.append((await recv_json(ws, timeout=15))["type"])
+    assert seen == ["pause", "resume", "closed"]
+    sent_frames = (at + 3200) // 2 // 160
+    frames, events = await read_calls(gw.settings, frames=2 * sent_frames, events=2)
+    assert gw.server.metrics.value("callqa_gateway_frames_dropped_total") == 0
+    for leg in ("customer", "agent"):
+        seqs = sorted(f.seq for f in frames if f.leg == leg)
+        assert len(seqs) == sent_frames and seqs[-1] == sent_frames + 50 - 1  # 1 s skipped, nothing lost
+    assert only(events, "end").frame_counts == {"customer": sent_frames + 50, "agent": sent_frames + 50}
+
+
+async def test_a_slow_kafka_drops_twilio_audio_oldest_first(start_gateway, kafka_settings, twilio_messages,
+                                                            recording_mulaw, read_calls) -> None:  # type: ignore[no-untyped-def]
+    gw = await start_gateway(producer=slow_producer(kafka_settings), gateway_leg_buffer_s=0.2)
+    tw = twilio_messages("CA-slow")
+    async with connect(gw.ws("/twilio")) as ws:
+        for message in [tw.start(("inbound",)), *tw.chunks_of({"inbound": recording_mulaw[:16000]}), tw.stop()]:
+            await ws.send(message)
+    _, events = await read_calls(gw.settings, events=2, idle_s=1.0)
+    dropped = gw.server.metrics.value("callqa_gateway_frames_dropped_total")
+    assert dropped > 0
+    frames, _ = await read_calls(gw.settings, frames=int(100 - dropped))
+    seqs = sorted(f.seq for f in frames)
+    assert len(seqs) == 100 - dropped and seqs[-1] == 99  # the newest audio is what was kept
+    assert only(events, "end").frame_counts == {"customer": 100}  # the gap is the worker's to fill
+
+
+# ---- shutdown ---------------------------------------------------------------------------------------------
+async def test_shutdown_closes_open_streams_and_ends_their_calls(start_gateway, twilio_messages, recording_mulaw,
+                                                                 read_calls) -> None:  # type: ignore[no-untyped-def]
+    gw = await start_gateway(gateway_end_grace_s=60)
+    tw = twilio_messages("CA-open-at-shutdown")
+    async with connect(gw.ws("/twilio")) as ws:
+        for message in [tw.start(("inbound",)), *tw.chunks_of({"inbound": recording_mulaw[:4000]})]:
+            await ws.send(message)
+        await asyncio.sleep(0.2)
+        await gw.server.shutdown()
+        with pytest.raises(ConnectionClosed) as closed:
+            await asyncio.wait_for(ws.recv(), 5)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1001
+    frames, events = await read_calls(gw.settings, frames=25, events=2)
+    assert only(events, "end").reason == "gateway shutdown"
+    assert only(events, "end").frame_counts == {"customer": 25} and len(frames) == 25
