@@ -225,10 +225,13 @@ class GatewayServer:
         """Calls past their end grace end; AudioHook sessions paused for back-pressure resume."""
         while True:
             await asyncio.sleep(TICK_S)
-            self.calls.tick()
-            for ws, session in list(self.sessions.items()):
-                if isinstance(session, AudioHookSession):
-                    await self._send(ws, session.check_flow())
+            try:
+                self.calls.tick()
+                for ws, session in list(self.sessions.items()):
+                    if isinstance(session, AudioHookSession):
+                        await self._send(ws, session.check_flow())
+            except Exception:  # a bug here must not stop every later call from ending
+                log.exception("gateway timer failed; it goes on")
 
     async def _send(self, ws: ServerConnection, replies: list[dict[str, Any]]) -> None:
         for reply in replies:
