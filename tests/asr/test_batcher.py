@@ -29,6 +29,7 @@ def _mixed(eval_sets: dict[str, list[EvalUtterance]]) -> list[AudioSegment]:
     return [*picked, AudioSegment(0, long_audio.size // 16, long_audio)]
 
 
+@pytest.mark.slow
 async def test_batch_of_mixed_lengths_equals_each_alone(
     recognizer_fp32: Recognizer, eval_sets: dict[str, list[EvalUtterance]]
 ) -> None:
@@ -65,6 +66,7 @@ async def test_bad_segment_fails_only_itself(
         await batcher.submit(good[0])
 
 
+@pytest.mark.slow
 def test_decode_failure_is_isolated_to_its_segment(
     recognizer: Recognizer, eval_sets: dict[str, list[EvalUtterance]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -84,6 +86,7 @@ def test_decode_failure_is_isolated_to_its_segment(
     assert all(not isinstance(s, Exception) and s.text for i, s in enumerate(slots) if i != 2)
 
 
+@pytest.mark.slow
 def test_each_segment_is_released_once_when_its_own_decoding_ends(
     recognizer_fp32: Recognizer, eval_sets: dict[str, list[EvalUtterance]]
 ) -> None:

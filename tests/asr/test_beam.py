@@ -85,6 +85,7 @@ def test_beam_five_in_a_full_window_equals_faster_whispers_beam_five(
     assert differs > 0  # beam search really searched: some text is not greedy's
 
 
+@pytest.mark.slow
 def test_beams_of_a_batch_decode_as_each_segment_alone(
     recognizer_fp32: Recognizer, eval_sets: dict[str, list[EvalUtterance]]
 ) -> None:

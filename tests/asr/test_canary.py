@@ -58,6 +58,7 @@ def test_canary_ships_inside_the_package_and_the_built_model_passes_it(
         assert result.wer == 0.0, (model.model.label, result.text)
 
 
+@pytest.mark.slow
 def test_correctly_signed_but_broken_model_is_refused_by_the_canary_at_start(
     trusting: Settings, signing_key: Ed25519PrivateKey, place_version: Callable[..., Path],
     broken_decoder: Path,
@@ -73,6 +74,7 @@ def test_correctly_signed_but_broken_model_is_refused_by_the_canary_at_start(
     assert word_errors(CANARY_TRANSCRIPT, " ".join(r.text for r in heard)).wer > 0.2
 
 
+@pytest.mark.slow
 async def test_batcher_reload_refuses_bad_signature_and_failed_canary_while_the_old_model_serves(
     recognizer_fp32: Recognizer, trusting: Settings, signing_key: Ed25519PrivateKey,
     place_version: Callable[..., Path], broken_decoder: Path, eval_sets: dict[str, list[EvalUtterance]],
@@ -106,6 +108,7 @@ async def test_batcher_reload_refuses_bad_signature_and_failed_canary_while_the_
     assert [(r.text, r.model_version) for r in after] == [(t, 4) for t in expected]
 
 
+@pytest.mark.slow
 async def test_worker_refuses_each_bad_version_once_counts_it_and_takes_it_once_signed(
     recognizer_fp32: Recognizer, trusting: Settings, signing_key: Ed25519PrivateKey,
     place_version: Callable[..., Path], broken_decoder: Path, eval_sets: dict[str, list[EvalUtterance]],

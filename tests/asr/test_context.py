@@ -88,6 +88,7 @@ def test_previous_text_conditions_decoding_as_faster_whispers_initial_prompt(
     print(f"context changed the text of {changed} of {len(leg_segments) - 1} segments")
 
 
+@pytest.mark.slow
 def test_rows_with_prompts_of_different_lengths_decode_in_one_batch_as_alone(
     recognizer_fp32: Recognizer, leg_segments: list[SpeechSegment]
 ) -> None:

@@ -50,6 +50,7 @@ class WindowRecording(GreedyDecoder):
         return super()._decode_once(mels, durations_s, window, wide, on_ended, contexts)
 
 
+@pytest.mark.slow
 def test_fp32_tokens_equal_faster_whisper_float32(
     recognizer_fp32: Recognizer, eval_sets: dict[str, list[EvalUtterance]]
 ) -> None:
@@ -128,6 +129,7 @@ def test_compression_ratio_marks_repetitive_text() -> None:
     assert compression_ratio("Thank you. " * 12) > 2.4
 
 
+@pytest.mark.slow
 def test_a_row_ending_in_repetitive_text_is_retried_and_not_cut(
     recognizer_fp32: Recognizer, eval_sets: dict[str, list[EvalUtterance]]
 ) -> None:
@@ -146,6 +148,7 @@ def test_a_row_ending_in_repetitive_text_is_retried_and_not_cut(
     assert not normal[0].stopped_by_guard and normal[0].window_frames < MAX_WINDOW_FRAMES
 
 
+@pytest.mark.slow
 def test_a_long_row_that_ends_far_too_early_is_decoded_again_at_30_s(
     recognizer_fp32: Recognizer, asr_settings: Settings
 ) -> None:

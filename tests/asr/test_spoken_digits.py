@@ -79,6 +79,7 @@ def _festival(text: str, folder: Path) -> np.ndarray:
         return resample(pcm.astype(np.float32) / 32768, w.getframerate(), 8000)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("text2wave") is None, reason="festival (make setup installs it) is missing")
 def test_spoken_digit_strings_keep_their_digits(
     recognizer: Recognizer, asr_settings: Settings, tmp_path: Path

@@ -54,6 +54,7 @@ def stereo_call(eval_sets: dict[str, list[EvalUtterance]]) -> tuple[np.ndarray, 
     return np.stack([left, right], axis=1), reference
 
 
+@pytest.mark.slow
 def test_mulaw_wav_mp3_and_flac_give_the_words_of_the_pcm_wav(
     asr_settings: Settings, stereo_call: tuple[np.ndarray, str], tmp_path: Path
 ) -> None:
@@ -77,6 +78,7 @@ def test_mulaw_wav_mp3_and_flac_give_the_words_of_the_pcm_wav(
         assert word_error_rate([texts[str(pcm)]], [texts[str(other)]]) <= 0.15, texts
 
 
+@pytest.mark.slow
 def test_unreadable_files_are_one_line_each_the_rest_transcribed_and_exit_1(
     asr_settings: Settings, stereo_call: tuple[np.ndarray, str], tmp_path: Path
 ) -> None:

@@ -72,6 +72,7 @@ def test_small_live_run_of_two_workers_writes_json_plot_and_tables(broker: str, 
     assert "final latency" in done.stdout and "| calls (held) |" in done.stdout  # rich table, README table
 
 
+@pytest.mark.slow
 def test_engine_alone_decodes_the_levels_segments(tmp_path: Path) -> None:
     """The engine-alone ceiling on segments cut from generated legs (here: the traffic's first turns)."""
     library = TurnLibrary.load()

@@ -109,6 +109,7 @@ def test_bench_accuracy_writes_its_table_and_json(tmp_path: Path) -> None:
     assert "| eval | 8k-mulaw | 117 |" in done.stdout
 
 
+@pytest.mark.slow
 def test_a_variant_with_a_bad_setting_is_one_line_naming_it() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "pipeline.cli", "bench", "accuracy", "--sets", "eval", "--variant", "beam_size=0"],

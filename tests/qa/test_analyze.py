@@ -101,6 +101,7 @@ def test_json_of_sample_calls_has_both_legs_segments_and_verdicts(qa_config: QaC
         assert report["metrics"]["duration_ms"] == report["duration_ms"]
 
 
+@pytest.mark.slow
 def test_agent_channel_right_swaps_the_legs_and_the_report_renders_them(engine: Engine, qa_config: QaConfig) -> None:
     call = SAMPLE_CALLS[0]
     (left,) = analyze_recordings([call], engine, qa_config, AnalyzeOptions())
@@ -122,6 +123,7 @@ def test_agent_channel_right_swaps_the_legs_and_the_report_renders_them(engine: 
         assert s.text in text
 
 
+@pytest.mark.slow
 def test_bad_files_one_line_each_and_exit_1_while_good_files_are_reported(tmp_path: Path) -> None:
     silent = write_wav(tmp_path / "silent.wav", np.zeros((2, 8000 * 2), dtype=np.float32))
     not_audio = tmp_path / "notes.wav"
@@ -158,6 +160,7 @@ def test_mono_file_is_one_leg_and_says_which(tmp_path: Path, engine: Engine, qa_
     (["--agent-channel", "middle"], "--agent-channel 'middle': use left or right"),
     (["--scorecard", "/nonexistent/card.yaml"], "/nonexistent/card.yaml"),
 ])
+@pytest.mark.slow
 def test_bad_options_are_one_line_before_any_audio_is_read(args: list[str], says: str) -> None:
     done = run_cli(*args, str(SAMPLE_CALLS[0]))
     assert done.returncode in (1, 2) and done.stdout == ""

@@ -42,6 +42,7 @@ def test_card_chunks_code_and_expiry_after_a_misheard_question() -> None:
     assert _redact_all(CALL) == EXPECTED
 
 
+@pytest.mark.slow
 def test_analyzer_gives_the_same_text_for_every_arrival_order(qa_config: QaConfig) -> None:
     """Decoding orders of the call (every 5th of the 5040, and the reverse, to keep it to seconds):
     identical stored text, released in time order."""

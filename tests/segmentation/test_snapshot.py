@@ -29,6 +29,7 @@ def _spans(segments: list[SpeechSegment]) -> list[tuple[int, int]]:
     return [(s.start_sample, s.end_sample) for s in segments]
 
 
+@pytest.mark.slow
 def test_resumed_front_end_closes_the_same_segments(mulaw_frames: list[bytes]) -> None:
     """Resumed at many quiet moments, the next segments are the uninterrupted leg's, bit for bit
     (a handover re-decodes them, and the store drops the repeat by segment id only if it is equal)."""

@@ -81,6 +81,7 @@ def test_api_needs_the_token_and_refuses_reads_outside_the_project_tables(
         ({"CALLQA_API_TOKEN": "short", "CALLQA_WEB_HOST": "127.0.0.1"}, "CALLQA_API_TOKEN has 5 characters"),
     ],
 )
+@pytest.mark.slow
 def test_worker_refuses_to_start_with_an_exposed_api(env: dict[str, str], refusal: str) -> None:
     """Checked before the worker touches Kafka or the store: no broker is needed for this."""
     proc = subprocess.run([sys.executable, "-m", "pipeline.cli", "worker"], env={**os.environ, **env},
