@@ -46,11 +46,24 @@ class AudioFrame(Message):
     produced_at_ms: int = field(default_factory=now_ms)
 
 
+CallEventType = Literal["start", "end", "abort", "hold", "resume"]
+HOLD_CHANGES = ("hold", "resume")
+
+
 @dataclass
 class CallEvent(Message):
+    """A call's start, end or abort, or the start (``hold``) or end (``resume``) of a hold: no frames come
+    while a call is held, and its legs' clocks go on (``offset_ms`` is where on the call's clock).
+
+    On the wire (schema version 2) a hold change is ``event_type`` start plus the ``hold`` field, not
+    two new enum symbols: a reader of version 1 fails on an enum symbol it does not know, while it skips
+    a field it does not know, so it reads a hold change as a repeated start (which a worker ignores
+    except for the start time it records). In Python ``event_type`` says hold or resume directly.
+    """
+
     SCHEMA: ClassVar[str] = "io.callqa.CallEvent"
     call_id: str
-    event_type: Literal["start", "end", "abort"]
+    event_type: CallEventType
     tenant: str = ""
     agent_id: str = ""
     queue: str = ""
@@ -61,6 +74,26 @@ class CallEvent(Message):
     frame_counts: dict[str, int] = field(default_factory=dict)
     reason: str | None = None
     at_ms: int = field(default_factory=now_ms)
+    offset_ms: int = -1  # hold and resume only: ms from the start of the call
+
+    @property
+    def is_hold_change(self) -> bool:
+        return self.event_type in HOLD_CHANGES
+
+    def to_record(self) -> dict[str, Any]:
+        record = asdict(self)
+        record["hold"] = self.event_type if self.is_hold_change else None
+        if self.is_hold_change:
+            record["event_type"] = "start"
+        return record
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> CallEvent:
+        hold = record.get("hold")
+        event = super().from_record({k: v for k, v in record.items() if k != "hold"})
+        if hold in HOLD_CHANGES:
+            event.event_type = hold
+        return event
 
 
 @dataclass
