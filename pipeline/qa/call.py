@@ -14,7 +14,7 @@ context that redacts it.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -164,11 +164,12 @@ class CallAnalyzer:
         """Redact first, then match: returns the alerts to raise while the call is live (violations, intents)."""
         return self.process(segment).events
 
-    def finalize(self, call_end_ms: int | None = None) -> CallQaResult:
-        """Metrics, complete rule evaluation and score of the ended call."""
+    def finalize(self, call_end_ms: int | None = None, holds_ms: Sequence[tuple[int, int]] = ()) -> CallQaResult:
+        """Metrics, complete rule evaluation and score of the ended call (``holds_ms``: its holds, call time)."""
         metrics = compute_metrics(
             self.segments,
             call_end_ms=call_end_ms,
+            holds_ms=holds_ms,
             silence_threshold_ms=self.config.silence_threshold_ms,
             interruption_min_overlap_ms=self.config.interruption_min_overlap_ms,
         )

@@ -21,6 +21,9 @@ Definitions (the why behind each choice is in the comments of the function that 
   segment that starts after it; None when the customer never speaks or the agent never answers.
   agent_first_speech_ms is the plain offset of the agent's first word from the call start.
 - turn_count: the number of runs of consecutive segments of the same leg, in order of start time.
+- hold_ms, holds: the call's holds (PCI pauses, on-hold music: the telephony sent no audio), from the
+  hold and resume call events; total duration (overlapping holds count once) and count. The hold's time
+  stays in duration_ms and non_talk_ms: the call lasted that long, and the clock of the audio ran on.
 """
 
 from __future__ import annotations
@@ -58,6 +61,8 @@ class ConversationMetrics:
     first_agent_response_ms: int | None
     agent_first_speech_ms: int | None
     turn_count: int
+    hold_ms: int = 0
+    holds: int = 0
 
     def as_dict(self) -> dict[str, float]:
         """Every defined metric as a float (the map<string,double> of the CallQA message); None is left out."""
@@ -156,8 +161,10 @@ def compute_metrics(
     call_end_ms: int | None = None,
     silence_threshold_ms: int = 5000,
     interruption_min_overlap_ms: int = 500,
+    holds_ms: Sequence[Interval] = (),
 ) -> ConversationMetrics:
-    """Conversation metrics of one call from the final segments of both legs."""
+    """Conversation metrics of one call from the final segments of both legs (and its holds, if any)."""
+    held = merge_intervals((start, end) for start, end in holds_ms if end > start)
     agent_segments = [s for s in segments if s.leg == "agent"]
     customer_segments = [s for s in segments if s.leg == "customer"]
     agent = merge_intervals((s.start_ms, s.end_ms) for s in agent_segments)
@@ -194,4 +201,6 @@ def compute_metrics(
         first_agent_response_ms=first_agent_response(segments),
         agent_first_speech_ms=agent[0][0] if agent else None,
         turn_count=turn_count(segments),
+        hold_ms=total_ms(held),
+        holds=len(held),
     )

@@ -84,6 +84,8 @@ class CallOutputs:
         if result.events:
             await self.sink.write("qa_events", [qa_event_row(call.call_id, e) for e in result.events])
         self.metrics.calls_finished.labels(how).inc()
+        self.metrics.holds.inc(result.metrics.get("holds", 0))
+        self.metrics.hold_seconds.inc(result.metrics.get("hold_ms", 0) / 1000)
 
     async def publish(self, call: CallState, topic: str, message: Message) -> None:
         """One of the call's messages, keyed by its id (its delivery is awaited before its release)."""

@@ -1,6 +1,7 @@
 """Call lifecycle: start and end events, closing calls, and completing them.
 
-A call closes on its end event once all its frames came (or the audio partition's stream time has
+Hold and resume events keep a call open through a hold (no frames come while it is held) and measure
+its hold time. A call closes on its end event once all its frames came (or the audio partition's stream time has
 passed the end event plus a grace), at once on an abort, or after a stretch of stream time without
 audio (clock.py). Closing flushes its legs and submits their last segments; completing waits for all
 its tasks, emits what the analyzer still holds, publishes the call's QA and hands it to the registry
@@ -60,6 +61,9 @@ class CallLifecycle:
             # Audio and events are co-partitioned (same key, same partition count): the call's frames
             # are on the audio partition with this number, even before the first of them is read.
             call.audio_tp = (self.settings.topic_audio, tp[1])
+        if event.is_hold_change:
+            self._hold_change(call, event)
+            return
         if event.event_type == "start":
             call.start = event
             call.started_at_ms = event.at_ms
@@ -117,6 +121,19 @@ class CallLifecycle:
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
 
+    @staticmethod
+    def _hold_change(call: CallState, event: CallEvent) -> None:
+        """A hold begins or ends; a repeated hold (or a resume while not held) changes nothing."""
+        at = max(event.offset_ms, 0)
+        if event.event_type == "hold":
+            if call.held_from_ms is None:
+                call.held_from_ms = at
+            return
+        if call.held_from_ms is not None:
+            call.holds_ms.append((call.held_from_ms, max(at, call.held_from_ms)))
+            call.held_from_ms = None
+        call.resumed_at_ms = max(call.resumed_at_ms, event.at_ms)
+
     def _due(self, call: CallState, wall: int, timeout_ms: float, grace_ms: int) -> str | None:
         """How the call should be closed now ("end", "abort", "timeout"), or None to keep it open."""
         tp = call.audio_tp
@@ -131,5 +148,6 @@ class CallLifecycle:
         assert call.analyzer is not None
         await self.gate.flush(call)
         audio_ms = max((leg.frames_released * leg.frame_ms for leg in call.legs.values()), default=0)
-        await self.outputs.call_result(call, call.analyzer.finalize(audio_ms), how, audio_ms)
+        result = call.analyzer.finalize(audio_ms, call.hold_intervals(audio_ms))
+        await self.outputs.call_result(call, result, how, audio_ms)
         self.registry.retire(call, how)

@@ -77,6 +77,9 @@ class WorkerMetrics:
         self.dead_letters = Counter("callqa_dead_letters_total", "Messages sent to the dead-letter topic.", ["reason"],
                                     registry=r)
         self.calls_finished = Counter("callqa_calls_finished_total", "Calls finalised, by how.", ["how"], registry=r)
+        self.holds = Counter("callqa_holds_total", "Holds (hold/resume call events) of finished calls.", registry=r)
+        self.hold_seconds = Counter("callqa_hold_seconds_total", "Time finished calls spent on hold (call time).",
+                                    registry=r)
         self.qa_alerts = Counter("callqa_qa_alerts_total", "Live QA alerts raised.", ["rule"], registry=r)
         self.store_buffered_rows = Gauge("callqa_store_buffered_rows", "Rows waiting for ClickHouse.", registry=r)
         self.store_retries = Gauge("callqa_store_retries", "ClickHouse insert retries so far.", registry=r)

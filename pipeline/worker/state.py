@@ -50,6 +50,17 @@ class CallState:
     durable_legs: dict[str, Any] = field(default_factory=dict)
     leg_snapshot_ms: dict[str, int] = field(default_factory=dict)
     closed_checkpoint: Any = None  # CallCheckpoint of a call closed for inactivity (it may be reopened)
+    # Holds (hold/resume call events): the ended ones as (start, end) on the call's clock; the open one's
+    # start (None: not held); the producer time of the last resume, from which inactivity counts again.
+    holds_ms: list[tuple[int, int]] = field(default_factory=list)
+    held_from_ms: int | None = None
+    resumed_at_ms: int = 0
+
+    def hold_intervals(self, call_end_ms: int) -> list[tuple[int, int]]:
+        """The call's holds; one still open at the end lasts until ``call_end_ms``."""
+        if self.held_from_ms is None:
+            return list(self.holds_ms)
+        return [*self.holds_ms, (self.held_from_ms, max(self.held_from_ms, call_end_ms))]
 
     def frames_complete(self) -> bool:
         """The end event came and every leg has received (or holds) the frames it announced."""
