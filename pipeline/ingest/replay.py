@@ -204,6 +204,7 @@ class TelephonyReplay:
 
         yield _Due(0.0, 0, send_start)
         n_frames = max(counts.values())
+        yield from self._hold_changes(call_id, rec, start, n_frames * options.frame_ms, report)
         for k in range(n_frames):
             if rec.on_hold(k * options.frame_ms, (k + 1) * options.frame_ms):
                 continue
@@ -221,6 +222,24 @@ class TelephonyReplay:
             open_calls.discard(call_id)
 
         yield _Due((n_frames + 1) * options.frame_ms / 1000, 0, send_end)
+
+    def _hold_changes(self, call_id: str, rec: CallRecording, start: CallEvent, call_ms: int,
+                      report: ReplayReport) -> Iterator[_Due]:
+        """A hold event when each hold begins and a resume when it ends (within the call), as a gateway
+        sends them for a PCI pause: the worker keeps the call open through it and measures it."""
+        for h_start, h_end in sorted(rec.holds_ms):
+            if h_start >= call_ms or h_end <= h_start:
+                continue
+            for kind, at in (("hold", h_start), ("resume", min(h_end, call_ms))):
+                event = CallEvent(call_id, kind, tenant=start.tenant, agent_id=start.agent_id,  # type: ignore[arg-type]
+                                  queue=start.queue, legs=list(start.legs), offset_ms=at)
+
+                def send(event: CallEvent = event) -> None:
+                    event.at_ms = now_ms()
+                    self.producer.send(self.events_topic, call_id, event)
+                    report.events_sent += 1
+
+                yield _Due(at / 1000, 0, send)
 
     def _frame_sender(
         self, call_id: str, rec: CallRecording, legs: list[str], k: int, options: ReplayOptions

@@ -43,3 +43,9 @@ def test_no_frame_of_either_leg_is_sent_inside_a_hold(kafka_settings, read_topic
     end = [e for e in events if e.event_type == "end"]
     # the call is still 150 frames long: the worker fills the hold with silence when frames resume
     assert len(end) == 1 and end[0].frame_counts == {"agent": 150, "customer": 150}
+    # the hold's start and end go on the events topic, at their place on the call clock, between the
+    # start and the end (a worker keeps the call open through it and measures it)
+    assert [(e.event_type, e.offset_ms) for e in events] == [("start", -1), ("hold", 1000), ("resume", 2010),
+                                                              ("end", -1)]
+    assert {(e.tenant, e.queue) for e in events} == {(options.tenant, options.queue)}
+    assert report.events_sent == 4
