@@ -6,7 +6,7 @@ pings and ``opened`` stay on time whatever the broker does. Each leg holds at mo
 gap it leaves is filled with silence by the worker). AudioHook sessions read ``buffered_fraction`` and
 pause their client before that happens; Twilio has no flow control, so its audio is what gets dropped.
 
-The sender produces what is buffered (start events first, then frames round-robin over the legs, then
+The sender produces what is buffered (start, hold and resume events first, in the order they came, then frames round-robin over the legs, then
 the end events of calls with no frame left), waits for the broker's acknowledgement of the batch
 (acks=all, idempotent: ``ContractProducer``), and only then takes the next one: the buffers fill up
 exactly when Kafka is slower than the calls.
@@ -19,6 +19,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Literal
 
 from pipeline.broker.producer import ContractProducer, DeliveryError
 from pipeline.contracts.messages import LEGS, AudioFrame, CallEvent
@@ -45,7 +46,8 @@ class Outbox:
         self.metrics = metrics
         self.leg_capacity = max(1, round(leg_buffer_s * 1000 / FRAME_MS))
         self._lock = threading.Condition()
-        self._starts: deque[CallEvent] = deque()
+        self._starts: deque[CallEvent] = deque()  # starts, holds and resumes
+        self._opened: dict[str, CallEvent] = {}  # call -> its start event, whose fields holds repeat
         self._ends: deque[CallEvent] = deque()
         self._legs: dict[tuple[str, str], deque[AudioFrame]] = {}
         self._in_flight: dict[str, int] = {}  # call -> frames taken by the sender, not yet acknowledged
@@ -55,6 +57,7 @@ class Outbox:
     def call_started(self, event: CallEvent) -> None:
         with self._lock:
             self._starts.append(event)
+            self._opened[event.call_id] = event
             self._lock.notify()
 
     def frame(self, frame: AudioFrame) -> None:
@@ -76,18 +79,28 @@ class Outbox:
         with self._lock:
             self._ends.append(event)
             self.dropped.pop(event.call_id, None)
+            self._opened.pop(event.call_id, None)
             self._lock.notify()
 
     def call_held(self, call_id: str, at_ms: int) -> None:
-        """A PCI pause began. Counted only: the ``hold`` call event goes on the topic once the CallEvent
-        schema has the hold and resume types and the worker reads them (today's worker would take any
-        event that is not a start for the call's end)."""
+        """A PCI pause began: a ``hold`` call event (the worker keeps the call open and measures it)."""
         log.info("call %s: client paused the audio at %d ms (PCI)", call_id, at_ms)
+        self._hold_change(call_id, "hold", at_ms)
 
     def call_resumed(self, call_id: str, at_ms: int, held_ms: int) -> None:
-        """A PCI pause ended (see ``call_held``): the hold time is counted in
-        ``callqa_gateway_hold_seconds_total``; the ``resume`` event waits for the schema's types."""
+        """A PCI pause ended: a ``resume`` call event (the gateway's own count is
+        ``callqa_gateway_hold_seconds_total``)."""
         log.info("call %s: client resumed the audio at %d ms after %d ms", call_id, at_ms, held_ms)
+        self._hold_change(call_id, "resume", at_ms)
+
+    def _hold_change(self, call_id: str, kind: Literal["hold", "resume"], at_ms: int) -> None:
+        # The start's fields are repeated: a reader of CallEvent version 1 takes a hold change for a
+        # repeated start, and must not read a call with no tenant or agent from it.
+        with self._lock:
+            start = self._opened.get(call_id) or CallEvent(call_id, "start")
+            self._starts.append(CallEvent(call_id, kind, tenant=start.tenant, agent_id=start.agent_id,
+                                          queue=start.queue, legs=list(start.legs), offset_ms=at_ms))
+            self._lock.notify()
 
     # ---- the sender's side --------------------------------------------------------------------------------
     def take(self, max_messages: int, wait_s: float) -> Batch:
