@@ -19,6 +19,7 @@ import binascii
 import datetime
 import hashlib
 import hmac
+import os
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
@@ -167,3 +168,22 @@ class AudioHookAuthenticator:
         request = _SignedRequest("GET", f"https://{authority}{target}", headers)
         results = verifier.verify(request, max_age=self.max_age, require_components=AUDIOHOOK_COVERED)
         return results[0].nonce or ""
+
+
+def audiohook_signed_headers(authority: str, target: str, api_key: str, client_secret: str,
+                             audiohook_headers: Mapping[str, str], nonce: str | None = None) -> dict[str, str]:
+    """The headers Genesys sends on an AudioHook upgrade: ``X-API-KEY``, the ``audiohook-*`` headers and,
+    with a client secret, the RFC 9421 ``Signature-Input``/``Signature`` over every covered component
+    (what ``AudioHookAuthenticator`` checks). For the simulator, and for testing a deployment."""
+    from http_message_signatures import HTTPMessageSigner
+
+    headers = {"Host": authority, "X-API-KEY": api_key, **audiohook_headers}
+    if client_secret:
+        request = _SignedRequest("GET", f"https://{authority}{target}", headers)
+        signer = HTTPMessageSigner(signature_algorithm=algorithms.HMAC_SHA256,
+                                   key_resolver=MappingKeyResolver(
+                                       public_keys={}, private_keys={api_key: base64.b64decode(client_secret)}))
+        signer.sign(request, key_id=api_key, label="sig1",
+                    nonce=nonce or base64.urlsafe_b64encode(os.urandom(32)).decode().rstrip("="),
+                    covered_component_ids=AUDIOHOOK_COVERED)
+    return {k: v for k, v in headers.items() if k != "Host"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -73,3 +74,46 @@ def _warn_open_paths(settings: Settings) -> None:
     if not settings.audiohook_api_key.get_secret_value():
         console.print("[yellow]CALLQA_AUDIOHOOK_API_KEY is not set: /audiohook takes any key on loopback "
                       "and refuses every session on other interfaces[/yellow]")
+
+
+@gateway_app.command("simulate")
+def simulate_command(
+    files: Annotated[list[Path], typer.Argument(help="Recordings, one call each (stereo: left agent, right "
+                                                     "customer; mono: the agent).", exists=True, dir_okay=False)],
+    protocol: Annotated[str, typer.Option(help="twilio (Media Streams) or audiohook (Genesys AudioHook v2).")]
+    = "twilio",
+    calls: Annotated[int, typer.Option(help="Concurrent calls (0: one per file; more reuse the files in turn).")]
+    = 0,
+    realtime: Annotated[bool, typer.Option("--realtime/--fast", help="Pace at 20 ms, or as fast as the gateway "
+                                                                      "takes it.")] = True,
+    url: Annotated[str, typer.Option(help="The gateway (ws:// or wss://); a bare host:port gets /twilio/<callSid> "
+                                          "or /audiohook.")] = "ws://127.0.0.1:8765",
+    verbose: Annotated[bool, typer.Option("--verbose", help="Tracebacks on errors.")] = False,
+) -> None:
+    """Send recordings to a gateway as live calls, signed with the secrets the gateway checks
+    (CALLQA_TWILIO_AUTH_TOKEN; CALLQA_AUDIOHOOK_API_KEY, CALLQA_AUDIOHOOK_CLIENT_SECRET); prints the
+    call IDs (Twilio callSid, AudioHook conversationId)."""
+    from pipeline.audio.files import AudioFileError
+    from pipeline.config import get_settings
+    from pipeline.gateway.simulate import (
+        SimulationError,
+        options_from_settings,
+        recordings_of,
+        run_with_progress,
+    )
+
+    if protocol not in ("twilio", "audiohook"):
+        raise typer.BadParameter("--protocol is twilio or audiohook")
+    if calls < 0:
+        raise typer.BadParameter("--calls must be >= 0")
+    try:
+        recordings = recordings_of(files)
+        options = options_from_settings(get_settings(), protocol, url, calls, realtime)  # type: ignore[arg-type]
+        report = run_with_progress(recordings, options, console)
+    except (SimulationError, AudioFileError) as exc:
+        if verbose:
+            raise
+        console.print(f"[red]simulate: {exc}[/red]")
+        raise typer.Exit(1) from None
+    for call_id in report.call_ids:
+        console.print(call_id)
