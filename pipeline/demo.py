@@ -1,9 +1,10 @@
 """`make demo`: a handful of contact-center calls of the call library through the whole pipeline, live.
 
-Starts a worker, replays four library calls (samples/calls/library/) concurrently in real time (a
+Starts a worker and a `callqa gateway` beside it, sends four library calls (samples/calls/library/)
+through the gateway as Twilio Media Streams, concurrently in real time, as a contact center would (a
 compliant card payment, a call without identity check, a rude agent, an escalation), prints redacted
 transcripts and live QA alerts as they arrive on their topics, then each call's QA report read back from
-ClickHouse (through the worker's API), and stops the worker it started. Run with the broker up and the
+ClickHouse (through the worker's API), and stops the gateway and the worker it started. Run with the broker up and the
 library built (the Makefile does both).
 """
 
@@ -13,18 +14,18 @@ import os
 import sys
 import threading
 import time
-from dataclasses import replace
 
 from confluent_kafka import Consumer, TopicPartition
 from rich.console import Console
 
-from pipeline.broker.producer import ContractProducer
 from pipeline.broker.security import kafka_config
 from pipeline.broker.topics import ensure_topics
 from pipeline.config import Settings, get_settings
 from pipeline.contracts import QaAlert, Serde, TranscriptSegment
 from pipeline.eval.call_library import LIBRARY_DIR, LibraryNotBuilt, holds_of, load_manifest
-from pipeline.ingest.replay import CallRecording, ReplayOptions, TelephonyReplay, load_recording
+from pipeline.gateway.process import GatewayProcess
+from pipeline.gateway.simulate import SimulateOptions, new_call_id, run_with_progress
+from pipeline.ingest.replay import CallRecording, ReplayOptions, load_recording
 from pipeline.report import render_report
 from pipeline.worker.process import WorkerProcess, worker_env
 
@@ -53,7 +54,16 @@ def start_worker(settings: Settings) -> WorkerProcess:
     return worker
 
 
-def tail_outputs(settings: Settings, serde: Serde, prefix: str, stop: threading.Event) -> None:
+def start_gateway(settings: Settings) -> GatewayProcess:
+    # A short end grace: the demo's calls end once; nothing will continue them after a transfer.
+    gateway = GatewayProcess(settings.state_dir / "demo" / "gateway.log", env={"CALLQA_GATEWAY_END_GRACE_S": "1"})
+    with console.status("starting the gateway (Twilio Media Streams, AudioHook)..."):
+        gateway.start()
+    console.print(f"gateway up (pid {gateway.pid}) on {gateway.url}, log in {gateway.log_path}")
+    return gateway
+
+
+def tail_outputs(settings: Settings, serde: Serde, call_ids: set[str], stop: threading.Event) -> None:
     """Print each final transcript and live QA alert of the demo's calls as it arrives."""
     consumer = Consumer({**kafka_config(settings), "group.id": f"callqa-demo-{os.getpid()}",
                          "enable.auto.commit": False})
@@ -71,14 +81,14 @@ def tail_outputs(settings: Settings, serde: Serde, prefix: str, stop: threading.
         if not value:
             continue
         m = serde.decode_any(value)
-        if isinstance(m, TranscriptSegment) and m.call_id.startswith(prefix):
+        if isinstance(m, TranscriptSegment) and m.call_id in call_ids:
             colour = "cyan" if m.leg == "agent" else "magenta"
             # The segment's last frame was produced about (end - start) after its first one.
             delay = m.produced_at_ms - m.first_frame_produced_at_ms - (m.end_ms - m.start_ms)
             console.print(f"[dim]{time.monotonic() - start:5.1f}s[/dim] {m.call_id} "
                           f"[{colour}]{m.leg:8s}[/{colour}] {m.start_ms / 1000:5.1f}-{m.end_ms / 1000:5.1f}  {m.text}"
                           f"  [dim](after speech end: {delay} ms, batch {m.batch_size})[/dim]")
-        elif isinstance(m, QaAlert) and m.call_id.startswith(prefix):
+        elif isinstance(m, QaAlert) and m.call_id in call_ids:
             console.print(f"      [yellow]QA alert[/yellow] {m.call_id} {m.rule} ({m.leg}, "
                           f"{m.offset_ms / 1000:.1f} s): {m.text}")
     consumer.close()
@@ -96,16 +106,19 @@ def main() -> int:
     serde = Serde.from_settings(settings.schema_registry_url)
     worker = start_worker(settings)
     stop = threading.Event()
-    prefix = f"demo{int(time.time())}"
+    gateway: GatewayProcess | None = None
     try:
-        player = TelephonyReplay(ContractProducer.from_settings(settings, serde), settings.topic_audio,
-                                 settings.topic_call_events)
-        tail = threading.Thread(target=tail_outputs, args=(settings, serde, prefix, stop), daemon=True)
+        gateway = start_gateway(settings)
+        # Twilio's callSids, made here so the tail knows the demo's calls before they begin
+        call_ids = tuple(new_call_id("twilio") for _ in recordings)
+        tail = threading.Thread(target=tail_outputs, args=(settings, serde, set(call_ids), stop), daemon=True)
         tail.start()
         time.sleep(2)  # the tail holds its start offsets before the first call begins
-        console.print(f"replaying {len(recordings)} library calls at once in real time (μ-law, 20 ms frames): "
-                      + ", ".join(DEMO_CALLS))
-        report = player.run(recordings, replace(options, call_id_prefix=prefix))
+        console.print(f"sending {len(recordings)} library calls at once through the gateway as Twilio Media "
+                      "Streams, in real time (μ-law, 20 ms chunks, both tracks): " + ", ".join(DEMO_CALLS))
+        report = run_with_progress(recordings, SimulateOptions(
+            "twilio", url=gateway.url, realtime=True, twilio_auth_token=gateway.twilio_auth_token,
+            call_ids=call_ids), console)
         api = worker.api()  # with the random API token worker_env gave the worker
         with console.status("waiting for the calls to be finalised..."):
             worker.wait_for_calls(report.call_ids, timeout_s=120)
@@ -117,6 +130,8 @@ def main() -> int:
         return 0
     finally:
         stop.set()
+        if gateway is not None:
+            gateway.stop()
         worker.stop()
 
 

@@ -71,6 +71,7 @@ class SimulateOptions:
     audiohook_client_secret: str = ""
     organization_id: str = field(default_factory=lambda: str(uuid.uuid4()))
     stagger_s: float = 0.0  # calls begin this far apart (the benchmark spreads its legs' frames)
+    call_ids: tuple[str, ...] = ()  # the calls' IDs (callSid / conversationId); default: generated
 
 
 @dataclass
@@ -117,12 +118,14 @@ async def simulate(recordings: list[CallRecording], options: SimulateOptions,
     """Send the calls at once (each its own websocket); returns their IDs and what was sent. Raises
     SimulationError on the first call the gateway refuses or disconnects."""
     n = options.calls or len(recordings)
+    if options.call_ids and len(options.call_ids) != n:
+        raise ValueError(f"{len(options.call_ids)} call ids for {n} calls")
     report = SimulationReport()
     began = time.monotonic()
     tasks = []
     for i in range(n):
         rec = recordings[i % len(recordings)]
-        call = SimulatedCall(_new_call_id(options.protocol), rec.source)
+        call = SimulatedCall(options.call_ids[i] if options.call_ids else new_call_id(options.protocol), rec.source)
         report.calls.append(call)
         sender = _TwilioCall if options.protocol == "twilio" else _AudioHookCall
         tasks.append(asyncio.create_task(
@@ -137,7 +140,8 @@ async def simulate(recordings: list[CallRecording], options: SimulateOptions,
     return report
 
 
-def _new_call_id(protocol: Protocol) -> str:
+def new_call_id(protocol: Protocol) -> str:
+    """A call ID as the platform makes them: a Twilio callSid, or an AudioHook conversationId."""
     return "CA" + uuid.uuid4().hex if protocol == "twilio" else str(uuid.uuid4())
 
 
