@@ -182,7 +182,9 @@ class _CallSender:
     async def run(self, start_at: float) -> None:
         await asyncio.sleep(max(0.0, start_at - time.monotonic()))
         try:
-            async with connect(self.url, additional_headers=self.headers(), compression=None,
+            # No websocket keepalive pings: the platforms' streams have none (AudioHook pings in its own
+            # messages), and a gateway busy past 20 s must not have its calls dropped by the simulator.
+            async with connect(self.url, additional_headers=self.headers(), compression=None, ping_interval=None,
                                open_timeout=REPLY_TIMEOUT_S, max_size=2**20) as ws:
                 await self.converse(ws)
         except InvalidStatus as exc:

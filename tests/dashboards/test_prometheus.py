@@ -428,6 +428,27 @@ def test_compose_worker_serves_metrics_beyond_its_container_and_publishes_on_loo
     assert job["dns_sd_configs"][0]["names"] == ["worker"] and job["dns_sd_configs"][0]["port"] == port
 
 
+def test_compose_gateway_takes_its_secrets_from_the_environment_and_drains_on_stop() -> None:
+    import re
+
+    from pipeline.config import Settings
+
+    gateway = compose()["services"]["gateway"]
+    env = gateway["environment"]
+    for secret in ("CALLQA_TWILIO_AUTH_TOKEN", "CALLQA_AUDIOHOOK_API_KEY", "CALLQA_AUDIOHOOK_CLIENT_SECRET"):
+        assert env[secret] == f"${{{secret}:?set {secret}}}"  # required, never a default
+    assert set(env) <= {f"CALLQA_{name.upper()}" for name in Settings.model_fields}  # settings that exist
+    command = re.search(r'CMD (\[.*\])', gateway["build"]["dockerfile_inline"])
+    assert command is not None
+    argv = yaml.safe_load(command.group(1))
+    port = int(argv[argv.index("--port") + 1])
+    assert argv[:2] == ["callqa", "gateway"] and argv[argv.index("--host") + 1] == "0.0.0.0"  # noqa: S104
+    assert gateway["ports"] == [f"{port}:{port}"] and f"127.0.0.1:{port}/healthz" in " ".join(gateway["healthcheck"]["test"])
+    assert gateway["depends_on"]["kafka"] == {"condition": "service_healthy"}
+    grace_s = int(gateway["stop_grace_period"].rstrip("s"))
+    assert grace_s > Settings.model_fields["gateway_drain_s"].default  # SIGTERM's drain ends before SIGKILL
+
+
 def test_grafana_datasource_scrape_interval_is_prometheus_scrape_interval() -> None:
     # $__rate_interval is computed from the data source's timeInterval: it must be the real scrape interval.
     sources = yaml.safe_load((DASHBOARDS / "provisioning" / "datasources" / "clickhouse.yaml").read_text())
