@@ -191,9 +191,11 @@ async def test_a_pci_pause_mid_call_skips_its_time(start_gateway, audiohook_clie
         await ws.send(after)
         await ws.send(client.message("close", {"reason": "end"}))
         assert (await recv_json(ws))["type"] == "closed"
-    frames, events = await read_calls(gw.settings, frames=100, events=2)
+    frames, events = await read_calls(gw.settings, frames=100, events=4)
     assert sorted(f.seq for f in frames) == list(range(50)) + list(range(1550, 1600))
     assert only(events, "end").frame_counts == {"customer": 1600}
+    assert [(e.event_type, e.offset_ms) for e in events] == [("start", -1), ("hold", 1000), ("resume", 31000),
+                                                              ("end", -1)]
     assert gw.server.metrics.value("callqa_gateway_hold_seconds_total") == 30
 
 
