@@ -178,3 +178,31 @@ def bench_end_to_end(
     _, paths = run_end_to_end(EndToEndOptions(calls=calls, realtime_calls=realtime_calls, out=out or RESULTS),
                               console)
     _wrote(paths)
+
+
+@bench_app.command("gateway")
+def bench_gateway(
+    legs: Annotated[str, typer.Option(help="Comma-separated levels of concurrent live legs (2 per Twilio call).")]
+    = "200,500,1000",
+    warmup_s: Annotated[float, typer.Option(help="Load before the measured window (s).")] = 10.0,
+    window_s: Annotated[float, typer.Option(help="The measured window (s).")] = 30.0,
+    gateway_cpus: Annotated[str, typer.Option(help="CPU list the gateway is pinned to (taskset).")] = "0",
+    simulator_cpus: Annotated[str, typer.Option(help="CPU list the simulator processes are pinned to.")] = "1",
+    simulators: Annotated[int, typer.Option(help="Simulator processes sharing the calls.")] = 2,
+    out: Out = None,
+) -> None:
+    """Live legs per gateway core: CPU, RSS and added latency.
+
+    N concurrent Twilio legs in real time through a `callqa gateway` pinned to one core, the simulators on another: the gateway's CPU and RSS per leg (/proc), P50/P99 frame received -> Kafka acknowledged (/metrics), how late the simulators ran."""
+    from pipeline.bench.gateway import GatewayBenchOptions, run_gateway_bench
+    from pipeline.bench.results import RESULTS
+
+    try:
+        levels = tuple(int(x) for x in _split(legs))
+    except ValueError as exc:
+        raise typer.BadParameter("--legs is a comma-separated list of numbers") from exc
+    if not levels or min(levels) < 2 or window_s <= 0 or simulators < 1:
+        raise typer.BadParameter("--legs >= 2 each, --window-s > 0, --simulators >= 1")
+    options = GatewayBenchOptions(levels, warmup_s, window_s, gateway_cpus, simulator_cpus, simulators, out or RESULTS)
+    _, paths = run_gateway_bench(options, console)
+    _wrote(paths)

@@ -72,6 +72,7 @@ class SimulateOptions:
     organization_id: str = field(default_factory=lambda: str(uuid.uuid4()))
     stagger_s: float = 0.0  # calls begin this far apart (the benchmark spreads its legs' frames)
     call_ids: tuple[str, ...] = ()  # the calls' IDs (callSid / conversationId); default: generated
+    keep_going: bool = False  # a call that fails is counted in the report, the others go on (benchmark)
 
 
 @dataclass
@@ -86,6 +87,7 @@ class SimulationReport:
     calls: list[SimulatedCall] = field(default_factory=list)
     elapsed_s: float = 0.0
     lateness_s: list[float] = field(default_factory=list)  # realtime: how late each chunk went out
+    failures: list[str] = field(default_factory=list)  # with keep_going: why calls ended early
 
     @property
     def call_ids(self) -> list[str]:
@@ -180,6 +182,14 @@ class _CallSender:
         self.url = endpoint(options.url, options.protocol, call.call_id)
 
     async def run(self, start_at: float) -> None:
+        try:
+            await self.send(start_at)
+        except SimulationError as exc:
+            if not self.options.keep_going:
+                raise
+            self.report.failures.append(str(exc))
+
+    async def send(self, start_at: float) -> None:
         await asyncio.sleep(max(0.0, start_at - time.monotonic()))
         try:
             # No websocket keepalive pings: the platforms' streams have none (AudioHook pings in its own

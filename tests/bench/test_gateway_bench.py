@@ -1,0 +1,25 @@
+"""`callqa bench gateway`'s readings of the gateway: the ack-latency histogram from /metrics, its
+percentiles, and the gateway's CPU and RSS from /proc."""
+
+from __future__ import annotations
+
+import os
+
+from pipeline.bench.gateway import _cpu_ticks, _histogram, _quantile, _rss_kb
+from pipeline.gateway.metrics import GatewayMetrics
+
+
+def test_percentiles_of_the_gateways_own_histogram() -> None:
+    metrics = GatewayMetrics()
+    for seconds in [0.003] * 50 + [0.015] * 49 + [0.2]:
+        metrics.ack_latency.observe(seconds)
+    buckets = _histogram(metrics.exposition().decode())
+    assert buckets["+Inf"] == 100 and buckets["0.005"] == 50 and buckets["0.02"] == 99
+    assert _quantile(buckets, 0.50) == 0.005  # the 50th of 100 is the last in (0, 5 ms]
+    assert 0.01 < _quantile(buckets, 0.99) <= 0.02  # inside (10, 20 ms], linear within it
+    assert _quantile({"0.005": 0.0, "+Inf": 0.0}, 0.99) == 0.0  # no frames: nothing to say
+
+
+def test_cpu_and_rss_of_a_process() -> None:
+    assert _cpu_ticks(os.getpid()) > 0
+    assert 10_000 < _rss_kb(os.getpid()) < 10_000_000
