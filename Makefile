@@ -12,9 +12,11 @@ SYSTEM_PACKAGES := kcat pocketsphinx-testdata alsa-utils default-jre-headless ma
 	festival festvox-us-slt-hts asterisk-core-sounds-en-wav asterisk-core-sounds-en \
 	asterisk-moh-opsound-wav
 
-# Tests run side by side in this many processes (pytest-xdist). More than the cores: most of the suite
-# waits on real processes (a worker starting, a real-time replay, a rebalance), not on the CPU. Tests that
-# share a module fixture stay in one process (tests/conftest.py groups them for --dist loadgroup).
+# Tests run side by side in this many processes (pytest-xdist). More than the cores: much of the suite
+# waits on real processes (a worker starting, a real-time replay, a rebalance), not on the CPU. A test file
+# runs whole in one process (--dist loadfile), so a module fixture (a running worker, a replayed call) is
+# made once and its tests keep their order. (--dist loadgroup with xdist_group marks did not group tests
+# under pytest 9.2 and xdist 3.8: a module's tests ran on three processes, each making the fixture.)
 TEST_WORKERS ?= 3
 PYTEST := $(BIN)/pytest -q -p no:cacheprovider --durations=20
 
@@ -31,7 +33,7 @@ test: setup
 	trap '$(CALLQA) broker stop' EXIT; \
 	$(BIN)/ruff check pipeline tests bench || status=1; \
 	$(BIN)/mypy pipeline || status=1; \
-	$(PYTEST) -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS) || status=$$?; \
+	$(PYTEST) -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS) || status=$$?; \
 	exit $$status
 
 test-fast: setup

@@ -23,27 +23,16 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 REFERENCE_FIXTURES = {"faster_whisper_int8", "faster_whisper_fp32"}
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """A test that uses the broker, directly or through another fixture, is a broker test whether or not
-    its module says so: `make test-fast` deselects them by this mark, so it never needs Kafka."""
-    for item in items:
-        fixtures = getattr(item, "fixturenames", ())
-        if "broker" in fixtures:
-            item.add_marker(pytest.mark.broker)
-        if REFERENCE_FIXTURES.intersection(fixtures):
-            item.add_marker(pytest.mark.slow)  # the reference implementation decodes the same audio again
-        module_scoped = _module_fixtures(item)
-        if module_scoped:
-            # Run in parallel (`pytest -n N --dist loadgroup`), the tests sharing a module fixture (a running
-            # worker, a replayed call) stay on one xdist worker, so the fixture is made once, not once each.
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
-
-
-def _module_fixtures(item: pytest.Item) -> list[str]:
-    info = getattr(item, "_fixtureinfo", None)
-    if info is None:
-        return []
-    return [name for name, defs in info.name2fixturedefs.items() if defs and defs[-1].scope == "module"]
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Marks from what a test uses, as each test is collected:
+    - broker: it uses the broker, directly or through another fixture, whether or not its module says so
+      (`make test-fast` deselects by this mark, so it never needs Kafka);
+    - slow: it compares with the reference implementation, which decodes the same audio again."""
+    fixtures = getattr(item, "fixturenames", ())
+    if "broker" in fixtures:
+        item.add_marker(pytest.mark.broker)
+    if REFERENCE_FIXTURES.intersection(fixtures):
+        item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")
