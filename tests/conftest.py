@@ -78,6 +78,26 @@ def kafka_settings(broker: str, unique_name: str):  # type: ignore[no-untyped-de
     return settings
 
 
+def _high_watermark(consumer, partition, timeout_s: float = 30.0) -> int:  # type: ignore[no-untyped-def]
+    """The partition's high watermark. A topic created a moment ago can answer NOT_LEADER until the
+    broker's metadata settles (seen on a loaded 2-core CI machine), so retriable errors are retried."""
+    import time
+
+    from confluent_kafka import KafkaError, KafkaException
+
+    settling = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+                KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._TIMED_OUT}
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return int(consumer.get_watermark_offsets(partition, timeout=10)[1])
+        except KafkaException as exc:
+            error = exc.args[0]
+            if not (error.retriable() or error.code() in settling) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
 def _read_topic(bootstrap: str, topic: str, expected: int | None = None, idle_s: float = 3.0,
                 timeout_s: float = 60.0) -> list:  # type: ignore[type-arg]
     """Every message of ``topic`` from the beginning, in a fresh consumer group: until ``expected``
@@ -92,7 +112,7 @@ def _read_topic(bootstrap: str, topic: str, expected: int | None = None, idle_s:
                          "auto.offset.reset": "earliest", "enable.auto.commit": False})
     partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
     # What the topic holds now: the high watermark of each partition.
-    ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in partitions}
+    ends = {p: _high_watermark(consumer, TopicPartition(topic, p)) for p in partitions}
     read_to = dict.fromkeys(partitions, 0)
     consumer.subscribe([topic])
     out: list = []  # type: ignore[type-arg]
