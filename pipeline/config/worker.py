@@ -17,9 +17,28 @@ class WorkerSettings(BaseModel):
     end_grace_ms: int = Field(
         2000, description="After a call's end event, how long to wait for its last frames (they travel on another topic).",
     )
+    # An end event announces each leg's frame count: a call closes once its legs have them (or a later
+    # seq showed a gap to be missing). Frames still in flight when the audio partition is caught up look
+    # like lost ones; this bounds the wait (wall time after the end event, and the stream time above).
+    # CALLQA_END_WAIT_MAX_S, default 30.
+    end_wait_max_s: float = Field(
+        30.0, ge=0, description="Longest a caught-up call waits after its end event for frames it announced (s); "
+                                "a close without them is counted (callqa_calls_closed_incomplete_total).",
+    )
+    # A leg that sends nothing (one-way media, silence suppression) would hold the other legs' finals and
+    # live alerts until it speaks again (finals are released in time order across legs: release.py).
+    # Past this much stream time, a leg with no open segment and no frames waiting is taken as silent.
+    # Keep it above the VAD's pre-roll: frames of a leg that come later than this are still stored, only
+    # out of time order (final QA is computed in time order at the call's end all the same).
+    # CALLQA_HELD_FINAL_MAX_MS, default 2000.
+    held_final_max_ms: int = Field(
+        2000, ge=0, description="Most stream time (ms) a leg that sends nothing holds the other legs' finals.",
+    )
     # Gateways send no frames during hold, a recording (PCI) pause or silence suppression: a call must
-    # stay open across those, so the default is a long hold, not a gap between frames. A call closed
-    # this way is reopened, and its QA recomputed, if frames of it still come.
+    # stay open across those, so the default is a long hold, not a gap between frames (holds announced
+    # by hold/resume events never close it). A call closed this way is finished, once, like one that
+    # ended: frames of it that still come are dropped and counted (callqa_frames_dropped_total{reason=
+    # "after_call_end"}); reopening it would publish its QA a second time.
     call_inactivity_timeout_s: float = Field(
         1200.0, description="A call with no frames or events for this long (stream time) is closed (end_reason 'timeout').",
     )
@@ -35,6 +54,17 @@ class WorkerSettings(BaseModel):
     # Heartbeats come from the consumer's own thread, so a busy event loop does not lose the group.
     kafka_session_timeout_s: float = Field(
         15.0, gt=3, description="A worker silent this long (crashed, killed) loses its partitions to the others (s).",
+    )
+    # A rebalance waits for every member's revocation; a store outage must not hang the whole group, so
+    # the hand-over (let ending calls finish, flush, commit) gives up after this, and what it could not
+    # make durable is replayed by the next owner from the last commit. Capped at 60 % of the session timeout.
+    handover_timeout_s: float = Field(
+        8.0, gt=0, description="Longest a revocation waits to finish ending calls and commit before handing partitions over (s).",
+    )
+    # faust's consumer is eager: every rebalance revokes every partition, so without this every call of
+    # every worker would be dropped and re-decoded from its checkpoint, even on partitions that come back.
+    keep_calls_on_rebalance: bool = Field(
+        True, description="Keep the calls of revoked partitions until the new assignment; drop only those that moved.",
     )
     commit_interval_s: float = Field(
         2.0, description="How often finished calls are made durable and input offsets committed (s).",

@@ -262,6 +262,7 @@ class CallCheckpoint(Message):
     status: CheckpointStatus
     taken_at_ms: int = field(default_factory=now_ms)
     resume_offset: int = -1
+    events_end_offset: int = -1  # finished: first events offset after the call's events (see the schema)
     has_start: bool = False
     started_at_ms: int = 0
     tenant: str = ""

@@ -12,8 +12,11 @@ feeds it and commits what ``OffsetTracker`` allows. The stages, along the data's
     events, timers -> CallLifecycle (lifecycle.py)  close, flush, complete; CallRegistry (registry.py)
     commit timer -> CallDurability (durability.py)  snapshots, checkpoints, offsets that may be committed
 
-Rebalances: ``on_revoked`` stops the calls of partitions taken away (after the app committed what is
-durable), ``on_assigned`` reads the new partitions' checkpoints before any of their calls opens.
+Rebalances (faust's consumer revokes every partition on every rebalance): ``on_revoking`` pauses the
+calls of the revoked partitions (after the app committed what is durable); ``on_assigned`` then drops
+only those of partitions that moved (``on_revoked``: their next owner resumes them from their
+checkpoints), lets the others go on, and reads the new partitions' checkpoints before any of their calls
+opens. ``CALLQA_KEEP_CALLS_ON_REBALANCE=false`` drops every call at once instead (the old behaviour).
 """
 
 from __future__ import annotations
@@ -116,6 +119,10 @@ class CallProcessor:
         ``dead_letter_message``); they touch no call state and their seqs stay gaps, filled with silence.
         Any other exception is a bug, not bad input: the caller must treat it as fatal (``fail``).
         """
+        replayed = [f for f in frames if self.registry.replayed(f[0], f[1])]
+        if replayed:  # read again after a rebalance that kept the partition: the calls hold it already
+            self.metrics.frames_dropped.labels("read_before_rebalance").inc(len(replayed))
+            frames = [f for f in frames if not self.registry.replayed(f[0], f[1])]
         batch = await self.intake.take(frames)
         for closed in self.segmentation.segment(batch.legs):
             await self.scheduler.submit(closed, batch.consumed_ms)
@@ -129,6 +136,8 @@ class CallProcessor:
         return batch.rejected
 
     async def on_event(self, tp: TopicPartition, offset: int, event: CallEvent) -> None:
+        if self.registry.replayed(tp, offset):
+            return  # read again after a rebalance that kept the partition (a hold must not count twice)
         await self.lifecycle.on_event(tp, offset, event)
 
     def dead_letter_message(
@@ -151,7 +160,8 @@ class CallProcessor:
     # ---- timers --------------------------------------------------------------------------------
     async def tick(self) -> None:
         """Close calls that are due (clock.py), and report the call core's gauges."""
-        await self.lifecycle.close_due()
+        if not self.registry.suspended:  # a rebalance under way: who closes them is not known yet
+            await self.lifecycle.close_due()
         self.metrics.active_calls.set(len(self.calls))
         self.metrics.active_legs.set(sum(len(c.legs) for c in self.calls.values()))
         self.metrics.inflight_audio_bytes.set(self.budget.used)
@@ -167,18 +177,35 @@ class CallProcessor:
 
     # ---- rebalance ------------------------------------------------------------------------------
     def on_assigned(self, tps: set[TopicPartition]) -> None:
-        """New partitions: read their checkpoints before any of their calls is opened."""
+        """The assignment (the whole new set): the calls of revoked partitions that stayed go on, those
+        that moved are dropped; new partitions' checkpoints are read before any of their calls is opened."""
+        moved = self.registry.settle_assignment(tps, {tp: o for tp in self.offsets.partitions()
+                                                      if (o := self.offsets.consumed_up_to(tp)) is not None})
+        if moved:
+            self.on_revoked({(t, p) for t in (self.settings.topic_audio, self.settings.topic_call_events)
+                             for p in moved})
         self.registry.on_assigned(tps)
 
     async def settle_ending(self, tps: set[TopicPartition], timeout_s: float) -> None:
         """Before ``tps`` are handed over: let calls already ending there finish (bounded)."""
         await self.lifecycle.settle_ending(tps, timeout_s)
 
+    def on_revoking(self, tps: set[TopicPartition]) -> None:
+        """A rebalance revoked ``tps``; the caller made durable and committed what it could first. Calls
+        still ending there are stopped (else their QA could be published here and by a next owner); the
+        others are kept, paused, until ``on_assigned`` tells which partitions stayed."""
+        if not self.settings.keep_calls_on_rebalance:
+            self.on_revoked(tps)
+            return
+        partitions = {p for _, p in tps}
+        self.registry.suspend(partitions, self.registry.stop_ending(partitions))
+
     def on_revoked(self, tps: set[TopicPartition]) -> None:
         """Partitions taken away: their calls stop here (their new owner resumes them from their
         checkpoints), and their positions, holds, clocks and checkpoints are forgotten. The caller makes
         durable and commits what it can first (``make_durable``); nothing of these is committed after."""
         partitions = {p for _, p in tps}
+        self.registry.suspended -= partitions
         self.registry.drop_partitions(partitions)
         self.durability.forget_partitions(partitions)
         revoked = {(t, p) for t in (self.settings.topic_audio, self.settings.topic_call_events) for p in partitions}

@@ -1,11 +1,16 @@
 """Checkpoints and commits: a call's input offsets are released only up to what is durable.
 
 That is its checkpoint (checkpoints.py; taken between segments, written once the segments before it are
-produced, acknowledged by Kafka and flushed into ClickHouse), and at its end its "finished" (or, closed
-for inactivity, "closed") record. A crash or a rebalance therefore replays an open call from its last
-checkpoint (at most an open segment per leg and a commit interval of audio) and, the pipeline being
-deterministic, yields the same segment ids, which the ReplacingMergeTree tables deduplicate. A
-"finished" record is deleted once the commit has passed all of its call's input: no replay reaches it.
+produced, acknowledged by Kafka and flushed into ClickHouse), and at its end its "finished" record (ended,
+aborted or closed for inactivity alike). A crash or a rebalance therefore replays an open call from its
+last checkpoint (at most an open segment per leg and a commit interval of audio) and, the pipeline being
+deterministic, yields the same segment ids, which the ReplacingMergeTree tables deduplicate.
+
+A "finished" record carries the positions after all of its call's input (audio and events). It is
+deleted (a tombstone on the compacted topic) once the commits of whoever owns the partition have passed
+both: no replay can reach the call then. The worker that finished the call does that; if the partition
+moved first, its next owner does, from the positions in the record. So the checkpoint topic holds one
+record per open call, plus finished calls whose input is not yet committed.
 """
 
 from __future__ import annotations
@@ -85,19 +90,25 @@ class CallDurability:
         async with self._lock:
             if self.tasks.failures:  # results may be incomplete: nothing more is committed; a restart replays
                 return {}
+            if self.registry.suspended:  # a rebalance is under way: nothing moves until its assignment
+                return {}
+            self._inherit_finished()
             await self._forget_committed()
             ready = [c for c in self.registry.awaiting_release if not c.pending and not c.failed]
             due = [(c, legs) for c in self.registry.calls.values() if not c.finishing and not c.failed
                    if (legs := due_checkpoint(c)) is not None]
             if not ready and not due:
                 return self.offsets.committable()
-            delivered: list[Awaitable[Any]] = []
-            for call in ready + [c for c, _ in due]:
-                delivered, call.deliveries = delivered + call.deliveries, []
+            calls = ready + [c for c, _ in due]
+            delivered: list[Awaitable[Any]] = [d for call in calls for d in call.deliveries]
             await asyncio.gather(*delivered)
+            # Dropped only once awaited: a hand-over that gives up here (bounded) leaves them to the next try.
+            done = {id(d) for d in delivered}
+            for call in calls:
+                call.deliveries = [d for d in call.deliveries if id(d) not in done]
             await self.sink.flush()
             saved = [await self._save(c, call_checkpoint(c, "open", legs)) for c, legs in due]
-            saved += [await self._save(c, c.closed_checkpoint or call_checkpoint(c, "finished")) for c in ready]
+            saved += [await self._save(c, self._finished_record(c)) for c in ready]
             await asyncio.gather(*saved)
             for call, legs in due:
                 self._checkpointed(call, legs)
@@ -130,20 +141,44 @@ class CallDurability:
         checkpoint_written(call, legs)
         self.metrics.checkpoints.labels("open").inc()
 
+    def _finished_record(self, call: CallState) -> CallCheckpoint:
+        """The call's "finished" record, with the positions after all of its input."""
+        assert call.audio_tp is not None
+        record = call_checkpoint(call, "finished", end_reason=call.end_reason)
+        record.resume_offset = self.offsets.consumed_up_to(call.audio_tp) or 0
+        record.events_end_offset = self.offsets.consumed_up_to(self._events_tp(call.audio_tp[1])) or 0
+        return record
+
+    def _events_tp(self, partition: int) -> TopicPartition:
+        return (self.settings.topic_call_events, partition)
+
     def _released(self, call: CallState) -> None:
         """A finished call is durable: its input offsets are free, its record deleted once committed past."""
         assert call.audio_tp is not None
-        events_tp = (self.settings.topic_call_events, call.audio_tp[1])
-        if call.call_id not in self.registry.calls:  # else reopened meanwhile: it goes on holding what it holds
-            self.offsets.release(call.call_id)
+        events_tp = self._events_tp(call.audio_tp[1])
+        self.offsets.release(call.call_id)
         self.registry.awaiting_release.remove(call)
-        status = "closed" if call.closed_checkpoint is not None else "finished"
-        self.metrics.checkpoints.labels(status).inc()
-        if status == "finished":
-            # Every frame and event of it is before these positions (frames after its end are dropped).
-            self._forgettable.append(FinishedRecord(
-                call.call_id, call.audio_tp, self.offsets.consumed_up_to(call.audio_tp) or 0,
-                events_tp, self.offsets.consumed_up_to(events_tp) or 0))
+        self.metrics.checkpoints.labels("finished").inc()
+        # Every frame and event of it is before these positions (frames after its end are dropped).
+        self._forgettable.append(FinishedRecord(
+            call.call_id, call.audio_tp, self.offsets.consumed_up_to(call.audio_tp) or 0,
+            events_tp, self.offsets.consumed_up_to(events_tp) or 0))
+
+    def _inherit_finished(self) -> None:
+        """Finished records read on assignment (a previous owner's): deleted here once committed past.
+        One without positions (an older version's) waits for positions this worker has read to."""
+        waiting: list[tuple[int, CallCheckpoint]] = []
+        for partition, record in self.registry.inherited_finished:
+            audio_tp, events_tp = (self.settings.topic_audio, partition), self._events_tp(partition)
+            audio_end, events_end = record.resume_offset, record.events_end_offset
+            if audio_end < 0 or events_end < 0:
+                audio_end, events_end = (self.offsets.consumed_up_to(audio_tp) or -1,
+                                         self.offsets.consumed_up_to(events_tp) or -1)
+            if audio_end < 0 or events_end < 0:
+                waiting.append((partition, record))
+                continue
+            self._forgettable.append(FinishedRecord(record.call_id, audio_tp, audio_end, events_tp, events_end))
+        self.registry.inherited_finished = waiting
 
     async def _forget_committed(self) -> None:
         """Delete the "finished" records of calls whose input is all committed: no replay can reach it."""

@@ -94,8 +94,9 @@ class WorkerMetrics:
         self.calls_resumed = Counter(
             "callqa_calls_resumed_total", "Calls restored from a checkpoint (after a crash or a rebalance).", registry=r,
         )
-        self.calls_reopened = Counter(
-            "callqa_calls_reopened_total", "Calls that got frames after an inactivity close and went on.", registry=r,
+        self.calls_kept = Counter(
+            "callqa_calls_kept_on_rebalance_total",
+            "Open calls whose partition came back to this worker in a rebalance: kept, not re-decoded.", registry=r,
         )
         self.calls_dropped = Counter(
             "callqa_calls_dropped_on_revoke_total",

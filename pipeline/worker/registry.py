@@ -1,10 +1,16 @@
-"""Which calls this worker holds, and in what state: open, awaiting release, closed, finished.
+"""Which calls this worker holds, and in what state: open, awaiting release, finished.
 
 A call is opened on its first frame or event: new, or resumed from its checkpoint (read once per audio
-partition, on assignment or at the partition's first message), or reopened from memory when frames come
-after it was closed for inactivity. A call whose checkpoint says "finished" is not opened again: its
-results are stored already, so replayed input of it is dropped. Partitions taken away in a rebalance
-take their calls with them (their next owner resumes them from their checkpoints).
+partition, on assignment or at the partition's first message). A call whose checkpoint says "finished"
+is not opened again: its results are stored already, so replayed input of it is dropped. A call closed
+for inactivity is finished like one that ended: it is finished once, whoever closes it; frames of it that
+still come are dropped and counted (``after_call_end``), as after an end event.
+
+Rebalances (faust's consumer is eager: every rebalance revokes every partition): the calls of revoked
+partitions are kept, paused, until the new assignment arrives (``suspend``); then only the calls of
+partitions that moved are dropped (their next owner resumes them from their checkpoints), and the input
+that is fetched again from the last commit on a partition that stayed is skipped up to where this worker
+had read it (``replayed``): those calls' state already holds it.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from pipeline.asr.engine import LegFrontEnd
 from pipeline.config import Settings
 from pipeline.contracts.messages import CallCheckpoint
 from pipeline.qa.call import CallAnalyzer, QaConfig
-from pipeline.worker.checkpoints import CheckpointStore, call_checkpoint, restore_call
+from pipeline.worker.checkpoints import CheckpointStore, restore_call
 from pipeline.worker.metrics import WorkerMetrics
 from pipeline.worker.offsets import TopicPartition
 from pipeline.worker.state import CallState
@@ -26,9 +32,6 @@ from pipeline.worker.tasks import stop_call
 
 log = logging.getLogger("callqa.worker")
 
-# Calls closed for inactivity that this process can still reopen from memory (their checkpoints are
-# on the checkpoint topic too, for another owner).
-MAX_CLOSED_CALLS = 10_000
 MAX_FINISHED_CALLS = 100_000  # ids of recently finished calls whose late input is dropped
 
 
@@ -45,14 +48,21 @@ class CallRegistry:
         self.calls: dict[str, CallState] = {}
         self.finished: OrderedDict[str, None] = OrderedDict()  # recently finished calls (bounded)
         self.awaiting_release: list[CallState] = []  # completed, until their outputs are durable
-        # Calls closed for inactivity, by id: (audio partition, checkpoint); reopened if frames still come.
-        self.closed: OrderedDict[str, tuple[int, CallCheckpoint]] = OrderedDict()
         # Where calls resume after a crash or rebalance, read per audio partition.
         self.resume_points: dict[int, dict[str, CallCheckpoint]] = {}
         self._loading: dict[int, asyncio.Task[None]] = {}
         # Partitions this worker owns (None: not told, e.g. without Kafka): input of others is ignored,
         # such as a batch that was already taken when its partition was revoked.
         self.owned: set[int] | None = None
+        # Partitions revoked by the rebalance under way, whose calls wait for the next assignment.
+        self.suspended: set[int] = set()
+        self._unfloored: set[int] = set()  # suspended partitions where a call had to be stopped
+        # Per input partition kept across a rebalance: the first offset this worker has not read; input
+        # below it, fetched again from the last commit, is already in its calls' state.
+        self.replay_floor: dict[TopicPartition, int] = {}
+        # "finished" records read from the checkpoint topic that this worker should delete (a previous
+        # owner could not: its commit had not passed the call's input when the partition moved).
+        self.inherited_finished: list[tuple[int, CallCheckpoint]] = []
 
     def owns(self, tp: TopicPartition) -> bool:
         return self.owned is None or tp[1] in self.owned
@@ -71,9 +81,9 @@ class CallRegistry:
         if call is not None or call_id in self.finished:
             return call
         checkpoint = self.resume_points.get(tp[1], {}).pop(call_id, None)
-        if call_id in self.closed:
-            checkpoint = self.closed.pop(call_id)[1]
-        if checkpoint is not None and checkpoint.status == "finished":
+        if checkpoint is not None and checkpoint.status != "open":
+            # "finished", or "closed" (an inactivity close written by an older version, which reopened
+            # such calls): either way its results are stored, and it is not finished a second time.
             self.remember_finished(call_id)  # frames of a call whose results are stored already
             return None
         if checkpoint is None:
@@ -87,14 +97,8 @@ class CallRegistry:
 
     def retire(self, call: CallState, how: str) -> None:
         """The call's results are out: it leaves the open calls and awaits release (durability)."""
-        if how == "timeout" and call.audio_tp is not None:
-            # Frames may still come (a hold longer than the timeout): keep what resuming the call needs.
-            call.closed_checkpoint = call_checkpoint(call, "closed", end_reason=how)
-            self.closed[call.call_id] = (call.audio_tp[1], call.closed_checkpoint)
-            while len(self.closed) > MAX_CLOSED_CALLS:
-                self.closed.popitem(last=False)
-        else:
-            self.remember_finished(call.call_id)
+        call.end_reason = how
+        self.remember_finished(call.call_id)
         call.legs.clear()  # audio buffers and VAD state are not needed while the call awaits release
         del self.calls[call.call_id]
         self.awaiting_release.append(call)
@@ -132,8 +136,8 @@ class CallRegistry:
         for call in [c for c in self.awaiting_release if on_revoked_partition(c)]:
             stop_call(call)
             self.awaiting_release.remove(call)
-        for call_id in [k for k, (p, _) in self.closed.items() if p in partitions]:
-            del self.closed[call_id]
+        self.inherited_finished = [(p, c) for p, c in self.inherited_finished if p not in partitions]
+        self.replay_floor = {tp: o for tp, o in self.replay_floor.items() if tp[1] not in partitions}
         for partition in partitions:
             self.resume_points.pop(partition, None)
             loading = self._loading.pop(partition, None)
@@ -143,13 +147,53 @@ class CallRegistry:
     def _resume(self, checkpoint: CallCheckpoint) -> CallState:
         call = restore_call(checkpoint, self.qa_config, self.front_ends, self.settings.max_segment_ms,
                             self.settings.reorder_window_frames)
-        if checkpoint.status == "closed":
-            # Closed for inactivity, and frames still came: the call goes on, its QA is computed again.
-            self.metrics.calls_reopened.inc()
-            log.info("call %s: frames after it was closed (%s), reopening it", call.call_id, checkpoint.end_reason)
-        else:
-            self.metrics.calls_resumed.inc()
+        self.metrics.calls_resumed.inc()
         return call
+
+    # ---- rebalances ------------------------------------------------------------------------------
+    def suspend(self, partitions: set[int], ending: set[int]) -> None:
+        """Partitions revoked, the next assignment not known yet: their calls stay, paused (no closes, no
+        checkpoints) until ``on_assigned``. ``ending``: partitions where a call still ending was stopped
+        (see ``stop_ending``); they get no replay floor, since that call's input must be read again."""
+        self.suspended |= partitions
+        self._unfloored |= ending
+
+    def stop_ending(self, partitions: set[int]) -> set[int]:
+        """Calls still ending on ``partitions`` after the hand-over's settle time are stopped, as a moved
+        call is (their QA could otherwise be published here and by the next owner); the partitions where
+        that happened are returned."""
+        hit: set[int] = set()
+        for call in [c for c in self.calls.values() if c.finishing and _on(c, partitions)]:
+            stop_call(call)
+            del self.calls[call.call_id]
+            self.finished.pop(call.call_id, None)
+            hit.add(call.audio_tp[1])  # type: ignore[index]
+            self.metrics.calls_dropped.inc()
+        for call in [c for c in self.awaiting_release if c.pending and _on(c, partitions)]:
+            stop_call(call)
+            self.awaiting_release.remove(call)
+            self.finished.pop(call.call_id, None)
+            hit.add(call.audio_tp[1])  # type: ignore[index]
+        return hit
+
+    def settle_assignment(self, tps: set[TopicPartition], consumed: dict[TopicPartition, int]) -> set[int]:
+        """The assignment after a revocation: returns the suspended partitions that moved (for the caller to
+        drop); the calls of those that stayed go on, and their input read again is skipped up to
+        ``consumed`` (one past the last offset read, per partition)."""
+        partitions = {p for _, p in tps}
+        moved = self.suspended - partitions
+        kept = self.suspended & partitions
+        self.replay_floor = {tp: o for tp, o in consumed.items() if tp[1] in kept and tp[1] not in self._unfloored}
+        kept_calls = sum(1 for c in self.calls.values() if _on(c, kept))
+        self.metrics.calls_kept.inc(kept_calls)
+        self.suspended = set()
+        self._unfloored = set()
+        return moved
+
+    def replayed(self, tp: TopicPartition, offset: int) -> bool:
+        """Input this worker read before a rebalance that kept its partition: its calls hold it already."""
+        floor = self.replay_floor.get(tp)
+        return floor is not None and offset < floor
 
     async def _resume_points_ready(self, partition: int) -> None:
         """Wait until the checkpoints of ``partition`` are read (read now if no assignment announced it)."""
@@ -159,4 +203,10 @@ class CallRegistry:
         await asyncio.shield(loading)
 
     async def _load_resume_points(self, partition: int) -> None:
-        self.resume_points[partition] = await self.checkpoints.load(partition)
+        points = await self.checkpoints.load(partition)
+        self.resume_points[partition] = points
+        self.inherited_finished += [(partition, c) for c in points.values() if c.status != "open"]
+
+
+def _on(call: CallState, partitions: set[int]) -> bool:
+    return call.audio_tp is not None and call.audio_tp[1] in partitions

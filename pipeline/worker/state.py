@@ -49,7 +49,7 @@ class CallState:
     leg_snapshots: dict[str, list[Any]] = field(default_factory=dict)
     durable_legs: dict[str, Any] = field(default_factory=dict)
     leg_snapshot_ms: dict[str, int] = field(default_factory=dict)
-    closed_checkpoint: Any = None  # CallCheckpoint of a call closed for inactivity (it may be reopened)
+    end_reason: str = ""  # how it was closed (end, abort, timeout), once it is: its finished record says so
     # Holds (hold/resume call events): the ended ones as (start, end) on the call's clock; the open one's
     # start (None: not held); the producer time of the last resume, from which inactivity counts again.
     holds_ms: list[tuple[int, int]] = field(default_factory=list)

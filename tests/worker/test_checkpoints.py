@@ -218,3 +218,60 @@ async def test_an_end_event_read_before_the_checkpoint_stays_uncommitted(legs: d
     await _settle(processor)
     committed.update(await _commit(processor))
     assert committed[EVENTS] == 2 and not processor.calls
+
+
+async def test_a_rebalance_that_gives_the_partition_back_keeps_the_call_and_decodes_nothing_again(
+        legs: dict[str, bytes]) -> None:
+    settings = Settings(commit_interval_s=1.0, topic_audio=AUDIO[0], topic_call_events=EVENTS[0])
+    n = len(legs["agent"]) // FRAME
+    batches = _batches(legs)
+    reference, ref_transcriber, ref_out = _processor(MemoryCheckpointStore(), settings)
+    await reference.on_event(EVENTS, 0, CallEvent("c1", "start", legs=["agent", "customer"]))
+    for batch in batches:
+        await reference.on_frames(batch)
+        await _settle(reference)
+    await _finish(reference, n)
+
+    processor, transcriber, out = _processor(MemoryCheckpointStore(), settings)
+    processor.on_assigned({AUDIO, EVENTS})
+    await processor.on_event(EVENTS, 0, CallEvent("c1", "start", legs=["agent", "customer"]))
+    half = len(batches) // 2
+    for batch in batches[:half]:
+        await processor.on_frames(batch)
+        await _settle(processor)
+    committed = await _commit(processor)
+    call = processor.calls["c1"]
+    decoded_before = transcriber.decoded_s
+    # An eager rebalance: every partition revoked, then the same ones assigned back.
+    processor.on_revoking({AUDIO, EVENTS})
+    processor.on_assigned({AUDIO, EVENTS})
+    assert processor.calls == {"c1": call}
+    # faust fetches again from the last commit: what this worker had read is skipped, not decoded again.
+    replay_from = committed.get(AUDIO, 0)
+    for batch in batches[:half]:
+        await processor.on_frames([f for f in batch if f[1] >= replay_from])
+        await _settle(processor)
+    await processor.on_event(EVENTS, 0, CallEvent("c1", "start", legs=["agent", "customer"]))
+    assert transcriber.decoded_s == decoded_before
+    skipped = processor.metrics.frames_dropped.labels("read_before_rebalance")._value.get()
+    assert skipped == sum(1 for b in batches[:half] for f in b if f[1] >= replay_from) > 0
+    for batch in batches[half:]:
+        await processor.on_frames(batch)
+        await _settle(processor)
+    await _finish(processor, n)
+    assert out.final_spans() == ref_out.final_spans()
+    assert transcriber.decoded_s == pytest.approx(ref_transcriber.decoded_s)
+    assert processor.metrics.calls_kept._value.get() == 1
+
+
+async def test_a_rebalance_that_moves_the_partition_drops_the_call_at_the_assignment(legs: dict[str, bytes]) -> None:
+    settings = Settings(topic_audio=AUDIO[0], topic_call_events=EVENTS[0])
+    processor, _, _ = _processor(MemoryCheckpointStore(), settings)
+    processor.on_assigned({AUDIO, EVENTS, ("audio", 1), ("events", 1)})
+    for batch in _batches(legs)[:6]:
+        await processor.on_frames(batch)
+    processor.on_revoking({AUDIO, EVENTS, ("audio", 1), ("events", 1)})
+    assert "c1" in processor.calls and await processor.make_durable() == {}  # paused until the assignment
+    processor.on_assigned({("audio", 1), ("events", 1)})
+    assert not processor.calls and AUDIO not in processor.offsets.partitions()
+    assert processor.metrics.calls_dropped._value.get() == 1

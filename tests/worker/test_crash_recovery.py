@@ -298,10 +298,11 @@ def test_a_3_minute_pause_without_frames_keeps_one_call_with_both_halves_transcr
     worker = paused_call.worker
     rows = worker.wait_for_calls(paused_call.call_ids, timeout_s=180)
     assert rows[0]["end_reason"] == "end"
-    # Finished once, at its end event: never closed by the timeout (and reopened) during the pause.
+    # Finished once, at its end event: never closed by the timeout during the pause, and none of its
+    # frames after the pause dropped as coming after the call's end.
     assert worker.metric("callqa_calls_finished_total") == 1
     assert worker.metric("callqa_calls_finished_total", how="end") == 1
-    assert worker.metric("callqa_calls_reopened_total") == 0
+    assert worker.metric("callqa_frames_dropped_total", reason="after_call_end") == 0
     segments = worker.query("SELECT leg, start_ms, end_ms, text FROM segments FINAL WHERE call_id = {c:String} "
                             "AND is_final = 1 ORDER BY start_ms", c=paused_call.call_ids[0])
     before = [s for s in segments if s["end_ms"] <= paused_call.hold_start_ms]

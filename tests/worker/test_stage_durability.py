@@ -8,6 +8,7 @@ import asyncio
 
 from pipeline.asr.engine import LegFrontEnd
 from pipeline.config import Settings
+from pipeline.contracts.messages import CallCheckpoint
 from pipeline.qa.call import QaConfig
 from pipeline.worker.checkpoints import MemoryCheckpointStore
 from pipeline.worker.durability import CallDurability
@@ -73,14 +74,31 @@ async def test_a_finished_call_is_released_once_its_outputs_are_delivered_and_it
     assert "c1" not in stage.store.partitions[1]
 
 
-async def test_a_call_closed_for_inactivity_leaves_a_record_it_can_be_reopened_from() -> None:
+async def test_a_call_closed_for_inactivity_leaves_a_finished_record_that_goes_once_committed_past() -> None:
     stage = Stage()
     call = await stage.open_call(10)
     stage.registry.retire(call, "timeout")
-    await stage.durability.make_durable()
+    assert await stage.durability.make_durable() == {AUDIO: 10, EVENTS: 1}
     record = stage.store.partitions[1]["c1"]
-    assert record.status == "closed" and [leg.leg for leg in record.legs] == ["agent"]
-    assert stage.checkpoints("closed") == 1
+    assert (record.status, record.end_reason) == ("finished", "timeout") and not record.legs
+    assert (record.resume_offset, record.events_end_offset) == (10, 1)  # after all of its input
+    stage.offsets.committed({AUDIO: 10, EVENTS: 1})
+    await stage.durability.make_durable()
+    assert "c1" not in stage.store.partitions[1]
+
+
+async def test_a_finished_record_inherited_from_a_previous_owner_is_deleted_once_committed_past() -> None:
+    stage = Stage()
+    await (await stage.store.save(1, "gone", CallCheckpoint("gone", "finished", resume_offset=40, events_end_offset=3)))
+    stage.registry.on_assigned({AUDIO, EVENTS})
+    assert await stage.registry.call_for("gone", AUDIO) is None  # its replayed input opens nothing
+    stage.offsets.consumed(AUDIO, 45, None)
+    stage.offsets.consumed(EVENTS, 2, None)
+    await stage.durability.make_durable()
+    stage.offsets.committed({AUDIO: 46, EVENTS: 3})
+    assert "gone" in stage.store.partitions[1]  # the next pass sees the commit
+    await stage.durability.make_durable()
+    assert "gone" not in stage.store.partitions[1]
 
 
 async def test_an_open_calls_checkpoint_moves_its_hold_to_the_snapshot() -> None:

@@ -104,7 +104,7 @@ async def test_with_frames_missing_the_call_closes_once_stream_time_passed_the_e
     assert stage.call_rows() == [("c1", "end")]
 
 
-async def test_a_call_quiet_for_the_inactivity_timeout_of_stream_time_is_closed_and_can_reopen() -> None:
+async def test_a_call_quiet_for_the_inactivity_timeout_of_stream_time_is_closed_and_finished_once() -> None:
     stage = Stage()
     stage.lifecycle.lag = lambda tp: 50
     await stage.lifecycle.on_event(EVENTS, 0, CallEvent("c1", "start"))
@@ -113,7 +113,8 @@ async def test_a_call_quiet_for_the_inactivity_timeout_of_stream_time_is_closed_
     stage.clock.advance(AUDIO, 1_000 + int(SETTINGS.call_inactivity_timeout_s * 1000))
     await stage.lifecycle.close_due()
     await stage.completed()
-    assert stage.call_rows() == [("c1", "timeout")] and "c1" in stage.registry.closed
+    assert stage.call_rows() == [("c1", "timeout")] and "c1" in stage.registry.finished
+    assert await stage.registry.call_for("c1", AUDIO) is None  # its late frames open nothing
 
 
 async def test_closing_flushes_the_open_segment_and_its_final_comes_before_the_calls_qa() -> None:

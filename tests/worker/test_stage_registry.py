@@ -58,15 +58,23 @@ async def test_a_call_resumes_from_its_checkpoint_with_its_segments() -> None:
     assert metrics.registry.get_sample_value("callqa_calls_resumed_total") == 1
 
 
-async def test_a_call_closed_for_inactivity_is_reopened_by_its_late_frames() -> None:
-    registry, _, metrics = _registry()
+async def test_a_call_closed_for_inactivity_is_finished_once_and_its_late_frames_open_nothing() -> None:
+    registry, _, _ = _registry()
     call = await registry.call_for("c1", AUDIO)
     assert call is not None
     registry.retire(call, "timeout")
-    assert not registry.calls and registry.awaiting_release == [call] and "c1" in registry.closed
-    again = await registry.call_for("c1", AUDIO)
-    assert again is not None and again is not call and "c1" not in registry.closed
-    assert metrics.registry.get_sample_value("callqa_calls_reopened_total") == 1
+    assert not registry.calls and registry.awaiting_release == [call] and call.end_reason == "timeout"
+    assert await registry.call_for("c1", AUDIO) is None and "c1" in registry.finished
+
+
+async def test_a_closed_record_of_an_older_version_is_read_as_finished() -> None:
+    store = MemoryCheckpointStore()
+    await (await store.save(3, "c1", CallCheckpoint("c1", "closed", end_reason="timeout")))
+    registry, _, metrics = _registry(store)
+    assert await registry.call_for("c1", AUDIO) is None and not registry.calls
+    assert metrics.registry.get_sample_value("callqa_calls_resumed_total") == 0
+    # It is the new owner's to delete (a tombstone) once its commits pass the call's input.
+    assert [(p, c.call_id) for p, c in registry.inherited_finished] == [(3, "c1")]
 
 
 async def test_a_call_that_ended_stays_finished() -> None:
@@ -89,3 +97,32 @@ async def test_revoked_partitions_take_their_calls_and_input_of_them_is_ignored(
     assert registry.calls == {"c4": kept} and dropped.finishing and waiting.cancelled()
     assert not registry.owns(AUDIO) and registry.owns(("audio", 4))
     assert metrics.registry.get_sample_value("callqa_calls_dropped_on_revoke_total") == 1
+
+
+async def test_a_rebalance_keeps_the_calls_of_partitions_that_come_back_and_drops_those_that_moved() -> None:
+    registry, _, metrics = _registry()
+    registry.on_assigned({AUDIO, EVENTS, ("audio", 4), ("events", 4)})
+    stays, moves = await registry.call_for("c3", AUDIO), await registry.call_for("c4", ("audio", 4))
+    assert stays is not None and moves is not None
+    registry.suspend({3, 4}, registry.stop_ending({3, 4}))
+    assert registry.calls == {"c3": stays, "c4": moves}  # paused, not dropped, until the assignment
+    consumed = {AUDIO: 120, EVENTS: 7, ("audio", 4): 50, ("events", 4): 2}
+    moved = registry.settle_assignment({AUDIO, EVENTS}, consumed)
+    assert moved == {4} and not registry.suspended
+    assert metrics.registry.get_sample_value("callqa_calls_kept_on_rebalance_total") == 1
+    # Input of the kept partition read again from the last commit is skipped up to where it was read.
+    assert registry.replayed(AUDIO, 119) and not registry.replayed(AUDIO, 120)
+    assert registry.replayed(EVENTS, 6) and not registry.replayed(("audio", 4), 10)
+
+
+async def test_a_call_still_ending_at_a_revocation_is_stopped_and_its_partition_is_read_again() -> None:
+    registry, _, _ = _registry()
+    registry.on_assigned({AUDIO, EVENTS})
+    ending = await registry.call_for("c3", AUDIO)
+    assert ending is not None
+    ending.finishing = True
+    registry.suspend({3}, registry.stop_ending({3}))
+    assert not registry.calls and "c3" not in registry.finished
+    registry.settle_assignment({AUDIO, EVENTS}, {AUDIO: 120, EVENTS: 7})
+    # Its input must reach the call again (reopened from its checkpoint): no replay floor there.
+    assert not registry.replayed(AUDIO, 0) and not registry.replayed(EVENTS, 0)
