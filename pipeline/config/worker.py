@@ -47,6 +47,12 @@ class WorkerSettings(BaseModel):
     checkpoint_interval_ms: int = Field(
         2000, ge=0, description="Least call audio (ms) between two checkpoints of a call; they are taken between segments.",
     )
+    # A checkpoint holds a live call's redacted texts and 300 ms of pre-roll audio per leg (a voice
+    # sample): sealed with AES-256-GCM when a key is set (pipeline/worker/checkpoint_cipher.py).
+    checkpoint_key: SecretStr = Field(
+        SecretStr(""), description="32-byte key (hex or base64) sealing checkpoint records at rest; the same in every "
+                                   "worker of a group; empty: records are plain Avro (secret: never printed or logged).",
+    )
     reorder_window_frames: int = Field(
         10, description="Frames held per leg to put reordered frames back in order before a gap is filled with silence.",
     )

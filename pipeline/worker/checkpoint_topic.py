@@ -3,7 +3,8 @@
 Written with the worker's own (faust) producer, keyed by call ID, on the partition number of the call's
 audio partition, so a worker that is assigned audio partition p reads checkpoint partition p and nothing
 else. Read with a plain librdkafka consumer (no group, no commits) from the beginning to the high-water
-mark: compaction keeps that short, one record per call not yet forgotten.
+mark: compaction keeps that short, one record per call not yet forgotten. Records are sealed with
+AES-256-GCM when ``CALLQA_CHECKPOINT_KEY`` is set (checkpoint_cipher.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pipeline.broker.security import kafka_config
 from pipeline.config import Settings
 from pipeline.contracts import Serde
 from pipeline.contracts.messages import CallCheckpoint
+from pipeline.worker.checkpoint_cipher import CheckpointCipher
 
 READ_TIMEOUT_S = 30.0
 
@@ -32,10 +34,11 @@ class KafkaCheckpointStore:
     def __init__(self, app: faust.App, settings: Settings, serde: Serde) -> None:
         self.settings = settings
         self.serde = serde
+        self.cipher = CheckpointCipher(settings.checkpoint_key.get_secret_value())
         self._topic = app.topic(settings.topic_checkpoints, key_serializer="raw", value_serializer="raw")
 
     async def save(self, partition: int, call_id: str, checkpoint: CallCheckpoint | None) -> Awaitable[Any]:
-        value = None if checkpoint is None else self.serde.encode(checkpoint)
+        value = None if checkpoint is None else self.cipher.seal(call_id, self.serde.encode(checkpoint))
         fut: Awaitable[Any] = await self._topic.send(key=call_id.encode(), value=value, partition=partition)
         return fut
 
@@ -66,7 +69,7 @@ class KafkaCheckpointStore:
                 if value is None:  # a tombstone: the call is forgotten
                     out.pop(key, None)
                 else:
-                    out[key] = self.serde.decode(value, CallCheckpoint)
+                    out[key] = self.serde.decode(self.cipher.open(key, value), CallCheckpoint)
             return out
         except Exception as exc:
             if isinstance(exc, CheckpointTopicError):

@@ -92,8 +92,13 @@ def scan_topics(settings: Any, read_topic: Any, spans: dict[str, list[dict[str, 
     serde = Serde.from_settings()
     leaks: list[Leak] = []
     scanned = 0
-    for topic in (settings.topic_transcripts, settings.topic_latency, settings.topic_qa, settings.topic_dead_letters):
+    # The checkpoint topic too: an open call's checkpoint holds its finals so far (this worker has no
+    # CALLQA_CHECKPOINT_KEY, so they are in the clear and their text is scanned like the transcripts').
+    for topic in (settings.topic_transcripts, settings.topic_latency, settings.topic_qa, settings.topic_dead_letters,
+                  settings.topic_checkpoints):
         for msg in read_topic(settings.bootstrap, topic, idle_s=3.0, timeout_s=120):
+            if msg.value() is None:
+                continue  # a tombstone: a finished call's record deleted
             scanned += 1
             decoded = serde.decode_any(msg.value())
             call = getattr(decoded, "call_id", "") or (msg.key() or b"").decode(errors="replace")

@@ -8,6 +8,7 @@ scope), and is checked by the last test of the module, once the other tests have
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import uuid
@@ -29,6 +30,7 @@ from pipeline.contracts import Serde
 from pipeline.eval.call_library import LIBRARY_DIR
 from pipeline.ingest.replay import CallRecording, ReplayOptions, TelephonyReplay, load_recording
 from pipeline.qa.call import QaConfig
+from pipeline.worker.checkpoint_cipher import MAGIC
 from pipeline.worker.process import GroupStores, WorkerProcess, committed_offsets, worker_env
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
@@ -142,13 +144,15 @@ def paused_call(broker: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 # ---- kill -9 under load --------------------------------------------------------------------------
 def test_kill_9_under_load_after_commits_and_a_new_worker_finishes_every_call(
-    kafka_settings: Settings, start_group_worker: Any
+    kafka_settings: Settings, start_group_worker: Any, read_topic: Any
 ) -> None:
     # Short calls end (and release their offsets) while the long ones still run when the kill comes.
     paths = sorted(SAMPLES.glob("call_0*.wav")) + [
         LIBRARY_DIR / f"{n}.wav" for n in ("01_address_change", "05_rude_agent", "07_escalation_manager")]
     recordings = [load_recording(p, OPTIONS) for p in paths]
-    first = start_group_worker()
+    # Checkpoints sealed at rest: the new worker resumes the calls from records it can only read with the key.
+    key = os.urandom(32).hex()
+    first = start_group_worker(checkpoint_key=key)
     replay, call_ids = replay_in_background(kafka_settings, recordings, realtime=True, prefix="kill")
 
     def advanced() -> dict[int, int]:
@@ -161,7 +165,7 @@ def test_kill_9_under_load_after_commits_and_a_new_worker_finishes_every_call(
     wait_for("segments stored and audio offsets committed", advanced, timeout_s=120, worker=first)
     first.kill9()
     assert replay.is_alive(), "the replay ended before the kill: the kill did not happen under load"
-    second = start_group_worker()
+    second = start_group_worker(checkpoint_key=key)
     replay.join()
 
     calls = GroupStores([first, second]).wait_finished(call_ids, timeout_s=300)
@@ -184,6 +188,10 @@ def test_kill_9_under_load_after_commits_and_a_new_worker_finishes_every_call(
     sent_s = sum(len(leg) for rec in recordings for leg in rec.legs.values()) / RATE
     fed_s = read_metric(second, LEG_AUDIO)
     assert 0 < fed_s < sent_s, f"the new worker took {fed_s:.0f} s of leg audio of the {sent_s:.0f} s sent"
+    assert read_metric(second, "callqa_calls_resumed_total") > 0  # from sealed checkpoints
+    # Every record on the checkpoint topic is sealed (or a tombstone): no text or audio in the clear.
+    records = read_topic(kafka_settings.bootstrap, kafka_settings.topic_checkpoints)
+    assert records and all(m.value() is None or m.value().startswith(MAGIC) for m in records)
 
 
 def offline_finals(paths: list[Path]) -> list[list[tuple[str, int, int, str]]]:
