@@ -43,9 +43,6 @@ from pipeline.worker.transcriber import BatcherTranscriber
 
 log = logging.getLogger("callqa.worker")
 
-# On a rebalance, how long calls already ending on revoked partitions may take to finish here (their
-# last segments are decoding): the group waits for this, so it stays well under the session timeout.
-HANDOVER_SETTLE_S = 5.0
 # The whole hand-over (settle, flush, commit) stays under this share of the session timeout, whatever
 # the store or the broker does: faust's own revocation steps and the rejoin need the rest.
 HANDOVER_SHARE_OF_SESSION = 0.6
@@ -225,24 +222,10 @@ def build_worker(settings: Settings) -> Worker:
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]
     async def hand_over_calls(sender: Any, revoked: set[TP], **kwargs: Any) -> None:
         # Still a member of the group here: commit what is durable, within a bound (a store outage must
-        # not hang the group's rebalance: what is not durable by then is replayed from the last commit).
-        # Then the revoked partitions' calls are paused until the assignment says which of them moved.
+        # not hang the group's rebalance), then pause the revoked partitions' calls (CallProcessor.hand_over).
         ours = {(tp.topic, tp.partition) for tp in revoked if tp.topic in input_topics}
-        if not ours:
-            return
-        budget = handover_budget_s(settings)
-        try:
-            await asyncio.wait_for(hand_over(ours, budget), budget)
-        except TimeoutError:
-            log.warning("hand-over of %d partitions not durable within %.1f s (store or broker slow): "
-                        "the next owner replays from the last commit", len(ours), budget)
-        except Exception as exc:  # noqa: BLE001 - the new owner replays from the last commit instead
-            log.warning("commit before handing over %d partitions failed: %s", len(ours), describe_error(exc))
-        processor.on_revoking(ours)
-
-    async def hand_over(ours: set[tuple[str, int]], budget: float) -> None:
-        await processor.settle_ending(ours, min(HANDOVER_SETTLE_S, budget / 2))
-        await commit_now()
+        if ours:
+            await processor.hand_over(ours, handover_budget_s(settings), commit_now)
 
     @app.on_partitions_assigned.connect  # type: ignore[arg-type]
     async def take_over_calls(sender: Any, assigned: set[TP], **kwargs: Any) -> None:

@@ -21,7 +21,9 @@ opens. ``CALLQA_KEEP_CALLS_ON_REBALANCE=false`` drops every call at once instead
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
 
 from pipeline.asr.engine import LegFrontEnd
 from pipeline.config import Settings
@@ -32,6 +34,7 @@ from pipeline.worker.budget import InflightBudget
 from pipeline.worker.call_outputs import CallOutputs
 from pipeline.worker.checkpoints import CheckpointStore, MemoryCheckpointStore
 from pipeline.worker.clock import StreamClock
+from pipeline.worker.dead_letters import describe_error
 from pipeline.worker.durability import CallDurability
 from pipeline.worker.frames import RejectedFrame
 from pipeline.worker.intake import FrameIntake
@@ -45,6 +48,12 @@ from pipeline.worker.segmentation import LegSegmentation
 from pipeline.worker.state import CallState
 from pipeline.worker.tasks import CallTasks
 from pipeline.worker.transcription import TranscriptionScheduler
+
+log = logging.getLogger("callqa.worker")
+
+# On a rebalance, how long calls already ending on revoked partitions may take to finish here (their
+# last segments are decoding): the group waits for this, so it stays well under the session timeout.
+HANDOVER_SETTLE_S = 5.0
 
 
 class CallProcessor:
@@ -189,6 +198,25 @@ class CallProcessor:
     async def settle_ending(self, tps: set[TopicPartition], timeout_s: float) -> None:
         """Before ``tps`` are handed over: let calls already ending there finish (bounded)."""
         await self.lifecycle.settle_ending(tps, timeout_s)
+
+    async def hand_over(self, tps: set[TopicPartition], budget_s: float,
+                        commit: Callable[[], Awaitable[None]]) -> None:
+        """A rebalance revoked ``tps``: let calls ending there finish, make durable and ``commit``, all
+        within ``budget_s`` whatever the store or the broker does (the group's rebalance waits for this);
+        what is not durable by then is replayed by the next owner from the last commit. Then
+        ``on_revoking``."""
+        async def settle_and_commit() -> None:
+            await self.settle_ending(tps, min(HANDOVER_SETTLE_S, budget_s / 2))
+            await commit()
+
+        try:
+            await asyncio.wait_for(settle_and_commit(), budget_s)
+        except TimeoutError:
+            log.warning("hand-over of %d partitions not durable within %.1f s (store or broker slow): the next "
+                        "owner replays from the last commit", len(tps), budget_s)
+        except Exception as exc:  # noqa: BLE001 - the next owner replays from the last commit instead
+            log.warning("commit before handing over %d partitions failed: %s", len(tps), describe_error(exc))
+        self.on_revoking(tps)
 
     def on_revoking(self, tps: set[TopicPartition]) -> None:
         """A rebalance revoked ``tps``; the caller made durable and committed what it could first. Calls

@@ -275,3 +275,35 @@ async def test_a_rebalance_that_moves_the_partition_drops_the_call_at_the_assign
     processor.on_assigned({("audio", 1), ("events", 1)})
     assert not processor.calls and AUDIO not in processor.offsets.partitions()
     assert processor.metrics.calls_dropped._value.get() == 1
+
+
+async def test_a_store_that_never_flushes_does_not_hold_the_hand_over_and_nothing_is_committed(
+        legs: dict[str, bytes]) -> None:
+    class Outage(Recorder):
+        async def flush(self) -> None:
+            await asyncio.Event().wait()  # a ClickHouse outage: the flush never returns
+
+    settings = Settings(topic_audio=AUDIO[0], topic_call_events=EVENTS[0])
+    transcriber, outage = AudioNamedTranscriber(), Outage()
+    processor = CallProcessor(settings, transcriber, outage, outage,  # type: ignore[arg-type]
+                              lambda rate, enc: LegFrontEnd(rate, enc, settings), QaConfig.from_settings(settings),
+                              checkpoints=MemoryCheckpointStore())  # fmt: skip
+    processor.on_assigned({AUDIO, EVENTS})
+    await processor.on_event(EVENTS, 0, CallEvent("c1", "start", legs=["agent", "customer"]))
+    for batch in _batches(legs):
+        await processor.on_frames(batch)
+        await _settle(processor)
+    n = len(legs["agent"]) // FRAME
+    await processor.on_event(EVENTS, 1, CallEvent("c1", "end", frame_counts={"agent": n, "customer": n}))
+    await _settle(processor)
+    assert processor.awaiting_release  # finished, its rows not durable: the store is down
+    committed: list[dict[tuple[str, int], int]] = []
+
+    async def commit() -> None:
+        committed.append(await processor.make_durable())
+
+    # Bounded: the hand-over gives up on the flush (the outer limit only stops a hung test).
+    await asyncio.wait_for(processor.hand_over({AUDIO, EVENTS}, 0.5, commit), 30)
+    assert committed == [] and processor.registry.suspended == {0}
+    processor.on_assigned({("audio", 1), ("events", 1)})  # the partition moved: its next owner replays it
+    assert not processor.awaiting_release and not processor.calls and processor.offsets.partitions() == []
