@@ -6,7 +6,13 @@ talks to a ClickHouse server. The rest of the store only sees a clickhouse-conne
 chdb allows one data path per process (the engine is a process-wide singleton), so this module
 remembers the first chdb path it opened and refuses a different one with a clear error instead of
 chdb's own. Clients are cached per (url, database, TLS options): one engine handle per database is
-enough, and a clickhouse-connect client may be used from several threads.
+enough for the process's one-at-a-time work (the worker's migrations, a CLI command).
+
+A clickhouse-connect client is not for concurrent queries: over HTTP a second query while one runs
+in its session fails ("Attempt to execute concurrent queries within the same session"), and a chdb
+client serializes every call on its one handle. Code that queries from several threads at once
+takes a client per thread or per request with ``fresh=True`` (and closes it): the sink's insert
+thread, the worker API's pool threads (``worker/api.py``, ``ThreadClients``), ``/api/query``.
 
 An https URL is checked against ``clickhouse_ca_cert`` (or the system CAs) unless ``clickhouse_verify``
 is off; a server that wants a client certificate gets ``clickhouse_client_cert``/``_key``. A URL's
@@ -239,10 +245,10 @@ def connect(
     ``url`` None means the configured ``clickhouse_url`` (empty: chdb under the state dir);
     ``database`` None means the configured ``clickhouse_database``; ``tls`` None means the configured
     CA, verification and client certificate (used for https only). ``create_database=False`` suits a
-    read-only server account. The client is cached per process; ``fresh=True`` returns a new,
-    uncached one (for a caller that closes it). Connection failures raise ``StoreConnectionError``
-    (an ``OperationalError``; ``StoreTlsError`` for certificates), a second chdb path
-    ``ChdbPathConflictError``, a missing CA or client file ``StoreError``.
+    read-only server account. The client is cached per process, for one thread at a time (see the
+    module's note); ``fresh=True`` returns a new, uncached one (for a caller that closes it).
+    Connection failures raise ``StoreConnectionError`` (an ``OperationalError``; ``StoreTlsError`` for
+    certificates), a second chdb path ``ChdbPathConflictError``, a missing CA or client file ``StoreError``.
     """
     target = parse_store_url(url)
     settings = get_settings()

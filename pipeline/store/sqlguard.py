@@ -9,10 +9,17 @@ syntax tree is checked here against an allow-list:
   loosen them) are refused;
 - a FROM item is a table identifier or a subquery, never a table function (``file``, ``url``, ``s3``,
   ``remote``, ``numbers``, ``input``... none is on the allow-list), and every table read (FROM, JOIN,
-  ``x IN table``) is one of the project's tables or views in the callqa database, or a CTE in scope;
-  no table names from query parameters;
-- scalar functions that read outside those tables (``file``, dictionaries, Join tables, server
-  settings, sleeping) are refused by name.
+  ``x IN table``, ``x IN table_function(...)``) is one of the project's tables or views in the callqa
+  database, or a CTE in scope; no table names from query parameters. A CTE body and a scalar
+  ``WITH (SELECT ...) AS x`` see the CTE names defined before them only;
+- every function called (``APPLY(f)`` included) is on the allow-list of ``sqlguard_functions``: functions
+  on values only, nothing that reads outside those tables, tells about the server or session
+  (``hostName``, ``version``, ``currentUser``, ``uptime``...), sleeps or draws random data;
+- a function that builds a value of a size it is given (``repeat``, ``range``, ``space``, pads,
+  ``arrayWithConstant``, ``topK(N)``...) gets that size as a number written in the query, at most
+  ``SIZE_CAP`` (1,000,000): ``randomString(1e9)``-style values are not built in the store's (for chdb, the
+  worker's) memory. Compositions of capped values are stopped by the ``max_memory_usage`` sent with the
+  query (``queries.QueryLimits``).
 
 What then runs is ClickHouse's formatting of the very tree that was checked (``formatQueryFromJSON``),
 so comments, trailing text or a second statement cannot ride along, and the text's query parameters
@@ -23,6 +30,7 @@ The ClickHouse that parses must have ``parseQueryToJSON`` (ClickHouse 26.x; chdb
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -32,20 +40,23 @@ from clickhouse_connect.driver.exceptions import DatabaseError
 
 from pipeline.store.client import IDENTIFIER, StoreError
 from pipeline.store.migrations import TABLE_KEYS
+from pipeline.store.sqlguard_functions import (
+    ALSO_TABLE_FUNCTIONS,
+    RANGE,
+    SIZE_ARGUMENTS,
+    SIZE_CAP,
+    SIZE_PARAMETERS,
+    aggregate_base,
+    is_allowed,
+)
 
 ALLOWED_TABLES = frozenset(TABLE_KEYS) | frozenset(f"{table}_deduped" for table in TABLE_KEYS)
 MAX_SQL_CHARS = 100_000
-# x IN name reads the table ``name``: these functions take a table as their right argument.
-IN_FUNCTIONS = frozenset({"in", "notIn", "globalIn", "globalNotIn", "nullIn", "notNullIn", "globalNullIn",
-                          "globalNotNullIn"})
-# Scalar functions that reach outside the project's tables, by lower-case prefix: files (file,
-# filesystem*), dictionaries (dict*), Join-engine tables (joinGet*), other databases' metadata
-# (hasColumnInTable), server and session settings and macros (getSetting*, getServer*, getMergeTree*,
-# getMacro, getClient*), external models (catboost*, modelEvaluate), introspection (address*,
-# demangle), Keeper writes (generateSerialID), sleeping (sleep*), and ClickHouse's internal "__" ones.
-DENIED_FUNCTION_PREFIXES = ("file", "dict", "joinget", "hascolumnintable", "getsetting", "getserver",
-                            "getmergetree", "getmacro", "getclient", "catboost", "modelevaluate", "address",
-                            "demangle", "generateserialid", "sleep", "__")
+# x IN name reads the table ``name`` (and, on some ClickHouse versions, x IN f(...) the table function f):
+# these functions take a table as their right argument. Lower case, as names are compared.
+IN_FUNCTIONS = frozenset({"in", "notin", "globalin", "globalnotin", "nullin", "notnullin", "globalnullin",
+                          "globalnotnullin"})
+NUMBER_LITERALS = frozenset({"UInt64", "Int64", "Float64", "UInt128", "Int128", "UInt256", "Int256"})
 # Node types named *Query that a SELECT is made of; any other one nested in it is another statement.
 SELECT_NODES = frozenset({"SelectWithUnionQuery", "SelectQuery", "SelectIntersectExceptQuery", "TablesInSelectQuery"})
 
@@ -168,9 +179,10 @@ class _TreeCheck:
         self.parameters: set[str] = set()
         # By id() of a node in the tree (alive for the whole walk): the scope a SELECT's CTE bodies
         # start from (a UNION's other SELECTs do not see the first one's CTEs inside CTE bodies), and
-        # the scope of each WithElement's body (the names defined before it, never its own or later).
+        # the scope of each item of a WITH clause, a CTE body or a scalar ``(SELECT ...) AS x`` (the
+        # names defined before it, never its own or a later one), which replaces the one around it.
         self._with_base: dict[int, frozenset[str]] = {}
-        self._element_scope: dict[int, frozenset[str]] = {}
+        self._fixed_scope: dict[int, frozenset[str]] = {}
 
     def run(self, root: Any) -> None:
         if not isinstance(root, dict) or root.get("type") != "SelectWithUnionQuery":
@@ -182,6 +194,7 @@ class _TreeCheck:
             if isinstance(node, list):
                 stack.extend((item, scope) for item in node)
             elif isinstance(node, dict):
+                scope = self._fixed_scope.get(id(node), scope)
                 inner = self._visit(node, scope)
                 stack.extend((child, inner) for child in node.values() if isinstance(child, dict | list))
 
@@ -201,15 +214,17 @@ class _TreeCheck:
         if kind == "SelectQuery":
             if "settings" in node:
                 raise _settings_refused()
-            # A CTE's body sees the names defined before it only: its own name or a later one
-            # would be read as a table of that name (even WITH RECURSIVE, when the body is no UNION).
+            # A CTE's body, and a scalar subquery of the WITH clause, see the names defined before
+            # them only: their own name or a later one may be read as a table of that name (always
+            # a CTE's own name; even WITH RECURSIVE, when the body is no UNION).
             visible = self._with_base.get(id(node), scope)
-            for item in _with_elements(node):
-                self._element_scope[id(item)] = visible
-                visible = visible | {str(item["name"])}
+            for item in _with_items(node):
+                self._fixed_scope[id(item)] = visible
+                if item.get("type") == "WithElement":
+                    visible = visible | {str(item["name"])}
             return scope | _cte_names(node)
-        if kind == "WithElement":
-            return self._element_scope.get(id(node), frozenset())
+        if kind == "WithElement" and id(node) not in self._fixed_scope:
+            return frozenset()  # not where a WITH clause puts it: it sees no CTE
         if kind == "SetQuery":
             raise _settings_refused()
         if kind == "TableExpression" and "table_function" in node:
@@ -219,6 +234,8 @@ class _TreeCheck:
             self._check_table(node, scope)
         elif kind == "Function":
             self._check_function(node, scope)
+        elif kind == "ColumnsApplyTransformer" and "func_name" in node:  # SELECT * APPLY(f): f(column)
+            _check_call(str(node["func_name"]), None, _children(node.get("parameters")), " in APPLY")
         elif kind == "QueryParameter":
             self.parameters.add(str(node.get("name", "")))
         elif isinstance(kind, str) and kind.endswith("Query") and kind not in SELECT_NODES:
@@ -233,12 +250,22 @@ class _TreeCheck:
 
     def _check_function(self, node: dict[str, Any], scope: frozenset[str]) -> None:
         name = str(node.get("name", ""))
-        if name.lower().startswith(DENIED_FUNCTION_PREFIXES):
-            raise QueryNotAllowedError(f"function {name}() is not allowed in the query API")
-        if name in IN_FUNCTIONS:
-            args = node.get("arguments", {}).get("children", [])
-            if len(args) == 2 and isinstance(args[1], dict) and args[1].get("type") == "Identifier":
-                self._check_table(args[1], scope)
+        args = _children(node.get("arguments"))
+        if name.lower() in IN_FUNCTIONS and len(args) == 2:
+            self._check_in_right(args[1], scope)
+        _check_call(name, args, _children(node.get("parameters")), "")
+
+    def _check_in_right(self, right: Any, scope: frozenset[str]) -> None:
+        """The right side of IN is read like a FROM item when it names a table or a table function."""
+        if not isinstance(right, dict):
+            return
+        if right.get("type") == "Identifier":
+            self._check_table(right, scope)
+        elif right.get("type") == "Function":
+            name = str(right.get("name", ""))
+            if not is_allowed(name) or name.lower() in ALSO_TABLE_FUNCTIONS:
+                raise QueryNotAllowedError(f"table function {name}() is not allowed on the right of IN: "
+                                           "read the callqa tables by name")
 
     def _check_table(self, node: dict[str, Any], scope: frozenset[str]) -> None:
         if node.get("children"):  # FROM {t:Identifier}: the name would only be known at run time
@@ -269,12 +296,79 @@ def _settings_refused() -> QueryNotAllowedError:
     return QueryNotAllowedError("SETTINGS is not allowed: the API's limits cannot be changed by a query")
 
 
-def _with_elements(select: Any) -> list[dict[str, Any]]:
-    """A SELECT's ``WITH name AS (SELECT ...)`` items, in order."""
+def _children(node: Any) -> list[Any]:
+    """The items of an ExpressionList node (a function's arguments or parameters); [] for none."""
+    children = node.get("children", []) if isinstance(node, dict) else []
+    return children if isinstance(children, list) else []
+
+
+def _with_items(select: Any) -> list[dict[str, Any]]:
+    """A SELECT's WITH items, in order: ``name AS (SELECT ...)`` and ``expression AS name`` alike."""
     if not isinstance(select, dict) or select.get("type") != "SelectQuery":
         return []
-    items = select.get("with", {}).get("children", [])
-    return [i for i in items if isinstance(i, dict) and i.get("type") == "WithElement"]
+    return [i for i in _children(select.get("with")) if isinstance(i, dict)]
+
+
+def _with_elements(select: Any) -> list[dict[str, Any]]:
+    """A SELECT's ``WITH name AS (SELECT ...)`` items, in order."""
+    return [i for i in _with_items(select) if i.get("type") == "WithElement"]
+
+
+def _check_call(name: str, args: list[Any] | None, params: list[Any], where: str) -> None:
+    """Refuse a function off the allow-list, or one asked to build a value above ``SIZE_CAP``.
+
+    ``args`` None: the arguments are not in the query (``APPLY(f)`` calls f on each column)."""
+    if not is_allowed(name):
+        raise QueryNotAllowedError(f"function {name}(){where} is not allowed in the query API")
+    key = name.lower()
+    if key == RANGE:
+        _check_range(name, args, where)
+    for index in SIZE_ARGUMENTS.get(key, ()):
+        _check_size(name, "argument", index, args, where)
+    if params and aggregate_base(name) in SIZE_PARAMETERS:
+        _check_size(name, "parameter", 0, params, where)
+
+
+def _check_size(name: str, what: str, index: int, items: list[Any] | None, where: str) -> None:
+    if items is not None and index >= len(items):
+        return  # an optional size left out: the function's own default
+    value = _number(items[index]) if items is not None else None
+    if value is None:
+        raise QueryNotAllowedError(f"{name}(){where}: {what} {index + 1} must be a number written in the query, "
+                                   f"at most {SIZE_CAP:,} (the size of the value it builds)")
+    if abs(value) > SIZE_CAP:
+        raise QueryNotAllowedError(f"{name}(){where}: {what} {index + 1} is {_shown(value)}; the query API "
+                                   f"allows at most {SIZE_CAP:,}")
+
+
+def _check_range(name: str, args: list[Any] | None, where: str) -> None:
+    values = [_number(a) for a in args] if args is not None else [None]
+    if not values or any(v is None for v in values):
+        raise QueryNotAllowedError(f"{name}(){where}: its arguments must be numbers written in the query "
+                                   f"(at most {SIZE_CAP:,} elements)")
+    numbers = [float(v) for v in values if v is not None]
+    start, end, step = (0.0, numbers[0], 1.0) if len(numbers) == 1 else (numbers + [1.0])[:3]
+    count = abs((end - start) / step) if step else 0.0
+    if count > SIZE_CAP:
+        raise QueryNotAllowedError(f"{name}(){where} would build {_shown(math.ceil(count))} elements; the query "
+                                   f"API allows at most {SIZE_CAP:,}")
+
+
+def _number(node: Any) -> int | float | None:
+    """The finite number a Literal node holds, else None (an expression, a parameter, a string...)."""
+    if not isinstance(node, dict) or node.get("type") != "Literal":
+        return None
+    literal = node.get("value")
+    if not isinstance(literal, dict) or literal.get("field_type") not in NUMBER_LITERALS:
+        return None
+    value = literal.get("value")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return value if math.isfinite(value) else None
+
+
+def _shown(value: float) -> str:
+    return f"{int(value):,}" if float(value).is_integer() else f"{value:g}"
 
 
 def _cte_names(select: Any) -> frozenset[str]:

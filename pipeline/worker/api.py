@@ -10,6 +10,10 @@
 - All of them run on ``QueryPool``: ``api_query_threads`` threads and at most ``api_query_max_waiting``
   waiting requests (more are answered 503 at once), never on the default executor that the
   worker's own blocking work (sink inserts, store look-ups) uses.
+- A clickhouse-connect client is not for concurrent queries (over HTTP a second query in its session is
+  refused, a chdb client serializes them): /api/calls and /api/calls/{id} read through a client per pool
+  thread (``ThreadClients``: opened on the thread's first request, closed with the pool, never the
+  writer's cached one), /api/query through a client of its own per request.
 """
 
 from __future__ import annotations
@@ -19,14 +23,18 @@ import hashlib
 import hmac
 import ipaddress
 import logging
-from collections.abc import Awaitable, Callable
+import threading
+from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import Any, Literal, TypeVar
 
 import faust
 from aiohttp import web as aioweb
+from clickhouse_connect.driver.client import Client
+from clickhouse_connect.driver.exceptions import OperationalError
 
 from pipeline.config import Settings
 from pipeline.store import queries
@@ -133,6 +141,7 @@ class QueryPool:
         self.max_waiting = max_waiting
         self._executor = ThreadPoolExecutor(threads, thread_name_prefix="callqa-api")
         self._admitted = 0  # running + waiting; only touched on the event loop's thread
+        self._on_shutdown: list[Callable[[], None]] = []
 
     async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         if self._admitted >= self.threads + self.max_waiting:
@@ -146,6 +155,54 @@ class QueryPool:
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+        for close in self._on_shutdown:
+            close()
+
+    def on_shutdown(self, close: Callable[[], None]) -> None:
+        """Call ``close`` when the pool shuts down (the views' per-thread clients)."""
+        self._on_shutdown.append(close)
+
+
+class ThreadClients:
+    """One store client per thread, opened by ``factory`` on the thread's first ``get()``.
+
+    A clickhouse-connect client must not run two queries at once: over HTTP the second one in its
+    session fails ("concurrent queries within the same session"), and a chdb client serializes them
+    on its one handle. A failed open is not remembered, and a client whose connection failed
+    (``OperationalError``: refused, timed out, its session maybe still busy) is closed and dropped, so
+    the thread's next request opens a new one."""
+
+    def __init__(self, factory: Callable[[], Client]) -> None:
+        self._factory = factory
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._opened: list[Client] = []
+
+    @contextmanager
+    def client(self) -> Iterator[Client]:
+        """This thread's client, for one request."""
+        client: Client | None = getattr(self._local, "client", None)
+        if client is None:
+            client = self._factory()
+            self._local.client = client
+            with self._lock:
+                self._opened.append(client)
+        try:
+            yield client
+        except OperationalError:
+            self._local.client = None
+            with self._lock:
+                if client in self._opened:
+                    self._opened.remove(client)
+            client.close()
+            raise
+
+    def close(self) -> None:
+        """Close every client opened so far (at shutdown: a thread still querying gets an error)."""
+        with self._lock:
+            opened, self._opened = self._opened, []
+        for client in opened:
+            client.close()
 
 
 def register_api_views(app: faust.App, settings: Settings, pool: QueryPool) -> None:
@@ -153,24 +210,26 @@ def register_api_views(app: faust.App, settings: Settings, pool: QueryPool) -> N
     database = settings.clickhouse_database
     limits = queries.QueryLimits.from_settings(settings)
 
-    def reader() -> Any:
-        return connect(settings.reader_url, database, create_database=False)
+    # fresh: never the process's cached client, which may be the writer's (same URL with chdb).
+    readers = ThreadClients(partial(connect, settings.reader_url, database, create_database=False, fresh=True))
+    pool.on_shutdown(readers.close)
 
     @app.page("/api/calls")
     async def calls_view(web: Any, request: Any) -> Any:
         agent = request.query.get("agent")
 
         def read() -> list[Any]:
-            return [_jsonable(asdict(r)) for r in queries.list_calls(reader(), agent_id=agent, limit=200)]
+            with readers.client() as client:
+                return [_jsonable(asdict(r)) for r in queries.list_calls(client, agent_id=agent, limit=200)]
 
         return await _answer(web, pool.run(read))
 
     @app.page("/api/calls/{call_id}")
     async def call_view(web: Any, request: Any, call_id: str) -> Any:
         def read() -> dict[str, Any]:
-            client = reader()
-            summary = queries.call_summary(client, call_id)
-            lines = queries.transcript(client, call_id)
+            with readers.client() as client:
+                summary = queries.call_summary(client, call_id)
+                lines = queries.transcript(client, call_id)
             return {"summary": _jsonable(asdict(summary)) if summary else None,
                     "transcript": [_jsonable(asdict(line)) for line in lines]}
 
@@ -182,6 +241,8 @@ def register_api_views(app: faust.App, settings: Settings, pool: QueryPool) -> N
         params = {k[len("param_"):]: v for k, v in request.query.items() if k.startswith("param_")}
 
         def run() -> dict[str, Any]:
+            # A client of its own per query (run_readonly_query opens and closes it): an analyst's query
+            # may outlast the client's timeout, and an HTTP session it leaves busy must not be reused.
             result = queries.run_readonly_query(sql, params, url=settings.reader_url, database=database,
                                                 limits=limits)
             return {"columns": result.columns, "types": result.types, "rows": _jsonable(result.rows),

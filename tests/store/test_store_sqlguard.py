@@ -12,6 +12,7 @@ from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import DatabaseError
 
 from pipeline.report import CALLS_SQL, QA_SQL, TRANSCRIPT_SQL
+from pipeline.store import sqlguard_functions as allowed
 from pipeline.store.client import connect
 from pipeline.store.queries import (
     QueryFailedError,
@@ -49,6 +50,55 @@ SCALAR_FUNCTIONS = [
     ("SELECT getSetting('readonly')", "function getSetting()"),
     ("SELECT hasColumnInTable('system', 'users', 'name')", "function hasColumnInTable()"),
     ("SELECT sleepEachRow(1) FROM calls", "function sleepEachRow()"),
+    ("SELECT arrayReduce('sum', [1])", "function arrayReduce()"),  # an aggregate named in a string
+    ("SELECT randomString(10)", "function randomString()"),  # random data: off the list, whatever its size
+    ("SELECT sumResample(0, 1000000000, 1)(audio_ms, audio_ms) FROM calls", "function sumResample()"),
+    ("SELECT * APPLY(file) FROM calls", "function file() in APPLY"),  # APPLY(f) calls f on each column
+    ("SELECT COLUMNS('call_id') APPLY(x -> hostName()) FROM calls", "function hostName()"),
+]
+# Functions that tell about the server, the session or the query: none is on the allow-list.
+INFORMATION_FUNCTIONS = [
+    (f"SELECT {name}()", f"function {name}() is not allowed in the query API")
+    for name in ("hostName", "hostname", "HOSTNAME", "FQDN", "fullHostName", "version", "VERSION", "revision",
+                 "buildId", "uptime", "currentUser", "user", "current_user", "session_user", "authenticatedUser",
+                 "currentDatabase", "database", "currentProfiles", "currentRoles", "enabledRoles", "serverUUID",
+                 "shardNum", "tcpPort", "getServerPort", "displayName", "getOSKernelVersion", "queryID",
+                 "initialQueryID", "connectionId", "timezone", "serverTimezone", "zookeeperSessionUptime",
+                 "getMacro", "currentSchemas", "filesystemAvailable")
+]
+# The right side of IN names a table, or (on some ClickHouse versions) a table function, like FROM does.
+IN_RIGHT_SIDES = [
+    ("SELECT call_id FROM calls WHERE audio_ms IN numbers(10)", "table function numbers() is not allowed on "
+     "the right of IN"),  # the issue's own example
+    ("SELECT 1 WHERE 1 NOT IN numbers(10)", "table function numbers()"),
+    ("SELECT 1 WHERE 1 GLOBAL IN url('http://127.0.0.1:9/x', 'CSV', 'a UInt8')", "table function url()"),
+    ("SELECT 1 WHERE 1 IN file('/etc/hostname', 'LineAsString')", "table function file()"),
+    ("SELECT 1 WHERE 1 IN remote('127.0.0.1', system.one)", "table function remote()"),
+    ("SELECT 1 WHERE 1 IN format(CSV, '1')", "table function format()"),  # also a scalar function, but not here
+    ("SELECT 1 WHERE 1 IN schema_migrations", "table schema_migrations is not allowed"),
+    ("SELECT 1 WHERE 1 IN (system.one)", "database system is not allowed"),
+]
+# Functions that build a value of a size they are given: a number written in the query, at most 1,000,000.
+SIZES = [
+    ("SELECT repeat('a', 1e9)", "repeat(): argument 2 is 1,000,000,000; the query API allows at most 1,000,000"),
+    ("SELECT repeat('a', 1000001)", "repeat(): argument 2 is 1,000,001"),
+    ("SELECT space(10000000)", "space(): argument 1 is 10,000,000"),
+    ("SELECT leftPad('a', 1e8, 'b')", "leftPad(): argument 2 is 100,000,000"),
+    ("SELECT RPAD('a', 1e8)", "RPAD(): argument 2 is 100,000,000"),
+    ("SELECT arrayWithConstant(1e9, 'x')", "arrayWithConstant(): argument 1 is 1,000,000,000"),
+    ("SELECT arrayResize([1], 1e7)", "arrayResize(): argument 2 is 10,000,000"),
+    ("SELECT toFixedString('a', 1e8)", "toFixedString(): argument 2 is 100,000,000"),
+    ("SELECT range(1e7)", "range() would build 10,000,000 elements; the query API allows at most 1,000,000"),
+    ("SELECT arrayJoin(range(-1e6, 1e6))", "range() would build 2,000,000 elements"),
+    ("SELECT range(0, 1e9, 10)", "range() would build 100,000,000 elements"),
+    ("SELECT repeat('a', audio_ms) FROM calls", "repeat(): argument 2 must be a number written in the query"),
+    ("SELECT repeat('a', {n:UInt32})", "repeat(): argument 2 must be a number written in the query"),
+    ("SELECT space(toUInt32(5))", "space(): argument 1 must be a number written in the query"),
+    ("SELECT repeat('a', inf)", "repeat(): argument 2 must be a number written in the query"),
+    ("SELECT range(audio_ms) FROM calls", "range(): its arguments must be numbers written in the query"),
+    ("SELECT * APPLY(space) FROM calls", "space() in APPLY: argument 1 must be a number written in the query"),
+    ("SELECT topK(1e9)(call_id) FROM calls", "topK(): parameter 1 is 1,000,000,000"),
+    ("SELECT groupArrayIf(2000000)(call_id, 1) FROM calls", "groupArrayIf(): parameter 1 is 2,000,000"),
 ]
 SETTINGS_AND_OUTPUT = [
     ("SELECT count() FROM calls SETTINGS readonly = 0", "SETTINGS is not allowed"),
@@ -102,6 +152,13 @@ CTE_SCOPES = [
     ("WITH schema_migrations AS (SELECT 1) SELECT * FROM schema_migrations UNION ALL "
      "WITH schema_migrations AS (SELECT * FROM schema_migrations) SELECT * FROM schema_migrations",
      "table schema_migrations is not allowed"),
+    # a scalar subquery of a WITH clause: a later CTE's name is a table to it, wherever it is used
+    ("WITH (SELECT count() FROM schema_migrations) AS n, schema_migrations AS (SELECT 1) SELECT n",
+     "table schema_migrations is not allowed"),
+    ("WITH (SELECT 1 WHERE 1 IN schema_migrations) AS n, schema_migrations AS (SELECT 1) SELECT n",
+     "table schema_migrations is not allowed"),
+    ("SELECT * FROM (WITH (SELECT max(version) FROM schema_migrations) AS n, schema_migrations AS (SELECT 1) "
+     "SELECT n)", "table schema_migrations is not allowed"),
 ]
 DDL_AND_DML = [
     ("INSERT INTO calls (call_id) VALUES ('x')", "INSERT"),
@@ -127,7 +184,8 @@ DDL_AND_DML = [
 ]
 
 
-@pytest.mark.parametrize(("sql", "refused"), TABLE_FUNCTIONS + SCALAR_FUNCTIONS + SETTINGS_AND_OUTPUT + OTHER_DATABASES + CTE_SCOPES)
+@pytest.mark.parametrize(("sql", "refused"), TABLE_FUNCTIONS + SCALAR_FUNCTIONS + SETTINGS_AND_OUTPUT + OTHER_DATABASES
+                         + CTE_SCOPES + INFORMATION_FUNCTIONS + IN_RIGHT_SIDES + SIZES)
 def test_reads_outside_the_project_tables_are_refused_naming_what(
     store: Client, database: str, sql: str, refused: str
 ) -> None:
@@ -219,6 +277,63 @@ def test_ctes_see_the_ones_defined_before_them(
                 "SELECT count() FROM (WITH b AS (SELECT call_id FROM a) SELECT * FROM b)") == [(2,)]
     assert rows("WITH a AS (SELECT call_id FROM calls) SELECT count() FROM a "
                 "UNION ALL SELECT count() FROM a") == [(2,), (2,)]
+    # a scalar subquery of the WITH clause sees the CTEs before it, as ClickHouse reads them
+    assert rows("WITH a AS (SELECT call_id FROM calls), (SELECT count() FROM a) AS n SELECT n") == [(2,)]
+    assert rows("WITH schema_migrations AS (SELECT 7 AS v), (SELECT max(v) FROM schema_migrations) AS n "
+                "SELECT n") == [(7,)]  # the CTE, not the table of that name
+
+
+def test_values_up_to_the_size_cap_are_built_and_allowed_functions_answer(
+    store: Client, store_url: str, database: str, insert: Insert, make_call: Callable[..., Any]
+) -> None:
+    insert(store, "calls", [make_call("c1", ended=True), make_call("c2")])
+
+    def rows(sql: str) -> list[tuple[Any, ...]]:
+        return run_readonly_query(sql, url=store_url, database=database).rows
+
+    assert rows("SELECT length(repeat('ab', 1000000)), length(range(1000000)), length(range(0, 2000000, 2)), "
+                "length(space(1000000)), leftPad('7', 3, '0'), arrayWithConstant(2, 'x'), length(arrayResize([1], 5))"
+                ) == [(2_000_000, 1_000_000, 1_000_000, 1_000_000, "007", ["x", "x"], 5)]
+    assert rows("SELECT topK(1)(agent_id), groupArray(1)(agent_id), COUNT(DISTINCT call_id), countIf(ended_at "
+                "IS NOT NULL), uniqExactIf(call_id, audio_ms > 0) FROM calls") == [(["agent-7"], ["agent-7"], 2, 1, 1)]
+    assert rows("SELECT COLUMNS('call_id') APPLY(upper) FROM calls ORDER BY 1") == [("C1",), ("C2",)]
+    assert rows("SELECT 'c1' IN splitByChar(',', 'c1,c9'), 2 IN tuple(1, 2), 3 IN [1, 2], "
+                "count() FROM calls WHERE call_id IN (SELECT call_id FROM calls_deduped)") == [(1, 1, 0, 2)]
+    assert rows("SELECT TRIM(BOTH ' ' FROM ' a '), SUBSTRING('abc' FROM 2 FOR 1), EXTRACT(YEAR FROM "
+                "toDate('2026-03-02')), CASE 'a' WHEN 'a' THEN 1 ELSE 2 END, 'a' || 'b', 7 DIV 2") == [
+        ("a", "b", 2026, 1, "ab", 3)]
+
+
+def test_the_function_allow_list_matches_this_clickhouse(store: Client) -> None:
+    """Every listed name is a function of the store's ClickHouse; a name that is listed in another case,
+    or as an alias, is the same function as a listed one; and none tells about the server or session."""
+    functions = store.query("SELECT name, alias_to, deterministic FROM system.functions").result_rows
+    known = {name.lower() for name, _, _ in functions}
+    listed = allowed.SCALAR_FUNCTIONS | allowed.AGGREGATE_FUNCTIONS
+    assert listed - allowed.SYNTAX_FUNCTIONS - known == set()
+    for name, alias_to, _ in functions:
+        if allowed.is_allowed(name) and alias_to:
+            assert allowed.is_allowed(alias_to), f"{name} is allowed but is an alias of {alias_to}, which is not"
+    # ClickHouse calls these not deterministic: the clock, and row generation (arrayJoin). No session,
+    # server or random function is among them (hostName, currentUser, rand... are not listed).
+    assert {name for name, _, deterministic in functions if allowed.is_allowed(name) and deterministic == 0} == {
+        "now", "now64", "today", "yesterday", "arrayJoin", "unnest", "arrayPartialSort", "arrayPartialReverseSort"}
+    table_functions = {r[0].lower() for r in store.query("SELECT name FROM system.table_functions").result_rows}
+    assert {name for name in table_functions if allowed.is_allowed(name)} == set(allowed.ALSO_TABLE_FUNCTIONS)
+
+
+def test_every_table_function_is_refused_in_from_and_on_the_right_of_in(store: Client, database: str) -> None:
+    unparsed = set()
+    for (name,) in store.query("SELECT name FROM system.table_functions").result_rows:
+        for sql, refusal in ((f"SELECT * FROM {name}(1)", f"table function {name}() is not allowed: read"),
+                             (f"SELECT 1 WHERE 1 IN {name}(1)", f"table function {name}() is not allowed on the right")):
+            with pytest.raises(ReadonlyQueryError) as caught:
+                check_readonly_sql(store, sql, database)
+            if isinstance(caught.value, QueryNotAllowedError):
+                assert str(caught.value).startswith(refusal), sql
+            else:
+                unparsed.add(name)  # ClickHouse does not parse the call as written: refused all the same
+    assert unparsed <= {"view", "viewIfPermitted", "null"}  # a SELECT as argument; NULL is a keyword
 
 
 def test_parameters_are_bound_by_the_server_only(store: Client, store_url: str, database: str) -> None:
@@ -256,8 +371,8 @@ def test_time_memory_and_result_size_limits_stop_queries(
     with pytest.raises(QueryFailedError, match="time limit of 0.5 s"):  # 100^6 rows: never finishes
         run("SELECT count() FROM segments a, segments b, segments c, segments d, segments e, segments f",
             QueryLimits(max_execution_s=0.5))
-    with pytest.raises(QueryFailedError, match="memory limit of 64 MB"):
-        run("SELECT length(range(200000000))", QueryLimits(max_memory_bytes=64 << 20))
+    with pytest.raises(QueryFailedError, match="memory limit of 64 MB"):  # each range at the cap, 4 GB together
+        run("SELECT length(arrayMap(x -> range(1000000), range(1000)))", QueryLimits(max_memory_bytes=64 << 20))
     with pytest.raises(QueryFailedError, match="larger than the API's limit of 1 MB"):  # ~10 MB of text
         run("SELECT a.text, b.text FROM segments a, segments b", QueryLimits(max_result_bytes=1 << 20))
 
