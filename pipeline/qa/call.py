@@ -9,6 +9,11 @@ submitted (``expect``), hands it over when decoded (``complete``, or ``skip`` fo
 and gets segments back only in time order, each once every segment that started before it is known:
 the stored text is the same whatever order decoding finished in, and no segment is published before the
 context that redacts it.
+
+The worker may still have to release a segment after later ones (a leg whose audio came later than the
+other legs' by more than ``CALLQA_HELD_FINAL_MAX_MS``: pipeline/worker/release.py). It is redacted with
+the context before it in time, as always; its live alerts come late; and ``finalize`` evaluates the rules
+again over all segments in time order, so the call's QA is the one a call released in order would get.
 """
 
 from __future__ import annotations
@@ -76,6 +81,8 @@ class CallAnalyzer:
     _redactor: CallRedactor = field(init=False)
     _rules: RuleEngine = field(init=False)
     _expected: list[_Expected] = field(default_factory=list)  # submitted, not yet released; time order
+    _last_order: tuple[int, int] = (-1, -1)  # (start, leg) of the latest segment processed
+    _out_of_order: bool = False  # a segment was processed after a later one (see finalize)
 
     def __post_init__(self) -> None:
         self._redactor = CallRedactor(self.config.redaction_context_segments)
@@ -154,6 +161,9 @@ class CallAnalyzer:
         """Redact, keep and match one segment: the text to store and publish, and the alerts to raise now."""
         if segment.call_id != self.call_id:
             raise ValueError(f"segment of call {segment.call_id} given to analyzer of call {self.call_id}")
+        order = _time_order(segment)
+        self._out_of_order |= order < self._last_order
+        self._last_order = max(self._last_order, order)
         redacted = self.redact(segment)
         for marker, count in redacted.counts.items():
             self.redaction_counts[marker] = self.redaction_counts.get(marker, 0) + count
@@ -173,5 +183,17 @@ class CallAnalyzer:
             silence_threshold_ms=self.config.silence_threshold_ms,
             interruption_min_overlap_ms=self.config.interruption_min_overlap_ms,
         )
-        events = self._rules.finalize(metrics.duration_ms)
+        rules = self._rules
+        if self._out_of_order:
+            # Rule state depends on the order segments came in (a must rule met stops matching later
+            # ones): evaluate again in time order, as the offline analysis does.
+            rules = RuleEngine(self.config.rule_set, self.config.fuzzy_threshold)
+            for segment in sorted(self.segments, key=_time_order):
+                rules.on_segment(segment)
+        events = rules.finalize(metrics.duration_ms)
         return score_call(self.call_id, self.config.scorecard, metrics, events)
+
+
+def _time_order(segment: Segment) -> tuple[int, int]:
+    """Where a segment stands in the call: by start, the agent's first (as ``expect`` and ``callqa analyze``)."""
+    return segment.start_ms, 0 if segment.leg == "agent" else 1

@@ -35,12 +35,13 @@ class StreamClock:
 
 
 def close_reason(call: CallState, lag: int, partition_now_ms: int, wall_ms: int, timeout_ms: float,
-                 grace_ms: int, partition_idle_ms: int | None = None) -> str | None:
+                 grace_ms: int, partition_idle_ms: int | None = None, end_wait_ms: float = 30_000.0) -> str | None:
     """How the call should be closed now ("end", "abort", "timeout"), or None to keep it open.
 
     ``lag``: messages not yet consumed on the call's audio partition (-1 unknown); ``partition_now_ms``:
     that partition's stream time (``StreamClock.now``); ``partition_idle_ms``: wall time since a frame of
-    it was consumed (None: not known, then ``lag`` alone decides).
+    it was consumed (None: not known, then ``lag`` alone decides); ``end_wait_ms``: how long after its
+    end event a call whose announced frames have not all come waits for them, once nothing is left to read.
     """
     # A lag of 0 alone is not enough: the consumer's high-water mark is the one of its last fetch, so in a
     # backlog it reads 0 for a moment whenever the fetched records are all processed. Caught up also
@@ -48,10 +49,7 @@ def close_reason(call: CallState, lag: int, partition_now_ms: int, wall_ms: int,
     caught_up = lag == 0 and (partition_idle_ms is None or partition_idle_ms >= grace_ms)
     # Caught up, the wall clock is stream time; behind, the partition's newest producer time is.
     stream_now = wall_ms if caught_up else partition_now_ms
-    if call.end is not None and (
-        (caught_up and wall_ms - call.end_consumed_ms >= grace_ms)
-        or stream_now >= call.end.at_ms + grace_ms  # frames sent after the end event were read
-    ):
+    if call.end is not None and end_due(call, lag, caught_up, stream_now, wall_ms, grace_ms, end_wait_ms):
         return call.end.event_type
     # A held call sends no frames by design: inactivity is not judged while it is held, and counts from
     # the hold's end after it (the last-resort rule below still bounds a hold whose resume never comes).
@@ -62,3 +60,23 @@ def close_reason(call: CallState, lag: int, partition_now_ms: int, wall_ms: int,
     if wall_ms - call.last_activity_ms >= 10 * timeout_ms:
         return "timeout"
     return None
+
+
+def end_due(call: CallState, lag: int, caught_up: bool, stream_now: int, wall_ms: int, grace_ms: int,
+            end_wait_ms: float) -> bool:
+    """Whether a call whose end event came may close now (``stream_now`` as in ``close_reason``).
+
+    With every frame the end event announced, after its grace (where they came after the event, the
+    call closed at once: lifecycle.py). Without them: while messages are still unread, once the
+    partition's stream time passed the end and its grace (the frames, produced before the end event,
+    come before those produced a grace after it). With none unread, a frame not yet in Kafka, or not
+    yet fetched, looks the same as a lost one: the call also waits ``end_wait_ms`` of wall time after
+    its end event, for frames still in flight (a call lost its last seconds so, 2 s after its end event).
+    """
+    assert call.end is not None
+    past_end = stream_now >= call.end.at_ms + grace_ms
+    if call.frames_complete():
+        return past_end or (caught_up and wall_ms - call.end_consumed_ms >= grace_ms)
+    if lag != 0:
+        return past_end
+    return past_end and wall_ms - call.end_consumed_ms >= max(grace_ms, end_wait_ms)

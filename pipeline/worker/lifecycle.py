@@ -1,11 +1,14 @@
 """Call lifecycle: start and end events, closing calls, and completing them.
 
 Hold and resume events keep a call open through a hold (no frames come while it is held) and measure
-its hold time. A call closes on its end event once all its frames came (or the audio partition's stream time has
-passed the end event plus a grace), at once on an abort, or after a stretch of stream time without
-audio (clock.py). Closing flushes its legs and submits their last segments; completing waits for all
-its tasks, emits what the analyzer still holds, publishes the call's QA and hands it to the registry
-to await release (durability.py).
+its hold time. A call closes on its end event once all the frames it announced came; without them, once
+the audio partition's stream time has passed the end event plus a grace and, with nothing left to read
+there, ``CALLQA_END_WAIT_MAX_S`` of wall time after the event (frames still in flight: clock.py); such a
+close is logged and counted (``callqa_calls_closed_incomplete_total``). An abort closes it at once, a
+stretch of stream time without audio too (clock.py). Closing flushes its legs and submits their last
+segments; completing waits for all its tasks, emits what the analyzer still holds, publishes the call's
+QA and hands it to the registry to await release (durability.py). The timer also releases finals held
+for a leg that sends nothing while the whole call is quiet (release.py).
 """
 
 from __future__ import annotations
@@ -44,6 +47,8 @@ class CallLifecycle:
         self.gate = gate
         self.outputs = outputs
         self.tasks = tasks
+        if gate.clock is None:  # finals held for a quiet call go by the stream time calls close by
+            gate.clock = clock
         # Messages not yet consumed on a partition, -1 when unknown (the app asks Kafka; without
         # Kafka: caught up).
         self.lag: Callable[[TopicPartition], int] = lambda tp: 0
@@ -98,12 +103,19 @@ class CallLifecycle:
                 log.info("call %s: no audio for %.0f s of stream time, closing it", call.call_id, timeout_ms / 1000)
             if how is not None:
                 await self.finish(call, how)
+            else:
+                self.gate.release_held(call)  # a call that sends nothing: stream time moves its legs on
 
     async def finish(self, call: CallState, how: str) -> None:
         """Flush the legs and submit their last segments; completing waits for all of them."""
         if call.finishing:
             return
         call.finishing = True
+        missing = call.frames_missing()
+        if missing:  # its jitter buffers fill the rest with silence
+            self.outputs.metrics.calls_closed_incomplete.labels(how).inc()
+            log.warning("call %s closed (%s) without all the frames its end event announced: %s", call.call_id,
+                        how, ", ".join(f"{leg} {n} missing" for leg, n in sorted(missing.items())))
         for closed in self.segmentation.flush(call):
             await self.scheduler.submit(closed, now_ms())
         self.tasks.spawn(call, self._complete(call, how), "finish")
@@ -139,7 +151,7 @@ class CallLifecycle:
         tp = call.audio_tp
         assert tp is not None  # set by the first frame or event
         return close_reason(call, self.lag(tp), self.clock.now(tp), wall, timeout_ms, grace_ms,
-                            self.clock.idle_ms(tp, wall))
+                            self.clock.idle_ms(tp, wall), self.settings.end_wait_max_s * 1000)
 
     async def _complete(self, call: CallState, how: str) -> None:
         """Once the call's other tasks are done: what the analyzer still holds, then the call's QA."""

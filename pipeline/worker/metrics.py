@@ -77,6 +77,15 @@ class WorkerMetrics:
         self.dead_letters = Counter("callqa_dead_letters_total", "Messages sent to the dead-letter topic.", ["reason"],
                                     registry=r)
         self.calls_finished = Counter("callqa_calls_finished_total", "Calls finalised, by how.", ["how"], registry=r)
+        # Frames still in flight when a call closes are lost: counted, so a close that did not wait long
+        # enough (CALLQA_END_WAIT_MAX_S, lifecycle.py) shows.
+        self.calls_closed_incomplete = Counter(
+            "callqa_calls_closed_incomplete_total",
+            "Calls closed on their end (or abort) event without every frame it announced, by how.", ["how"],
+            registry=r,
+        )
+        for how in ("end", "abort"):
+            self.calls_closed_incomplete.labels(how)
         self.holds = Counter("callqa_holds_total", "Holds (hold/resume call events) of finished calls.", registry=r)
         self.hold_seconds = Counter("callqa_hold_seconds_total", "Time finished calls spent on hold (call time).",
                                     registry=r)

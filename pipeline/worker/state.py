@@ -31,6 +31,9 @@ class CallState:
     audio_tp: TopicPartition | None = None
     decoded: dict[str, DecodedSegment] = field(default_factory=dict)
     last_frame_produced_ms: int = 0  # producer time of the newest frame seen (stream time)
+    # Stream time of the audio partition when the call last took frames (0: not known): how long a call
+    # that sends nothing at all has been quiet, for its legs' watermarks (release.py).
+    partition_ms_at_audio: int = 0
     last_activity_ms: int = field(default_factory=now_ms)  # wall time of the last frame or event
     opened_at_ms: int = field(default_factory=now_ms)
     end_consumed_ms: int = 0
@@ -64,16 +67,19 @@ class CallState:
 
     def frames_complete(self) -> bool:
         """The end event came and every leg has received (or holds) the frames it announced."""
-        if self.end is None:
-            return False
-        counts = self.end.frame_counts
-        return all(
-            leg in self.legs and self.legs[leg].frames_released + self.legs[leg].reorder.held >= n
-            for leg, n in counts.items()
-        )
+        return self.end is not None and not self.frames_missing()
 
-
-SILENT_LEG_ALLOWANCE_MS = 2000
+    def frames_missing(self) -> dict[str, int]:
+        """Per leg, how many of the frames its end event announced have not come (none before the end
+        event). A gap the jitter buffer filled with silence counts as come: a later seq showed it missing."""
+        counts = self.end.frame_counts if self.end is not None else {}
+        missing: dict[str, int] = {}
+        for name, n in counts.items():
+            leg = self.legs.get(name)
+            have = 0 if leg is None else leg.frames_released + leg.reorder.held
+            if have < n:
+                missing[name] = n - have
+        return missing
 
 
 def segment_id(call_id: str, leg: str, start_ms: int) -> str:
@@ -81,9 +87,19 @@ def segment_id(call_id: str, leg: str, start_ms: int) -> str:
     return f"{call_id}/{leg}/{start_ms:09d}"
 
 
-def watermarks(call: CallState, pre_roll_ms: int) -> dict[str, int]:
-    """Per leg, the time before which all its segments have been submitted: the open segment's start,
-    else what the VAD has heard less its pre-roll (a segment may start that far back)."""
+def watermarks(call: CallState, pre_roll_ms: int, held_final_max_ms: int = 2000,
+               quiet_ms: int = 0) -> dict[str, int]:
+    """Per leg, the time (on the call's clock) before which all its segments have been submitted: the
+    open segment's start, else what the VAD has heard less its pre-roll (a segment may start that far
+    back).
+
+    A leg that sends nothing (one-way media, silence suppression, a muted side) would hold the other
+    legs' finals until its frames resume. So a leg between segments with no frames waiting in its jitter
+    buffer is taken as silent up to the call's stream time less ``held_final_max_ms``. The call's stream
+    time, for a leg: the newest audio its other legs' VADs have heard, or, when the whole call has sent
+    nothing for ``quiet_ms`` of its audio partition's stream time, the newest audio of any leg plus that.
+    Frames of the leg that come later still than that are stored, out of time order (release.py).
+    """
     marks: dict[str, int] = {}
     heard: dict[str, int] = {}
     for name, leg in call.legs.items():
@@ -91,13 +107,14 @@ def watermarks(call: CallState, pre_roll_ms: int) -> dict[str, int]:
         open_start = segmenter.open_segment_start_ms
         heard[name] = segmenter.samples_received // 16
         marks[name] = heard[name] - pre_roll_ms - 100 if open_start is None else open_start
-    # A leg that sends nothing (silence suppression, a muted side) would hold the other leg's finals
-    # until its frames resume; its gap is silence, so between segments it trails the others by at most
-    # SILENT_LEG_ALLOWANCE_MS (frames late by more than that lose their ordering guarantee, not audio).
-    newest = max(heard.values(), default=0)
+    call_now = max(heard.values(), default=0) + max(0, quiet_ms)
     for name, leg in call.legs.items():
-        if leg.front_end.segmenter.open_segment_start_ms is None:
-            marks[name] = max(marks[name], newest - SILENT_LEG_ALLOWANCE_MS)
+        if leg.front_end.segmenter.open_segment_start_ms is not None or leg.reorder.held:
+            continue  # a segment (or audio) of this leg may still start at its mark
+        others = max((ms for other, ms in heard.items() if other != name), default=0)
+        if quiet_ms > 0:
+            others = max(others, call_now)
+        marks[name] = max(marks[name], others - held_final_max_ms)
     return marks
 
 
