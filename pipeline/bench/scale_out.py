@@ -8,7 +8,9 @@ Measured in one run, on fresh topics per part (12 audio partitions by default):
    from the workers' CPU seconds shows what the machine's sharing of the cores takes off it.
 2. rebalance pause: worker A under live load (one call per partition, replayed in real time; workers not
    pinned); worker B joins; seconds from B's web port answering until both produce final transcripts
-   again, from their /metrics every 0.5 s (goal <= 10 s).
+   again, from their /metrics every 0.5 s (goal <= 10 s); and the leg audio both fed their segmenters
+   beyond the calls' own (re-decoded because of the rebalance), with calls kept across it (the default)
+   and, run again, with every call dropped on revocation (CALLQA_KEEP_CALLS_ON_REBALANCE=false).
 3. re-decoded audio after a crash: one long call, replayed fast up to its last minutes and then in real
    time; the worker is killed (SIGKILL) near its end and restarted on the same store; re-decoded audio =
    fed before the kill + fed after the restart - the call's audio (callqa_leg_audio_seconds_total), against
@@ -469,9 +471,22 @@ class PauseWatch:
 
 
 def part_rebalance(work: Path, n_calls: int, join_after_s: float) -> dict[str, Any]:
+    """The join measured twice, side by side: calls kept across the rebalance (the default), then every
+    call dropped on revocation as before (CALLQA_KEEP_CALLS_ON_REBALANCE=false); the figures of the first
+    run, and for both the leg audio fed to segmenters beyond the calls' own (re-decoded)."""
+    kept = join_once(work, n_calls, join_after_s, keep_calls=True)
+    dropped = join_once(work, n_calls, join_after_s, keep_calls=False)
+    return {**kept, "redecoded_per_rebalance_s": {"calls_kept": kept["redecoded_leg_audio_s"],
+                                                  "every_call_dropped": dropped["redecoded_leg_audio_s"]},
+            "calls_dropped_run": {k: dropped[k] for k in ("pause_s", "redecoded_leg_audio_s", "calls_kept",
+                                                          "calls_dropped", "calls_finished_in_both_stores")}}
+
+
+def join_once(work: Path, n_calls: int, join_after_s: float, keep_calls: bool) -> dict[str, Any]:
     # Not pinned: A alone must keep up with the live load. The longest library calls, so the load lasts.
     recordings = sorted(library(), key=audio_s, reverse=True)
-    with group_of("rebalance", work, {}) as group:
+    name = "rebalance" if keep_calls else "rebalance-drop"
+    with group_of(name, work, {"keep_calls_on_rebalance": str(keep_calls).lower()}) as group:
         a = group.start_worker("A")
         wait_for_members(group, 1)
         partitions = group.settings.audio_partitions
@@ -501,6 +516,17 @@ def part_rebalance(work: Path, n_calls: int, join_after_s: float) -> dict[str, A
             console.print(f"  both producing {pause:.1f} s after B joined; waiting for the live calls to end")
             state = wait_finished(group, [c for c, _ in calls], 300 + max(audio_s(r) for _, r in calls),
                                   "rebalance: live calls", background=live)
+        # One join is one rebalance for A (B's first assignment drops nothing): what both fed their
+        # segmenters beyond the calls' own leg audio was decoded again because of it.
+        workers = live_workers(group)
+        fed_s = sum(metric(w, label, LEG_AUDIO) for w, label in zip(workers, "AB", strict=False))
+        calls_audio_s = sum(2 * audio_s(r) for _, r in calls)
+        result.update(leg_audio_fed_s=round(fed_s, 1), calls_leg_audio_s=round(calls_audio_s, 1),
+                      redecoded_leg_audio_s=round(fed_s - calls_audio_s, 1),
+                      calls_kept=sum(metric(w, label, "callqa_calls_kept_on_rebalance_total")
+                                     for w, label in zip(workers, "AB", strict=False)),
+                      calls_dropped=sum(metric(w, label, "callqa_calls_dropped_on_revoke_total")
+                                        for w, label in zip(workers, "AB", strict=False)))
         # After a handover a call may be in both stores: the new owner replays from its checkpoint.
         result.update(calls_finished=len(set().union(*state.by_worker)),
                       calls_finished_in_both_stores=state.finished_more_than_once(),
@@ -681,6 +707,10 @@ def summary_table(parts: dict[str, dict[str, Any]]) -> Table:
     row("rebalance pause: join -> both producing", parts.get("rebalance"),
         lambda p: f"{p['pause_s']:.1f} s (group stable after {p['group_stable_after_join_s']} s, "
                   f"A's longest gap {p['a_longest_gap_s']:.1f} s)", "<= 10 s")
+    row("leg audio re-decoded per rebalance (join)", parts.get("rebalance"),
+        lambda p: f"{p['redecoded_per_rebalance_s']['calls_kept']:.1f} s with calls kept, "
+                  f"{p['redecoded_per_rebalance_s']['every_call_dropped']:.1f} s with every call dropped",
+        "kept < dropped")
     row("audio re-decoded after kill -9", parts.get("crash"),
         lambda p: f"{p['redecoded_s']:.1f} s of leg audio ({p['call_s']:.0f} s call, 2 legs)",
         f"<= {parts['crash']['bound_s']:.1f} s" if parts.get("crash", {}).get("bound_s") else "bound")
