@@ -80,7 +80,7 @@ class CallProcessor:
         self.intake = FrameIntake(settings, self.registry, self.offsets, self.clock, front_ends, self.metrics)
         self.segmentation = LegSegmentation(self.metrics)
         self.outputs = CallOutputs(settings, output, sink, self.metrics)
-        self.gate = ReleaseGate(settings, self.outputs, self.tasks)
+        self.gate = ReleaseGate(settings, self.outputs, self.tasks, self.clock)
         self.scheduler = TranscriptionScheduler(settings, transcriber, self.budget, self.gate, self.outputs,
                                                 self.tasks, self.metrics)
         self.lifecycle = CallLifecycle(settings, self.registry, self.offsets, self.clock, self.segmentation,

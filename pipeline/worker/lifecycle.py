@@ -47,8 +47,6 @@ class CallLifecycle:
         self.gate = gate
         self.outputs = outputs
         self.tasks = tasks
-        if gate.clock is None:  # finals held for a quiet call go by the stream time calls close by
-            gate.clock = clock
         # Messages not yet consumed on a partition, -1 when unknown (the app asks Kafka; without
         # Kafka: caught up).
         self.lag: Callable[[TopicPartition], int] = lambda tp: 0

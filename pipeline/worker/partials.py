@@ -71,7 +71,7 @@ class PartialTranscripts:
         redacted = call.analyzer.redact_partial(
             Segment(call.call_id, leg.leg, segment_id(call.call_id, leg.leg, start_ms), start_ms, end_ms,  # type: ignore[arg-type]
                     r.text.strip()),
-            watermarks(call, self.settings.pre_roll_ms),
+            watermarks(call, self.settings.pre_roll_ms, self.settings.held_final_max_ms),
         )
         produced = now_ms()
         partial = transcript_message(call.call_id, leg, redacted.segment.segment_id, start_ms, end_ms,

@@ -52,7 +52,7 @@ class Stage:
                                      MemoryCheckpointStore(), metrics)
         self.segmentation = LegSegmentation(metrics)
         outputs = CallOutputs(SETTINGS, self.ports, self.ports, metrics)
-        gate = ReleaseGate(SETTINGS, outputs, tasks)
+        gate = ReleaseGate(SETTINGS, outputs, tasks, self.clock)
         scheduler = TranscriptionScheduler(SETTINGS, WordsTranscriber(), InflightBudget(64 << 20), gate, outputs,
                                            tasks, metrics)
         self.lifecycle = CallLifecycle(SETTINGS, self.registry, self.offsets, self.clock, self.segmentation,
