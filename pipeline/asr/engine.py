@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from math import gcd
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +33,7 @@ from pipeline.audio.mel import SAMPLE_RATE
 from pipeline.audio.resample import ResamplerSnapshot, StreamResampler
 from pipeline.config import Settings, get_settings
 from pipeline.segmentation import Segmenter, SpeechSegment, load_vad
-from pipeline.segmentation.segmenter import SegmenterSnapshot
+from pipeline.segmentation.segmenter import SegmenterSnapshot, Silence
 
 FILE_CHUNK_S = 1.0
 
@@ -63,6 +64,28 @@ class LegFrontEnd:
         """The resampling half of ``accept_samples``: callers that batch the VAD over many legs
         (``segmentation.accept_many``) feed the segmenter themselves."""
         return self._resampler.process(samples)
+
+    def silence_to_16k(self, samples: int) -> list[np.ndarray | Silence]:
+        """``to_16k(np.zeros(samples))`` without making the zeros: what the resampler gives for
+        ``samples`` zero samples at the leg's rate, with its runs of zeros given by their length (the
+        segmenter's ``take``). A 20-minute gap costs what 0.1 s costs here."""
+        head = min(samples, max(1, self.sample_rate // 10))  # flushes the filter's memory of earlier input
+        out: list[np.ndarray | Silence] = [self.to_16k(np.zeros(head, dtype=np.float32))]
+        rest = samples - head
+        snap = self._resampler.snapshot()
+        if rest and not snap.history.any():
+            # Its input since the last outputs' first taps is all zeros: each ``down`` more zero samples
+            # are exactly ``up`` more zero outputs and leave it as it is, but for its counters.
+            g = gcd(self.sample_rate, SAMPLE_RATE)
+            up, down = SAMPLE_RATE // g, self.sample_rate // g
+            skipped = rest - rest % down
+            self._resampler = StreamResampler.restored(self.sample_rate, SAMPLE_RATE, ResamplerSnapshot(
+                snap.samples_in + skipped, snap.samples_out + skipped * up // down, snap.history))
+            out.append(Silence(skipped * up // down))
+            rest -= skipped
+        if rest:
+            out.append(self.to_16k(np.zeros(rest, dtype=np.float32)))
+        return out
 
     def finish(self) -> list[SpeechSegment]:
         """End of the leg: the last segments."""

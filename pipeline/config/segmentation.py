@@ -26,3 +26,13 @@ class SegmentationSettings(BaseModel):
     max_segment_ms: int = Field(
         15000, description="Longest segment (ms); a longer one is cut at its quietest point."
     )
+    # A hold sends no frames: its gap, filled with digital silence, could be 20 minutes of samples.
+    # Past this much digital silence the VAD is reset and the rest is skipped, not scored (the leg's
+    # clock still moves: later segments keep their call time). 2000 ms is 4x the endpoint silence
+    # (500 ms, plus one VAD window to decay after speech): a segment open when the silence starts has
+    # closed as silence closes it long before. Shorter runs, e.g. network gaps, are scored as before.
+    gap_boundary_ms: int = Field(
+        2000, ge=0,
+        description="Digital silence (a gap in a leg's frames, or zero samples) after which the VAD is "
+                    "reset and the rest skipped (ms); 0: never.",
+    )

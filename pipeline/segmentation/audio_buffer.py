@@ -27,6 +27,18 @@ class LegAudioBuffer:
         self._data[self._size : needed] = samples
         self._size = needed
 
+    def append_zeros(self, count: int, keep_from: int) -> None:
+        """``append(np.zeros(count))`` then ``drop_before(keep_from)``, without making the zeros dropped."""
+        end = self.end + count
+        keep_from = min(max(keep_from, self.start), end)
+        if keep_from >= self.end:  # nothing held is kept: only the zeros from keep_from on
+            self._size = 0
+            self.start = keep_from
+            self.append(np.zeros(end - keep_from, dtype=np.float32))
+        else:
+            self.append(np.zeros(count, dtype=np.float32))  # fewer than end - keep_from: what is kept
+            self.drop_before(keep_from)
+
     def drop_before(self, index: int) -> None:
         """Forget samples before absolute ``index``."""
         drop = min(max(index - self.start, 0), self._size)

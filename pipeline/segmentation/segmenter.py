@@ -9,12 +9,18 @@ speech continues as the next segment. Segments with less than ``min_speech_ms`` 
 
 All decisions happen per VAD window on absolute sample positions, so the segments do not depend on
 how the audio was chunked when it arrived.
+
+Digital silence longer than ``gap_boundary_ms`` (a hold: its gap in the frames is filled with zeros) is a
+boundary: the VAD is reset and its windows are no longer scored (vad.py), and ``skip_zeros`` takes such
+a run by its length, without the samples, exactly as ``accept`` takes the zeros themselves. Segment
+times after it stay in the leg's time.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from math import ceil
 
 import numpy as np
 
@@ -49,12 +55,20 @@ class SpeechSegment:
         return self.end_ms - self.start_ms
 
 
+@dataclass(frozen=True, slots=True)
+class Silence:
+    """``samples`` 16 kHz samples of digital silence, given by their count (``Segmenter.skip_zeros``)."""
+
+    samples: int
+
+
 @dataclass(frozen=True)
 class SegmenterSnapshot:
     """Everything a segmenter between segments needs to go on exactly where it was (a call checkpoint).
 
     Taken only while no segment is open, so no speech audio is in it: the VAD's recurrent state, the
-    samples of an incomplete window, and the pre-roll a next onset may reach back into.
+    samples of an incomplete window, and the pre-roll a next onset may reach back into (inside a run of
+    digital silence not yet ``gap_boundary_ms`` long, the whole run: ``restore`` counts it from there).
     """
 
     vad_state: np.ndarray = field(repr=False)  # [2, 1, 128] float32
@@ -82,7 +96,10 @@ class Segmenter:
     def __init__(self, settings: SegmentationSettings | None = None, vad: SileroVad | None = None) -> None:
         self.settings = settings or SegmentationSettings()
         self.vad = vad or load_vad(self.settings.vad_model_path)
-        self.vad_stream = VadStream()
+        # Windows of digital silence in a row after which the VAD is dormant (None: never).
+        boundary_ms = self.settings.gap_boundary_ms
+        self._dormant_after = ceil(boundary_ms * SAMPLES_PER_MS / WINDOW) if boundary_ms > 0 else None
+        self.vad_stream = VadStream(self._dormant_after)
         self._audio = LegAudioBuffer()
         self._windows_done = 0
         self._open: _OpenSegment | None = None
@@ -144,18 +161,59 @@ class Segmenter:
 
     def restore(self, snap: SegmenterSnapshot) -> None:
         """Go on from ``snap`` as if every sample before it had been fed to this segmenter."""
-        self.vad_stream = VadStream.restored(snap.vad_state, snap.vad_context, snap.vad_pending)
+        self.vad_stream = VadStream.restored(snap.vad_state, snap.vad_context, snap.vad_pending,
+                                             self._dormant_after, self._zero_windows_of(snap))
         self._audio = LegAudioBuffer(max(16000, snap.audio.size))
         self._audio.start = snap.audio_start
         self._audio.append(snap.audio)
         self._windows_done, self._last_end, self._emitted = snap.windows_done, snap.last_end, snap.emitted
         self._open = None
 
+    def _zero_windows_of(self, snap: SegmenterSnapshot) -> int:
+        """The run of zero windows ``snap`` was taken in. Dormant: the VAD state was reset (no scored
+        window leaves it all zeros). Otherwise the run is in the audio (``advance`` keeps it whole)."""
+        if self._dormant_after is None:
+            return 0
+        if snap.windows_done > 0 and not np.asarray(snap.vad_state).any():
+            return self._dormant_after + 1
+        first = -(-snap.audio_start // WINDOW)  # the first window held whole
+        lo, hi = first * WINDOW - snap.audio_start, snap.windows_done * WINDOW - snap.audio_start
+        if hi <= lo:
+            return 0
+        sound = np.asarray(snap.audio[lo:hi]).reshape(-1, WINDOW).any(axis=1)
+        return int(sound.size - 1 - np.flatnonzero(sound)[-1]) if sound.any() else int(sound.size)
+
     def accept(self, samples_16k: np.ndarray) -> list[SpeechSegment]:
         """Take the next samples of the leg; the segments that closed."""
         samples = np.asarray(samples_16k, dtype=np.float32)
         probs = self.vad.run([self.vad_stream], [samples])[0]
         return self.advance(samples, probs)
+
+    def take(self, audio: np.ndarray | Silence) -> list[SpeechSegment]:
+        """``accept`` samples, or ``skip_zeros`` a run of silence given by its length."""
+        return self.skip_zeros(audio.samples) if isinstance(audio, Silence) else self.accept(audio)
+
+    def skip_zeros(self, count: int) -> list[SpeechSegment]:
+        """``accept(np.zeros(count))``, the same segments and state, without making the zeros: they are
+        scored only until the VAD is dormant (``gap_boundary_ms``), the rest moves the clock on."""
+        closed: list[SpeechSegment] = []
+        while count > 0 and not self._skips_zeros():
+            # Scored: the rest of the pending window and a boundary's worth of windows at a time (without
+            # a boundary, a minute: only the memory is bounded then).
+            lead = 60 * SAMPLE_RATE if self._dormant_after is None else (
+                (-self.vad_stream.pending_samples) % WINDOW + WINDOW * (self._dormant_after + 1))
+            step = min(count, lead)
+            closed.extend(self.accept(np.zeros(step, dtype=np.float32)))
+            count -= step
+        if count > 0:
+            self._windows_done += self.vad_stream.skip_zeros(count)
+            self._audio.append_zeros(count, self._keep_from())
+        return closed
+
+    def _skips_zeros(self) -> bool:
+        """Whether more zeros would only be dormant windows of an idle segmenter."""
+        stream = self.vad_stream
+        return self._open is None and stream.dormant and not stream.pending.any()
 
     def flush(self) -> list[SpeechSegment]:
         """End of the leg: score the incomplete last window and close any open segment."""
@@ -176,9 +234,17 @@ class Segmenter:
             closed.extend(self._step(float(prob)))
             self._windows_done += 1
         if self._open is None:
-            # Idle: keep just enough audio for the pre-roll of the next onset.
-            self._audio.drop_before(max(self._windows_done * WINDOW - self._ms["pre_roll"], self._last_end))
+            self._audio.drop_before(self._keep_from())
         return closed
+
+    def _keep_from(self) -> int:
+        """Idle: the audio to keep, just enough for the pre-roll of the next onset, and a run of digital
+        silence not yet dormant, whole (a snapshot taken in it must say how long it is)."""
+        keep = max(self._windows_done * WINDOW - self._ms["pre_roll"], self._last_end)
+        run = self.vad_stream.zero_windows
+        if self._dormant_after is not None and 0 < run <= self._dormant_after:
+            keep = min(keep, (self._windows_done - run) * WINDOW)
+        return keep
 
     def _step(self, prob: float) -> list[SpeechSegment]:
         start = self._windows_done * WINDOW

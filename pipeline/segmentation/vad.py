@@ -5,6 +5,12 @@ own LSTM state [2, 1, 128] and the last 64 samples of its previous window, which
 prepended to the next window (as silero-vad's own wrapper does). Windows of different legs at the same
 step are independent, so one ``run`` call stacks them into a batch [B, 576]: measured 1.5 ms per
 window alone against ~0.45 ms per window in batches of 16.
+
+Digital silence (windows of exact zeros, which is what a gap in a leg's frames is filled with) is scored
+only until a stream has seen ``dormant_after`` such windows in a row: later ones are dormant, not
+scored (probability 0), and the stream's state is reset to a fresh leg's. A 20-minute hold then costs
+what 2 s of silence costs, and whether a window is dormant depends on the samples alone, so a leg's
+probabilities still do not depend on how its audio was chunked or batched.
 """
 
 from __future__ import annotations
@@ -53,9 +59,19 @@ class SileroVad:
     def run(self, streams: Sequence[VadStream], chunks: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Feed ``chunks[i]`` to ``streams[i]``; the probabilities of each stream's completed windows."""
         windows = [stream.split_windows(chunk) for stream, chunk in zip(streams, chunks, strict=True)]
-        probs = [np.empty(len(w), dtype=np.float32) for w in windows]
+        dormant = [stream.dormant_windows(w) for stream, w in zip(streams, windows, strict=True)]
+        probs = [np.zeros(len(w), dtype=np.float32) for w in windows]
         for step in range(max((len(w) for w in windows), default=0)):
-            active = [i for i, w in enumerate(windows) if len(w) > step]
+            active = []
+            for i, w in enumerate(windows):
+                if len(w) <= step:
+                    continue
+                if dormant[i][step]:
+                    streams[i].go_dormant()  # probability 0; its context is zeros already
+                else:
+                    active.append(i)
+            if not active:
+                continue
             inputs = np.stack([streams[i].with_context(windows[i][step]) for i in active])
             state = np.concatenate([streams[i].state for i in active], axis=1)
             step_probs, next_state = self.score(inputs, state)
@@ -77,21 +93,71 @@ def load_vad(model_path: str = "") -> SileroVad:
 
 
 class VadStream:
-    """The VAD state of one leg: recurrent state, context samples and an incomplete window."""
+    """The VAD state of one leg: recurrent state, context samples, an incomplete window, and how many
+    windows of digital silence came last (``dormant_after`` of them in a row make later ones dormant;
+    None: never)."""
 
-    def __init__(self) -> None:
+    def __init__(self, dormant_after: int | None = None) -> None:
         self.state = np.zeros(STATE_SHAPE, dtype=np.float32)
         self._context = np.zeros(CONTEXT, dtype=np.float32)
         self._pending = np.zeros(0, dtype=np.float32)
+        self.dormant_after = dormant_after
+        self.zero_windows = 0  # windows of exact zeros in a row, up to the last complete one
 
     @classmethod
-    def restored(cls, state: np.ndarray, context: np.ndarray, pending: np.ndarray) -> VadStream:
-        """A stream that goes on from a snapshot of ``state``, ``context`` and ``pending``."""
-        stream = cls()
+    def restored(cls, state: np.ndarray, context: np.ndarray, pending: np.ndarray,
+                 dormant_after: int | None = None, zero_windows: int = 0) -> VadStream:
+        """A stream that goes on from a snapshot of ``state``, ``context``, ``pending`` (and the run of
+        zero windows it had reached)."""
+        stream = cls(dormant_after)
         stream.state = np.asarray(state, dtype=np.float32).reshape(STATE_SHAPE).copy()
         stream._context = np.asarray(context, dtype=np.float32).copy()
         stream._pending = np.asarray(pending, dtype=np.float32).copy()
+        stream.zero_windows = zero_windows
         return stream
+
+    @property
+    def dormant(self) -> bool:
+        """Whether the next window of zeros will be dormant (not scored)."""
+        return self.dormant_after is not None and self.zero_windows >= self.dormant_after
+
+    def dormant_windows(self, windows: np.ndarray) -> np.ndarray:
+        """Which of ``windows`` (this stream's next complete windows, in order) are dormant: all zeros,
+        after ``dormant_after`` windows of zeros in a row. Counts them into the run."""
+        count = len(windows)
+        if count == 0:
+            return np.zeros(0, dtype=bool)
+        index = np.arange(count)
+        zero = ~windows.any(axis=1)
+        # The run each window ends: windows since the last one with a sample that is not zero.
+        last_sound = np.maximum.accumulate(np.where(zero, -1, index))
+        run = np.where(last_sound >= 0, index - last_sound, index + 1 + self.zero_windows)
+        self.zero_windows = int(run[-1])
+        if self.dormant_after is None:
+            return np.zeros(count, dtype=bool)
+        return run > self.dormant_after
+
+    def skip_zeros(self, samples: int) -> int:
+        """``split_windows`` and ``dormant_windows`` of ``samples`` zeros, without making them; the
+        windows they complete (all dormant: the stream must be ``dormant``, its pending samples zeros)."""
+        total = self._pending.size + samples
+        windows = total // WINDOW
+        if windows == 0:
+            self._pending = np.concatenate([self._pending, np.zeros(samples, dtype=np.float32)])
+            return 0
+        if not self.dormant or self._pending.any():
+            raise RuntimeError("only a dormant stream, with only zeros pending, skips windows")
+        self.zero_windows += windows
+        self.go_dormant()
+        self._pending = np.zeros(total % WINDOW, dtype=np.float32)
+        return windows
+
+    def go_dormant(self) -> None:
+        """A dormant window: the recurrent state is reset to a fresh leg's (speech after the silence is
+        scored as a new leg's would be), and the context is the window's end, zeros."""
+        if self.state.any() or self._context.any():
+            self.state = np.zeros(STATE_SHAPE, dtype=np.float32)
+            self._context = np.zeros(CONTEXT, dtype=np.float32)
 
     @property
     def context(self) -> np.ndarray:

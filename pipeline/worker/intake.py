@@ -17,6 +17,7 @@ import numpy as np
 from pipeline.asr.engine import LegFrontEnd
 from pipeline.config import Settings
 from pipeline.contracts.messages import AudioFrame, DeadLetter, now_ms
+from pipeline.segmentation.segmenter import Silence
 from pipeline.worker.clock import StreamClock
 from pipeline.worker.dead_letters import bytes_per_ms, message_dead_letter
 from pipeline.worker.frames import FrameError, RejectedFrame, check_frame, check_leg_format, check_seq_jump
@@ -31,11 +32,12 @@ log = logging.getLogger("callqa.worker")
 
 @dataclass
 class LegAudio:
-    """The 16 kHz audio one batch let out of one leg's jitter buffer, in order (may be none)."""
+    """The 16 kHz audio one batch let out of one leg's jitter buffer, in order (may be none); a long gap
+    (a hold) as ``Silence``, its length, not its zeros."""
 
     call: CallState
     leg: LegState
-    chunks: list[np.ndarray] = field(default_factory=list)
+    chunks: list[np.ndarray | Silence] = field(default_factory=list)
 
 
 @dataclass
@@ -118,13 +120,12 @@ class FrameIntake:
                 continue
             leg = self._consume(tp, offset, frame, call, batch.consumed_ms)
             tally = ReorderTally.of(leg)
-            samples = leg.release(frame.seq, frame.payload, frame.produced_at_ms)
+            released = leg.take(frame.seq, frame.payload, frame.produced_at_ms)
             tally.count_since(leg, self.metrics)
             audio = touched.get((call.call_id, leg.leg))
             if audio is None:
                 audio = touched[(call.call_id, leg.leg)] = LegAudio(call, leg)
-            if samples is not None and len(samples):
-                audio.chunks.append(samples)
+            audio.chunks.extend(released)
         self.metrics.frames.inc(len(owned))
         batch.legs = list(touched.values())
         return batch

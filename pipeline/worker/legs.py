@@ -10,7 +10,7 @@ import numpy as np
 from pipeline.asr.context import LegContext
 from pipeline.asr.engine import LegFrontEnd
 from pipeline.audio import codecs
-from pipeline.segmentation.segmenter import SpeechSegment
+from pipeline.segmentation.segmenter import Silence, SpeechSegment
 from pipeline.worker.reorder import FrameReorderBuffer, ReleasedFrame
 
 if TYPE_CHECKING:
@@ -57,31 +57,39 @@ class LegState:
         return self.front_end.sample_rate * self.frame_ms // 1000
 
     def release(self, seq: int, payload: bytes, produced_at_ms: int) -> np.ndarray | None:
-        """Take one frame; the 16 kHz samples it lets through (None while it waits in the jitter buffer).
+        """``take``, with any run of silence made into zeros: the 16 kHz samples one frame lets through
+        (None while it waits in the jitter buffer), for callers that feed the segmenter themselves."""
+        audio = self.take(seq, payload, produced_at_ms)
+        if not audio:
+            return None
+        return np.concatenate([np.zeros(a.samples, dtype=np.float32) if isinstance(a, Silence) else a
+                               for a in audio])
 
-        The samples still have to go through the leg's segmenter: the processor does that for many
-        legs at once (one VAD run for all of them).
+    def take(self, seq: int, payload: bytes, produced_at_ms: int) -> list[np.ndarray | Silence]:
+        """Take one frame; the 16 kHz audio it lets through, in order (none while it waits in the jitter
+        buffer). A gap of missing frames comes as zeros, its long runs as ``Silence`` (their length).
+
+        The audio still has to go through the leg's segmenter (``Segmenter.take``): the processor does
+        that for many legs at once (one VAD run for all of them).
         """
         if seq < self.resumed_from_seq:
             self.before_checkpoint += 1
-            return None
+            return []
         self.produced_at_ms[seq] = produced_at_ms
         if seq % 256 == 0:  # keep only what the longest possible segment can still reach
             keep_from = seq - self.keep_frames
             for k in [k for k in self.produced_at_ms if k < keep_from]:
                 del self.produced_at_ms[k]
-        released = self.reorder.push(seq, payload)
-        if not released:
-            return None
-        self.frames_released += len(released)
-        return self.front_end.to_16k(np.concatenate([self._decode(f) for f in released]))
+        return self._to_16k(self.reorder.push(seq, payload))
 
     def finish(self, total_frames: int | None) -> list[SpeechSegment]:
         """End of the leg: release held frames (filling gaps up to ``total_frames``), close any segment."""
         if self.finished:
             return []
         self.finished = True
-        return self._feed(self.reorder.flush(total_frames)) + self.front_end.finish()
+        segmenter = self.front_end.segmenter
+        closed = [s for audio in self._to_16k(self.reorder.flush(total_frames)) for s in segmenter.take(audio)]
+        return closed + self.front_end.finish()
 
     def produced_at(self, at_ms: int) -> int:
         """Producer time of the frame holding ``at_ms`` (or the nearest earlier one still known)."""
@@ -91,13 +99,29 @@ class LegState:
                 return self.produced_at_ms[k]
         return 0
 
-    def _feed(self, released: list[ReleasedFrame]) -> list[SpeechSegment]:
-        if not released:
-            return []
-        self.frames_released += len(released)
-        return self.front_end.accept_samples(np.concatenate([self._decode(f) for f in released]))
+    def _to_16k(self, released: list[ReleasedFrame]) -> list[np.ndarray | Silence]:
+        """Released frames through the resampler, in order. A gap is filled with silence so the call's
+        timing holds; at ``gap_boundary_ms`` and longer (a hold), its zeros are not made but counted
+        (``LegFrontEnd.silence_to_16k``), and the segmenter skips them the same way."""
+        out: list[np.ndarray | Silence] = []
+        samples: list[np.ndarray] = []
+        for frame in released:
+            self.frames_released += frame.frames
+            if frame.payload is not None:
+                samples.append(codecs.decode(frame.payload, self.front_end.encoding))
+            elif frame.frames * self.frame_ms < self.gap_boundary_ms:
+                samples.append(np.zeros(frame.frames * self.frame_samples, dtype=np.float32))
+            else:
+                if samples:
+                    out.append(self.front_end.to_16k(np.concatenate(samples)))
+                    samples = []
+                out.extend(self.front_end.silence_to_16k(frame.frames * self.frame_samples))
+        if samples:
+            out.append(self.front_end.to_16k(np.concatenate(samples)))
+        return [a for a in out if isinstance(a, Silence) or a.size]
 
-    def _decode(self, frame: ReleasedFrame) -> np.ndarray:
-        if frame.payload is None:  # a gap, filled with silence so the call's timing holds
-            return np.zeros(self.frame_samples, dtype=np.float32)
-        return codecs.decode(frame.payload, self.front_end.encoding)
+    @property
+    def gap_boundary_ms(self) -> int:
+        """Gaps this long or longer are skipped unmade (0: never, every gap is made of zeros)."""
+        boundary = self.front_end.segmenter.settings.gap_boundary_ms
+        return boundary if boundary > 0 else 1 << 62

@@ -3,7 +3,8 @@
 Telephony gateways resend, reorder and drop frames. The segmenter needs one continuous signal, so:
 - a frame whose ``seq`` was already seen is a duplicate and is dropped;
 - frames are held up to ``window`` frames to put them back in order;
-- a gap older than the window is filled with silence (the call's timing must not shift);
+- a gap older than the window is filled with silence (the call's timing must not shift), as one run
+  however long (a hold's gap is thousands of frames: the leg's front end skips most of it, unmade);
 - a frame that arrives after its place was filled with silence is late: counted, logged, dropped.
 """
 
@@ -15,7 +16,8 @@ from dataclasses import dataclass
 @dataclass
 class ReleasedFrame:
     seq: int
-    payload: bytes | None  # None: silence filled in for a missing frame
+    payload: bytes | None  # None: silence filled in for missing frames
+    frames: int = 1  # silence: the missing frames seq, seq + 1, ... it fills
 
 
 @dataclass
@@ -49,9 +51,10 @@ class FrameReorderBuffer:
             return []
         self._pending[seq] = payload
         out = self._release_in_order()
-        # Too far ahead: stop waiting for the missing frames and fill them with silence.
+        # Too far ahead: stop waiting for the missing frames (those more than a window behind the newest,
+        # up to the next one held) and fill them with silence.
         while self._pending and max(self._pending) - self.next_seq >= self.window:
-            out.append(self._fill_next())
+            out.append(self._fill_to(min(min(self._pending), max(self._pending) - self.window + 1)))
             out.extend(self._release_in_order())
         return out
 
@@ -62,7 +65,7 @@ class FrameReorderBuffer:
         while self.next_seq < end:
             out.extend(self._release_in_order())
             if self.next_seq < end:
-                out.append(self._fill_next())
+                out.append(self._fill_to(min([*self._pending, end])))
         return out
 
     @property
@@ -76,11 +79,13 @@ class FrameReorderBuffer:
             self.next_seq += 1
         return out
 
-    def _fill_next(self) -> ReleasedFrame:
-        seq = self.next_seq
-        self._filled.add(seq)
-        if len(self._filled) > 4 * self.window:  # only recent fills can still turn up late
+    def _fill_to(self, end: int) -> ReleasedFrame:
+        """Silence for the missing frames ``next_seq .. end - 1``, as one run."""
+        seq, frames = self.next_seq, end - self.next_seq
+        # Only recent fills can still turn up late: the last 4 windows of them are remembered.
+        self._filled.update(range(max(seq, end - 4 * self.window), end))
+        while len(self._filled) > 4 * self.window:
             self._filled.discard(min(self._filled))
-        self.stats.gaps_filled += 1
-        self.next_seq += 1
-        return ReleasedFrame(seq, None)
+        self.stats.gaps_filled += frames
+        self.next_seq = end
+        return ReleasedFrame(seq, None, frames)

@@ -1,5 +1,6 @@
 """Leg audio and segmentation: the audio each leg got goes through its VAD segmenter, all legs of a batch
-in one batched VAD run, and the segments that closed are announced to their calls' analyzers.
+in one batched VAD run, and the segments that closed are announced to their calls' analyzers. A leg's
+long gap (``Silence``, a hold) is skipped by its segmenter between two such runs, by its length.
 
 Announcing happens here, before anything awaits: once a leg's segmenter has moved past a segment, a
 later segment may be released only after it is known (pipeline/qa/call.py orders releases by it).
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.segmentation.segmenter import SpeechSegment, accept_many
+from pipeline.segmentation.segmenter import Silence, SpeechSegment, accept_many
 from pipeline.worker.intake import LegAudio, ReorderTally
 from pipeline.worker.legs import LegState
 from pipeline.worker.metrics import WorkerMetrics
@@ -40,11 +41,24 @@ class LegSegmentation:
 
     def segment(self, legs: Sequence[LegAudio]) -> list[ClosedSegment]:
         """The segments the legs' new audio closed, announced, in leg order."""
-        fed = [(audio, np.concatenate(audio.chunks)) for audio in legs if audio.chunks]
-        self.metrics.leg_audio_seconds.inc(sum(samples.size for _, samples in fed) / 16000)
-        closed = accept_many([audio.leg.front_end.segmenter for audio, _ in fed], [samples for _, samples in fed])
+        fed = [audio for audio in legs if audio.chunks]
+        self.metrics.leg_audio_seconds.inc(sum(
+            c.samples if isinstance(c, Silence) else c.size for audio in fed for c in audio.chunks) / 16000)
+        closed: list[list[SpeechSegment]] = [[] for _ in fed]
+        rest = [list(audio.chunks) for audio in fed]
+        while any(rest):
+            # Each leg's samples up to its next Silence, in one VAD run; then those silences skipped.
+            batch = [(k, _samples_until_silence(todo)) for k, todo in enumerate(rest) if todo and
+                     not isinstance(todo[0], Silence)]
+            ran = accept_many([fed[k].leg.front_end.segmenter for k, _ in batch], [x for _, x in batch])
+            for (k, _), segs in zip(batch, ran, strict=True):
+                closed[k] += segs
+            for k, todo in enumerate(rest):
+                if todo and isinstance(silence := todo[0], Silence):
+                    del todo[0]
+                    closed[k] += fed[k].leg.front_end.segmenter.skip_zeros(silence.samples)
         segments = [ClosedSegment(audio.call, audio.leg, seg)
-                    for (audio, _), segs in zip(fed, closed, strict=True) for seg in segs]
+                    for audio, segs in zip(fed, closed, strict=True) for seg in segs]
         announce(segments)
         return segments
 
@@ -59,6 +73,14 @@ class LegSegmentation:
             tally.count_since(leg, self.metrics)
         announce(segments)
         return segments
+
+
+def _samples_until_silence(chunks: list[np.ndarray | Silence]) -> np.ndarray:
+    """The samples ``chunks`` start with, up to its first Silence, taken out of it."""
+    count = next((i for i, c in enumerate(chunks) if isinstance(c, Silence)), len(chunks))
+    samples = [c for c in chunks[:count] if not isinstance(c, Silence)]
+    del chunks[:count]
+    return np.concatenate(samples)
 
 
 def announce(segments: Sequence[ClosedSegment]) -> None:
