@@ -85,6 +85,8 @@ def build_worker(settings: Settings) -> Worker:
         # SASL (with the configured mechanism) and/or TLS for faust's consumer, producer and admin.
         broker_credentials=faust_credentials(settings),
         store="memory://",
+        # faust's own state folder (it keeps nothing here: store is memory) under the state dir, not the cwd.
+        datadir=str(settings.state_dir / "faust" / "{conf.name}-data"),
         web_host=settings.web_host,
         web_port=settings.web_port,
         web_bind=settings.web_host,
