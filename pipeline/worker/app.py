@@ -79,6 +79,7 @@ class Worker:
 
 def build_worker(settings: Settings) -> Worker:
     check_api_settings(settings)
+    (settings.state_dir / "faust").mkdir(parents=True, exist_ok=True)  # faust makes only the last folder
     app = faust.App(
         settings.worker_id,
         broker=f"kafka://{settings.bootstrap}",
