@@ -160,6 +160,33 @@ def bench_scale_out(
     _wrote(paths)
 
 
+@bench_app.command("chaos")
+def bench_chaos(
+    duration_s: Annotated[float, typer.Option(help="Live traffic: calls start over this long (s).")] = 240.0,
+    calls: Annotated[int, typer.Option(help="Library calls (about a minute each, replayed in real time).")] = 16,
+    workers: Annotated[int, typer.Option(help="Workers of the consumer group.")] = 3,
+    fault_every_s: Annotated[float, typer.Option(help="A worker is killed (-9) or stopped (SIGTERM) this often (s).")]
+    = 30.0,
+    outage_s: Annotated[float, typer.Option(help="How long the store refuses writes, once (s).")] = 20.0,
+    keep: Annotated[bool, typer.Option("--keep", help="Keep the stores and broker data (logs are always kept).")]
+    = False,
+    out: Out = None,
+) -> None:
+    """Workers killed, stopped, a broker restart, a store outage.
+
+    Live library calls to 3 workers on a broker of the run's own; every 30 s a worker is killed (-9) or SIGTERM'd and restarted, the broker restarted once, the store refusing writes for 20 s once. Every call's finals and QA against `callqa analyze`, exactly once; PII in topics, tables, logs; re-decoded audio, the longest stall of live finals, the checkpoint topic's size."""
+    from pipeline.bench.chaos import BenchChaosOptions, run_bench_chaos, summary_lines
+    from pipeline.bench.results import RESULTS
+
+    if duration_s <= 0 or calls < 1 or workers < 2 or fault_every_s <= 0 or outage_s <= 0:
+        raise typer.BadParameter("--duration-s, --fault-every-s, --outage-s > 0, --calls >= 1, --workers >= 2")
+    options = BenchChaosOptions(duration_s, calls, workers, fault_every_s, outage_s, keep, out or RESULTS)
+    doc, paths = run_bench_chaos(options, console.print)
+    for line in summary_lines(doc):
+        console.print(line)
+    _wrote(paths)
+
+
 @bench_app.command("end-to-end")
 def bench_end_to_end(
     calls: Annotated[int, typer.Option(help="Calls of the capacity (backlog) runs.")] = 24,

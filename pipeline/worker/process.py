@@ -8,6 +8,7 @@ its environment (``worker_env`` gives each worker a random one unless CALLQA_API
 from __future__ import annotations
 
 import json
+import math
 import os
 import secrets
 import signal
@@ -19,11 +20,15 @@ import urllib.request
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipeline.broker.security import kafka_config
 from pipeline.config.broker import BrokerSettings
 from pipeline.report import WorkerApiSource
+
+if TYPE_CHECKING:
+    from pipeline.contracts.messages import CallQA
+    from pipeline.qa.scorecard import CallQaResult
 
 
 @dataclass
@@ -194,6 +199,55 @@ _FINAL_SEGMENTS_SQL = ("SELECT call_id, segment_id, leg, start_ms, end_ms, text 
                        "WHERE is_final = 1 AND has(splitByChar(',', {ids:String}), call_id)")
 
 
+_QA_SQL = ("SELECT call_id, score_pct, auto_failed, metrics, `items.question` AS q, `items.passed` AS p "
+           "FROM call_qa FINAL WHERE has(splitByChar(',', {ids:String}), call_id)")
+_QA_EVENTS_SQL = ("SELECT call_id, rule, kind FROM qa_events FINAL "
+                  "WHERE has(splitByChar(',', {ids:String}), call_id)")
+
+
+@dataclass(frozen=True)
+class QaVerdicts:
+    """A call's QA as the stream stores it and `callqa analyze` reports it, in one comparable form."""
+
+    score_pct: float
+    auto_failed: bool
+    items: tuple[tuple[str, bool], ...]  # the applicable scorecard items (question, passed), in card order
+    events: tuple[tuple[str, str], ...]  # (rule, kind) of every QA event, sorted
+    metrics: dict[str, float]
+
+    @classmethod
+    def of_result(cls, qa: CallQaResult | CallQA) -> QaVerdicts:
+        """From a QA result (``CallAnalysis.qa`` of `callqa analyze`) or a CallQA message; like the store,
+        it keeps the applicable items only."""
+        return cls(float(qa.score_pct), bool(qa.auto_failed),
+                   tuple((i.question, bool(i.passed)) for i in qa.items if i.passed is not None),
+                   tuple(sorted((e.rule, e.kind) for e in qa.events)), dict(qa.metrics))
+
+    @classmethod
+    def of_rows(cls, qa: dict[str, Any], events: list[dict[str, Any]]) -> QaVerdicts:
+        """From a call_qa row and the call's qa_events rows of one store."""
+        return cls(float(qa["score_pct"]), bool(qa["auto_failed"]),
+                   tuple((q, bool(p)) for q, p in zip(qa["q"], qa["p"], strict=True)),
+                   tuple(sorted((e["rule"], e["kind"]) for e in events)),
+                   {k: float(v) for k, v in (qa["metrics"] or {}).items()})
+
+    def differences(self, reference: QaVerdicts) -> list[str]:
+        """What differs from ``reference``; the score is a Float32 column, metrics compared to 1e-6."""
+        out = []
+        if abs(self.score_pct - reference.score_pct) > 1e-3 or self.auto_failed != reference.auto_failed:
+            out.append(f"score {self.score_pct:g}{' auto-failed' * self.auto_failed}, reference "
+                       f"{reference.score_pct:g}{' auto-failed' * reference.auto_failed}")
+        if self.items != reference.items:
+            out.append(f"items (question, passed) {list(self.items)} != reference {list(reference.items)}")
+        if self.events != reference.events:
+            out.append(f"events (rule, kind) {list(self.events)} != reference {list(reference.events)}")
+        for name in sorted(set(self.metrics) | set(reference.metrics)):
+            got, want = self.metrics.get(name), reference.metrics.get(name)
+            if got is None or want is None or not math.isclose(got, want, rel_tol=1e-6, abs_tol=1e-9):
+                out.append(f"metric {name} = {got}, reference {want}")
+        return out
+
+
 @dataclass
 class GroupCalls:
     """Some calls as a consumer group's workers stored them, over all their stores."""
@@ -268,6 +322,19 @@ class GroupStores:
                 calls.segments.setdefault(row["call_id"], {})[row["segment_id"]] = row
                 calls.stores_of.setdefault(row["call_id"], set()).add(index)
         return calls
+
+    def read_verdicts(self, call_ids: list[str]) -> dict[str, list[QaVerdicts]]:
+        """Each call's QA in every store that holds a QA row of it (one entry per such store): a call
+        finished once has one; its events are those the finishing worker wrote beside its QA row."""
+        ids = ",".join(call_ids)
+        out: dict[str, list[QaVerdicts]] = {}
+        for worker in self.workers:
+            events: dict[str, list[dict[str, Any]]] = {}
+            for row in worker.store_rows(_QA_EVENTS_SQL, ids=ids):
+                events.setdefault(row["call_id"], []).append(row)
+            for row in worker.store_rows(_QA_SQL, ids=ids):
+                out.setdefault(row["call_id"], []).append(QaVerdicts.of_rows(row, events.get(row["call_id"], [])))
+        return out
 
     def wait_finished(self, call_ids: list[str], timeout_s: float = 240.0) -> GroupCalls:
         """Wait until every call is finished in some store with all its segments stored."""

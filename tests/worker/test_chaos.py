@@ -1,0 +1,48 @@
+"""Chaos: live calls through 3 workers while workers are killed (-9) and stopped (SIGTERM), the broker is
+restarted and the store refuses writes for 20 s; every call must come out as the offline analysis says.
+
+Real processes throughout: a Kafka broker of the test's own (it is restarted, which the session's shared
+broker must not be), three `callqa worker` processes of one group with embedded stores of their own, eight
+library calls replayed in real time 8 s apart. The faults (pipeline/bench/chaos.py, ``TEST_PLAN``): kill -9 at
+15 s; inserts refused from 35 s to 55 s with a SIGTERM at 45 s inside that outage; the broker restarted at
+70 s; kill -9 at 95 s, while the last calls are live. Each killed or stopped worker is restarted at once.
+
+Checked against an independent reference, `callqa analyze` of the same recordings: each call's finals over
+all stores are the offline ones (leg, bounds, text), each stored once; each call is finished in one store,
+by its end event, with the offline QA (score, items, events, metrics) in the store and in every QA result
+on the topic; no PII span of the library's manifest in any topic (call checkpoints included), any table or
+any worker log. About 3-4 minutes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipeline.bench.chaos import ChaosOptions, run_chaos, summary_lines
+
+pytestmark = [pytest.mark.broker, pytest.mark.slow]
+
+# Calls of about a minute without holds, most with PII spans (cards, SSN, e-mail, phone) for the scan.
+CALLS = ("01_address_change", "02_card_payment", "10_double_five_card", "14_email_and_phone",
+         "13_social_security", "11_amex_oh", "20_misheard_cvv", "12_card_with_pause")
+
+
+def test_live_calls_survive_kills_a_sigterm_a_broker_restart_and_a_store_outage(tmp_path: Path) -> None:
+    result = run_chaos(ChaosOptions(work=tmp_path / "chaos", calls=len(CALLS), call_names=CALLS, call_every_s=8.0))
+    figures = result.figures()
+    print("\n" + "\n".join(summary_lines(figures)))
+    for line in result.unplanned_exits + result.problems():
+        print(f"  {line}")
+
+    # The faults happened, on workers that held live calls, and the store really refused inserts.
+    counts = result.counts()
+    assert (counts["kills"], counts["sigterms"], counts["broker_restarts"], counts["outages"]) == (2, 1, 1, 1)
+    worker_faults = [f for f in result.faults if f["kind"] in ("kill9", "sigterm")]
+    assert all(f["active_calls"] > 0 for f in worker_faults), f"a fault hit an idle worker: {worker_faults}"
+    assert [f["exit_code"] for f in result.faults if f["kind"] == "sigterm"] == [0], "SIGTERM: not a clean exit"
+    assert result.fault_log_lines > 0, "no worker logged a refused insert: the outage did not reach the sink"
+    # Every call finished once, with the offline finals and QA; no PII anywhere.
+    assert result.problems() == [], f"{len(result.problems())} problems (listed above)"
+    assert result.scanned["messages"] > 0 and result.scanned["rows"] > 0 and result.scanned["log lines"] > 0
