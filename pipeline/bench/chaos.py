@@ -311,6 +311,7 @@ class Faults:
         else:
             self.workers.fault_file.write_text("the store refuses writes\n")
             timer = threading.Timer(self.outage_s, self.workers.fault_file.unlink, kwargs={"missing_ok": True})
+            timer.daemon = True  # a run that fails mid-outage must not wait for it to end
             timer.start()
             self.timers.append(timer)
             entry["outage_s"] = self.outage_s
@@ -757,4 +758,7 @@ def summary_lines(figures: dict[str, Any]) -> list[str]:
         f"checkpoint topic: {cp['records']} records, {cp['bytes']} bytes, {cp['tombstones']} tombstones; live keys "
         f"{cp['live_keys']} ({cp['live_bytes']} bytes) against {figures['open_calls_at_end']} open calls",
         f"PII leaks {figures['pii_leaks']} (scanned {figures['pii_scanned']}); problems {len(figures['problems'])}",
+        *(f"QA result published {len(d['qa_results_at_s'])} times: {d['call']} at {d['qa_results_at_s']} s (its end "
+          f"event at {d['call_end_s']} s; faults within 30 s: {', '.join(d['faults_near']) or 'none'})"
+          for d in figures["qa_result_more_than_once"]),
     ]
