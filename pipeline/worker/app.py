@@ -38,6 +38,7 @@ from pipeline.worker.calls import CallProcessor
 from pipeline.worker.checkpoint_topic import KafkaCheckpointStore
 from pipeline.worker.dead_letters import describe_error
 from pipeline.worker.health import WorkerHealth, exit_after
+from pipeline.worker.log_repeats import collapse_client_repeats
 from pipeline.worker.metrics import WorkerMetrics
 from pipeline.worker.transcriber import BatcherTranscriber
 
@@ -315,6 +316,7 @@ def run_worker(settings: Settings, loglevel: str = "warning") -> None:
     from faust.worker import Worker as FaustWorker
 
     worker = build_worker(settings)
-    # Before faust sets up logging: it configures the root logger only, so these levels stay.
+    # Before faust sets up logging: it configures the root logger only, so these levels and filters stay.
     quiet_payload_loggers()
+    collapse_client_repeats()
     FaustWorker(worker.app, loglevel=loglevel, quiet=True, redirect_stdouts=False).execute_from_commandline()
