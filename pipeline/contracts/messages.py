@@ -228,6 +228,12 @@ class CheckpointSegment:
 
 
 @dataclass
+class HoldSpan:
+    start_ms: int
+    end_ms: int
+
+
+@dataclass
 class LegCheckpoint:
     """One leg's audio path between two segments; arrays are float32 little-endian bytes."""
 
@@ -273,12 +279,16 @@ class CallCheckpoint(Message):
     segments_done: int = 0
     segments: list[CheckpointSegment] = field(default_factory=list)
     legs: list[LegCheckpoint] = field(default_factory=list)
+    holds: list[HoldSpan] = field(default_factory=list)
+    held_from_ms: int = -1
+    resumed_at_ms: int = 0
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> CallCheckpoint:
         record = dict(record)
         record["segments"] = [CheckpointSegment(**s) for s in record.get("segments", [])]
         record["legs"] = [LegCheckpoint(**leg) for leg in record.get("legs", [])]
+        record["holds"] = [HoldSpan(**h) for h in record.get("holds", [])]
         return super().from_record(record)
 
 

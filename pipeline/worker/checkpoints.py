@@ -31,6 +31,7 @@ from pipeline.contracts.messages import (
     CallEvent,
     CheckpointSegment,
     CheckpointStatus,
+    HoldSpan,
     LegCheckpoint,
 )
 from pipeline.qa.call import CallAnalyzer, QaConfig
@@ -118,8 +119,8 @@ def leg_checkpoint(leg: LegState) -> LegCheckpoint:
 
 def call_checkpoint(call: CallState, status: CheckpointStatus, legs: dict[str, LegSnapshot] | None = None,
                     end_reason: str = "") -> CallCheckpoint:
-    """The record to store: each leg from its snapshot in ``legs``, with the segments before them (open);
-    just the call's fate (finished); or, closed for inactivity, the legs as they are now."""
+    """The record to store: each leg from its snapshot in ``legs`` (None: the legs as they are now), with
+    the segments before them (open); or just the call's fate (finished)."""
     checkpoint = CallCheckpoint(call.call_id, status, end_reason=end_reason)
     if status == "finished":
         return checkpoint
@@ -128,6 +129,10 @@ def call_checkpoint(call: CallState, status: CheckpointStatus, legs: dict[str, L
         checkpoint.has_start, checkpoint.tenant, checkpoint.agent_id = True, start.tenant, start.agent_id
         checkpoint.queue, checkpoint.direction = start.queue, start.direction
     checkpoint.started_at_ms = call.started_at_ms
+    # Holds: their events are behind the commit once this is durable, so the call's hold time rides here.
+    checkpoint.holds = [HoldSpan(start, end) for start, end in call.holds_ms]
+    checkpoint.held_from_ms = -1 if call.held_from_ms is None else call.held_from_ms
+    checkpoint.resumed_at_ms = call.resumed_at_ms
     assert call.analyzer is not None
     covered = None if legs is None else {
         sid for name, snap in legs.items() for sid in call.announced.get(name, [])[: snap.announced]
@@ -153,6 +158,9 @@ def restore_call(checkpoint: CallCheckpoint, qa_config: QaConfig,
                                tenant=checkpoint.tenant, agent_id=checkpoint.agent_id, queue=checkpoint.queue,
                                direction=checkpoint.direction)  # type: ignore[arg-type]
     call.started_at_ms = checkpoint.started_at_ms
+    call.holds_ms = [(h.start_ms, h.end_ms) for h in checkpoint.holds]
+    call.held_from_ms = None if checkpoint.held_from_ms < 0 else checkpoint.held_from_ms
+    call.resumed_at_ms = checkpoint.resumed_at_ms
     call.analyzer = CallAnalyzer(call.call_id, qa_config)
     for s in checkpoint.segments:
         # Redaction context and rule state come back from the stored (already redacted) finals; their

@@ -126,3 +126,23 @@ async def test_a_call_still_ending_at_a_revocation_is_stopped_and_its_partition_
     registry.settle_assignment({AUDIO, EVENTS}, {AUDIO: 120, EVENTS: 7})
     # Its input must reach the call again (reopened from its checkpoint): no replay floor there.
     assert not registry.replayed(AUDIO, 0) and not registry.replayed(EVENTS, 0)
+
+
+async def test_a_resumed_call_keeps_its_holds_through_the_checkpoint_topics_encoding() -> None:
+    from pipeline.contracts import Serde
+    from pipeline.qa.call import CallAnalyzer
+    from pipeline.worker.checkpoints import call_checkpoint
+    from pipeline.worker.state import CallState
+
+    held = CallState("c1")
+    held.analyzer = CallAnalyzer("c1", QaConfig.from_settings(Settings()))
+    held.holds_ms, held.held_from_ms, held.resumed_at_ms = [(10_000, 40_000)], 70_000, 1_700_000_040_000
+    serde = Serde.from_settings()
+    record = serde.decode(serde.encode(call_checkpoint(held, "open")), CallCheckpoint)
+    store = MemoryCheckpointStore()
+    await (await store.save(3, "c1", record))
+    registry, _, _ = _registry(store)
+    call = await registry.call_for("c1", AUDIO)
+    # Their events are behind the commit once the checkpoint is durable: only the checkpoint brings them back.
+    assert call is not None and call.holds_ms == [(10_000, 40_000)] and call.held_from_ms == 70_000
+    assert call.resumed_at_ms == 1_700_000_040_000 and call.hold_intervals(90_000) == [(10_000, 40_000), (70_000, 90_000)]
