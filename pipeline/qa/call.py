@@ -29,6 +29,7 @@ from pipeline.qa.redaction import CallRedactor, RedactedText
 from pipeline.qa.rules import QaEvent, RuleEngine, RuleSet, load_rules
 from pipeline.qa.scorecard import CallQaResult, Scorecard, load_scorecard, score_call
 from pipeline.qa.segment import Segment
+from pipeline.qa.sentiment import CallSentiment, call_sentiment, score_text
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,7 @@ class QaConfig:
 class AnalyzedSegment:
     redacted: RedactedText
     events: list[QaEvent]
+    sentiment: float = 0.0  # of the redacted text, −5..+5 (pipeline/qa/sentiment.py)
 
 
 @dataclass
@@ -78,6 +80,7 @@ class CallAnalyzer:
     config: QaConfig
     segments: list[Segment] = field(default_factory=list)
     redaction_counts: dict[str, int] = field(default_factory=dict)
+    sentiments: dict[str, float] = field(default_factory=dict)  # segment id -> score of its redacted text
     _redactor: CallRedactor = field(init=False)
     _rules: RuleEngine = field(init=False)
     _expected: list[_Expected] = field(default_factory=list)  # submitted, not yet released; time order
@@ -168,7 +171,8 @@ class CallAnalyzer:
         for marker, count in redacted.counts.items():
             self.redaction_counts[marker] = self.redaction_counts.get(marker, 0) + count
         self.segments.append(redacted.segment)
-        return AnalyzedSegment(redacted, self._rules.on_segment(redacted.segment))
+        score = self.sentiments[segment.segment_id] = score_text(redacted.segment.text)
+        return AnalyzedSegment(redacted, self._rules.on_segment(redacted.segment, score), score)
 
     def add_segment(self, segment: Segment) -> list[QaEvent]:
         """Redact first, then match: returns the alerts to raise while the call is live (violations, intents)."""
@@ -189,9 +193,14 @@ class CallAnalyzer:
             # ones): evaluate again in time order, as the offline analysis does.
             rules = RuleEngine(self.config.rule_set, self.config.fuzzy_threshold)
             for segment in sorted(self.segments, key=_time_order):
-                rules.on_segment(segment)
+                rules.on_segment(segment, self.sentiments.get(segment.segment_id))
         events = rules.finalize(metrics.duration_ms)
-        return score_call(self.call_id, self.config.scorecard, metrics, events)
+        return score_call(self.call_id, self.config.scorecard, metrics, events, self.sentiment())
+
+    def sentiment(self) -> CallSentiment:
+        """Each leg's sentiment over the segments so far, in time order."""
+        ordered = sorted(self.segments, key=_time_order)
+        return call_sentiment([(s.leg, self.sentiments.get(s.segment_id, 0.0)) for s in ordered])
 
 
 def _time_order(segment: Segment) -> tuple[int, int]:

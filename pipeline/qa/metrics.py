@@ -21,6 +21,11 @@ Definitions (the why behind each choice is in the comments of the function that 
   segment that starts after it; None when the customer never speaks or the agent never answers.
   agent_first_speech_ms is the plain offset of the agent's first word from the call start.
 - turn_count: the number of runs of consecutive segments of the same leg, in order of start time.
+- longest monologue of a leg: the longest stretch that leg holds the floor alone: from the start of one
+  of its speech intervals to the end of a later one, through its own pauses, as long as the other leg says
+  nothing between them and no pause is longer than ``silence_threshold_ms``. The other leg talking over
+  it ("mhm", an attempt to interrupt) does not end it; the other leg speaking in one of its pauses, or a
+  silence, does. longest_monologue_ms is the longer of the two legs'.
 - hold_ms, holds: the call's holds (PCI pauses, on-hold music: the telephony sent no audio), from the
   hold and resume call events; total duration (overlapping holds count once) and count. The hold's time
   stays in duration_ms and non_talk_ms: the call lasted that long, and the clock of the audio ran on.
@@ -63,6 +68,9 @@ class ConversationMetrics:
     turn_count: int
     hold_ms: int = 0
     holds: int = 0
+    agent_longest_monologue_ms: int = 0
+    customer_longest_monologue_ms: int = 0
+    longest_monologue_ms: int = 0
 
     def as_dict(self) -> dict[str, float]:
         """Every defined metric as a float (the map<string,double> of the CallQA message); None is left out."""
@@ -141,6 +149,22 @@ def first_agent_response(segments: Sequence[Segment]) -> int | None:
     return min(later) - first_end if later else None
 
 
+def longest_monologue(own: Sequence[Interval], other: Sequence[Interval], max_pause_ms: int) -> int:
+    """Longest stretch of ``own`` speech (merged, sorted) that ``other`` does not speak into (module doc).
+
+    Only the other leg's speech in one of the pauses ends a monologue: a monologue is about who holds the
+    floor, and talking over someone who goes on talking does not take it from them.
+    """
+    longest = 0
+    start = end = None
+    for s, e in own:
+        if start is None or end is None or s - end > max_pause_ms or intersect_intervals([(end, s)], other):
+            start = s
+        end = e
+        longest = max(longest, end - start)
+    return longest
+
+
 def turn_count(segments: Sequence[Segment]) -> int:
     turns = 0
     previous: Leg | None = None
@@ -177,6 +201,8 @@ def compute_metrics(
     agent_talk, customer_talk = total_ms(agent), total_ms(customer)
     silences = [gap for gap in gaps_between(speech) if gap > silence_threshold_ms]
     agent_words, customer_words = count_words(agent_segments), count_words(customer_segments)
+    monologues = (longest_monologue(agent, customer, silence_threshold_ms),
+                  longest_monologue(customer, agent, silence_threshold_ms))
     return ConversationMetrics(
         duration_ms=duration,
         agent_talk_ms=agent_talk,
@@ -203,4 +229,7 @@ def compute_metrics(
         turn_count=turn_count(segments),
         hold_ms=total_ms(held),
         holds=len(held),
+        agent_longest_monologue_ms=monologues[0],
+        customer_longest_monologue_ms=monologues[1],
+        longest_monologue_ms=max(monologues),
     )

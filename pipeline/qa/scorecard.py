@@ -19,6 +19,7 @@ from typing import Literal
 
 from pipeline.qa.metrics import ConversationMetrics
 from pipeline.qa.rules import QaEvent, RuleSet
+from pipeline.qa.sentiment import SENTIMENT_METRICS, CallSentiment
 from pipeline.qa.yaml_source import YamlNode, compose_file
 
 Expectation = Literal["present", "absent"]
@@ -26,7 +27,8 @@ _OPERATORS: dict[str, Callable[[float, float], bool]] = {
     "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "==": operator.eq, "!=": operator.ne,
 }  # fmt: skip
 _CHECK = re.compile(r"^\s*([a-z_]+)\s*(<=|>=|==|!=|<|>)\s*(-?\d+(?:\.\d+)?)\s*$")
-METRIC_NAMES = frozenset(ConversationMetrics.__dataclass_fields__)
+# Conversation metrics, and the legs' sentiment (customer_sentiment_end, ...: pipeline/qa/sentiment.py).
+METRIC_NAMES = frozenset(ConversationMetrics.__dataclass_fields__) | SENTIMENT_METRICS
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,7 @@ class Question:
     expect: Expectation = "present"
     check: MetricCheck | None = None
     auto_fail: bool = False
+    rule_type: str = ""  # the rule's type: a must rule with no event at all was not applicable
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,7 @@ class CallQaResult:
     metrics: dict[str, float]
     events: list[QaEvent] = field(default_factory=list)
     scorecard: str = ""
+    sentiment: CallSentiment | None = None
 
 
 def _parse_check(node: YamlNode) -> MetricCheck:
@@ -96,6 +100,7 @@ def _parse_question(node: YamlNode, rule_set: RuleSet, index: int) -> Question:
         raise node.fail("a question needs exactly one of 'rule' or 'check'")
     rule_name = keys["rule"].string("rule") if "rule" in keys else None
     expect: Expectation | None = None
+    rule_type = ""
     if rule_name is not None:
         rule = rule_set.by_name(rule_name)
         if rule is None:
@@ -103,6 +108,7 @@ def _parse_question(node: YamlNode, rule_set: RuleSet, index: int) -> Question:
                 f"unknown rule {rule_name!r} (known: {', '.join(sorted(rule_set.names))})"
             )
         expect = "present" if rule.type == "must" else "absent"
+        rule_type = rule.type
     if "expect" in keys:
         if rule_name is None:
             raise keys["expect"].fail("'expect' only applies to a rule question")
@@ -115,6 +121,7 @@ def _parse_question(node: YamlNode, rule_set: RuleSet, index: int) -> Question:
         expect=expect or "present",
         check=_parse_check(keys["check"]) if "check" in keys else None,
         auto_fail=keys["auto_fail"].boolean("auto_fail") if "auto_fail" in keys else False,
+        rule_type=rule_type,
     )
 
 
@@ -138,7 +145,10 @@ def _at(event: QaEvent) -> str:
     return f"{event.kind} at {event.offset_ms / 1000:.1f} s{said}{quote}"
 
 
-def _answer_rule(question: Question, events: Sequence[QaEvent]) -> tuple[bool, str]:
+def _answer_rule(question: Question, events: Sequence[QaEvent]) -> tuple[bool | None, str]:
+    if question.rule_type == "must" and not any(e.rule == question.rule for e in events):
+        # A must rule is always met or missing, except a sentiment rule on a leg that never spoke.
+        return None, f"not applicable: rule {question.rule} had nothing to judge on this call"
     mine = [e for e in events if e.rule == question.rule and e.kind != "missing"]
     found = bool(mine)
     passed = found if question.expect == "present" else not found
@@ -156,9 +166,11 @@ def _answer_check(check: MetricCheck, metrics: dict[str, float]) -> tuple[bool |
 
 
 def score_call(
-    call_id: str, scorecard: Scorecard, metrics: ConversationMetrics, events: list[QaEvent]
+    call_id: str, scorecard: Scorecard, metrics: ConversationMetrics, events: list[QaEvent],
+    sentiment: CallSentiment | None = None,
 ) -> CallQaResult:
-    values = metrics.as_dict()
+    """Answer every question; ``metrics`` of the result holds the conversation metrics and the sentiment's."""
+    values = metrics.as_dict() | (sentiment.as_metrics() if sentiment is not None else {})
     items: list[ScoreItem] = []
     for question in scorecard.questions:
         if question.check is not None:
@@ -171,4 +183,4 @@ def score_call(
     total = sum(item.weight for item in applicable)
     earned = sum(item.weight for item in applicable if item.passed)
     score = 0.0 if auto_failed else (100.0 * earned / total if total > 0 else 100.0)
-    return CallQaResult(call_id, round(score, 2), auto_failed, items, values, events, scorecard.name)
+    return CallQaResult(call_id, round(score, 2), auto_failed, items, values, events, scorecard.name, sentiment)
