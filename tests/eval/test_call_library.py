@@ -78,9 +78,10 @@ def test_the_wer_reference_carries_redaction_markers_for_pii() -> None:
     assert redacted_reference(call, "customer").split() == ["It", "is", "cvv", "."]
 
 
-def write_script(folder: Path, pii: str) -> Path:
+def write_script(folder: Path, pii: str, mood: str = "neutral", trend: str = "steady") -> Path:
     path = folder / "99_bad.yaml"
-    path.write_text(f"title: t\nturns:\n  - agent: Hello there.\n  - customer: It is four one one one.\n    pii: [{pii}]\n")
+    path.write_text(f"title: t\ncustomer_trend: {trend}\nturns:\n  - agent: Hello there.\n"
+                    f"  - customer: It is four one one one.\n    pii: [{pii}]\n    mood: {mood}\n")
     return path
 
 
@@ -92,6 +93,17 @@ def test_a_script_whose_pii_digits_differ_from_its_words_is_refused(tmp_path: Pa
         build.load_script(write_script(tmp_path, '{kind: PAN, digits: "4111", spoken: "four two"}'))
     script = build.load_script(write_script(tmp_path, '{kind: PAN, digits: "4111", spoken: "four one one one"}'))
     assert [t.leg for t in script.events] == ["agent", "customer"]
+
+
+def test_a_script_without_its_sentiment_labels_is_refused(tmp_path: Path) -> None:
+    build = builder()
+    card = '{kind: PAN, digits: "4111", spoken: "four one one one"}'
+    with pytest.raises(build.ScriptError, match=r"turn 2: every customer turn needs mood: negative \| neutral"):
+        build.load_script(write_script(tmp_path, card, mood="angry"))
+    with pytest.raises(build.ScriptError, match="customer_trend must be one of improving, steady, worsening"):
+        build.load_script(write_script(tmp_path, card, trend="better"))
+    script = build.load_script(write_script(tmp_path, card, mood="negative"))
+    assert [t.mood for t in script.events] == ["", "negative"] and script.customer_trend == "steady"
 
 
 def test_every_committed_script_loads_and_states_its_pii() -> None:
