@@ -107,7 +107,8 @@ CALLS_SQL = """
 SELECT c.call_id AS call_id, c.agent_id AS agent_id, c.started_at AS started_at, c.end_reason AS end_reason,
        c.audio_ms AS audio_ms, c.segments AS segments,
        if(empty(q.call_id), NULL, q.score_pct) AS score_pct, if(empty(q.call_id), NULL, q.auto_failed) AS auto_failed,
-       length(arrayFilter(p -> p = 0, q.`items.passed`)) AS failed, length(q.`items.passed`) AS items
+       length(arrayFilter(p -> p = 0, q.`items.passed`)) AS failed, length(q.`items.passed`) AS items,
+       c.customer_sentiment AS customer_sentiment
 FROM {db}.calls AS c FINAL
 LEFT JOIN (SELECT * FROM {db}.call_qa FINAL) AS q ON q.call_id = c.call_id
 WHERE {where}
@@ -116,7 +117,7 @@ LIMIT 200
 """
 
 TRANSCRIPT_SQL = """
-SELECT leg, start_ms, end_ms, text, confidence FROM {db}.segments FINAL
+SELECT leg, start_ms, end_ms, text, confidence, sentiment FROM {db}.segments FINAL
 WHERE call_id = {{call:String}} AND is_final = 1 ORDER BY start_ms, leg
 """
 
@@ -141,6 +142,7 @@ class CallRow:
     auto_failed: bool | None
     failed_items: int
     items: int
+    customer_sentiment: float | None = None  # −5..+5 over the customer's turns (pipeline/qa/sentiment.py)
 
 
 @dataclass(frozen=True)
@@ -157,6 +159,7 @@ class TranscriptLine:
     end_s: float
     leg: str
     text: str  # redacted
+    sentiment: float = 0.0  # of the text, −5..+5
 
 
 @dataclass
@@ -211,6 +214,7 @@ def _call_row(c: dict[str, Any]) -> CallRow:
         score_pct=round(float(c["score_pct"]), 2) if scored else None,
         auto_failed=bool(c["auto_failed"]) if scored else None,
         failed_items=int(c["failed"] or 0), items=int(c["items"] or 0),
+        customer_sentiment=round(float(c["customer_sentiment"]), 2) if scored and "customer_sentiment" in c else None,
     )
 
 
@@ -219,7 +223,8 @@ def _read_call(source: RowSource, db: str, call_id: str) -> CallDetail:
     q = qa[0] if qa else {"score_pct": None, "auto_failed": None, "metrics": {}, "q": [], "w": [], "p": [], "r": []}
     items = [ScorecardItem(question, float(weight), bool(passed), why)
              for question, weight, passed, why in zip(q["q"], q["w"], q["p"], q["r"], strict=True)]
-    lines = [TranscriptLine(line["start_ms"] / 1000, line["end_ms"] / 1000, line["leg"], line["text"])
+    lines = [TranscriptLine(line["start_ms"] / 1000, line["end_ms"] / 1000, line["leg"], line["text"],
+                            float(line.get("sentiment") or 0.0))
              for line in source.rows(TRANSCRIPT_SQL.format(db=db), {"call": call_id})]
     return CallDetail(
         score_pct=None if q["score_pct"] is None else round(float(q["score_pct"]), 2),
@@ -241,13 +246,15 @@ def render_report(
 def print_report(report: Report, console: Console) -> None:
     """The calls table; with a call in full, its scorecard, metrics and transcript after it."""
     table = keep_whole(Table("call", "agent", "started", "ended", "audio s", "segments", "score %", "failed",
-                             title="calls"), "call", "agent", "ended", "audio s", "segments", "failed")
+                             "customer", title="calls"), "call", "agent", "ended", "audio s", "segments", "failed",
+                       "customer")
     for c in report.calls:
         score = "-" if c.score_pct is None else f"{c.score_pct:.1f}" + (" AUTO-FAIL" if c.auto_failed else "")
         table.add_row(escape(c.call_id), escape(c.agent_id), c.started_at.strftime("%Y-%m-%d %H:%M:%S"),
                       c.end_reason or "open", f"{c.audio_s:.1f}", str(c.segments), score,
-                      f"{c.failed_items}/{c.items}" if c.items else "-")
-    print_table(console, table, optional=("segments", "audio s", "ended"))
+                      f"{c.failed_items}/{c.items}" if c.items else "-",
+                      "-" if c.customer_sentiment is None else f"{c.customer_sentiment:+.1f}")
+    print_table(console, table, optional=("segments", "audio s", "ended", "customer"))
     if report.call:
         _print_call(report.call, console)
 
@@ -264,7 +271,9 @@ def _print_call(call: CallDetail, console: Console) -> None:
         for name, value in call.metrics.items():
             metrics.add_row(escape(name), f"{value:,.2f}")
         print_table(console, metrics)
-    transcript = keep_whole(Table("time", "leg", "text", title="transcript (redacted)"), "time", "leg")
+    transcript = keep_whole(Table("time", "leg", "sentiment", "text", title="transcript (redacted)"),
+                            "time", "leg", "sentiment")
     for line in call.transcript:
-        transcript.add_row(f"{line.start_s:6.1f}-{line.end_s:6.1f}", line.leg, escape(line.text))
-    print_table(console, transcript)
+        transcript.add_row(f"{line.start_s:6.1f}-{line.end_s:6.1f}", line.leg, f"{line.sentiment:+.1f}",
+                           escape(line.text))
+    print_table(console, transcript, optional=("sentiment",))

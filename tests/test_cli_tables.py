@@ -200,7 +200,7 @@ def test_report_json_holds_the_same_calls(report_env: dict[str, str]) -> None:
     assert unscored["call_id"] == CALL_ID and scored["call_id"] == UNSCORED
     assert unscored == {"call_id": CALL_ID, "agent_id": AGENT, "started_at": T0.isoformat(), "end_reason": "end",
                         "audio_s": 180.0, "segments": 2, "score_pct": 62.5, "auto_failed": True,
-                        "failed_items": 1, "items": 2}
+                        "failed_items": 1, "items": 2, "customer_sentiment": 0.0}  # the row has none written
     assert scored["end_reason"] is None and scored["score_pct"] is None and scored["auto_failed"] is None
 
 

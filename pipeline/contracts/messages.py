@@ -118,6 +118,7 @@ class TranscriptSegment(Message):
     batcher_wait_ms: float = 0.0
     inference_ms: float = 0.0
     produced_at_ms: int = field(default_factory=now_ms)
+    sentiment: float = 0.0  # of the redacted text, −5..+5 (pipeline/qa/sentiment.py); 0 for a partial
 
 
 @dataclass
@@ -169,6 +170,14 @@ class CallQA(Message):
     agent_id: str = ""
     scorecard: str = ""
     computed_at_ms: int = field(default_factory=now_ms)
+    # The call-level figures the calls table keeps (−5..+5; 0 for a leg that never spoke).
+    customer_sentiment: float = 0.0
+    customer_sentiment_start: float = 0.0
+    customer_sentiment_end: float = 0.0
+    agent_sentiment_start: float = 0.0
+    agent_sentiment_end: float = 0.0
+    longest_monologue_ms: int = 0
+    hold_ms: int = 0
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> CallQA:

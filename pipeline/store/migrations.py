@@ -25,6 +25,9 @@ Keys and versions, and why:
   "last N minutes" queries skip old parts).
 - call_qa: key call_id; version computed_at (a re-score replaces the old one); monthly partitions.
 - qa_events: key (call_id, rule, leg, kind, offset_ms); version detected_at; monthly partitions.
+
+A migration that adds columns must also replace the ``_deduped`` views of those tables: a ClickHouse view
+keeps the column list its ``SELECT *`` had when it was created.
 """
 
 from __future__ import annotations
@@ -160,13 +163,40 @@ ORDER BY version
 """
 
 
-def _deduped_view(table: str) -> str:
-    return f"CREATE VIEW IF NOT EXISTS {{db}}.{table}_deduped AS SELECT * FROM {{db}}.{table} FINAL"
+def _deduped_view(table: str, replace: bool = False) -> str:
+    create = "CREATE OR REPLACE VIEW" if replace else "CREATE VIEW IF NOT EXISTS"
+    return f"{create} {{db}}.{table}_deduped AS SELECT * FROM {{db}}.{table} FINAL"
+
+
+# Issue 27: sentiment per final segment and per call, longest monologue and hold time per call (all on
+# the −5..+5 sentiment scale of pipeline/qa/sentiment.py; 0 for rows written before, and for partials).
+_SENTIMENT_COLUMNS = {
+    "segments": [("sentiment", "Float32", "sentiment of the redacted text, -5..+5; 0 for a partial")],
+    "calls": [
+        ("customer_sentiment", "Float32", "mean of the customer turns, -5..+5"),
+        ("customer_sentiment_start", "Float32", "mean of the first third of the customer turns"),
+        ("customer_sentiment_end", "Float32", "mean of the last third of the customer turns"),
+        ("agent_sentiment_start", "Float32", "mean of the first third of the agent turns"),
+        ("agent_sentiment_end", "Float32", "mean of the last third of the agent turns"),
+        ("longest_monologue_ms", "UInt32", "longest stretch either party held the floor alone"),
+        ("hold_ms", "UInt32", "total time on hold (no audio frames sent)"),
+    ],
+}
+
+
+def _add_columns(table: str, columns: list[tuple[str, str, str]]) -> str:
+    adds = ", ".join(f"ADD COLUMN IF NOT EXISTS {name} {kind} DEFAULT 0 COMMENT '{comment}'"
+                     for name, kind, comment in columns)
+    return f"ALTER TABLE {{db}}.{table} {adds}"
 
 
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "tables", (_CALLS, _SEGMENTS, _LATENCY, _CALL_QA, _QA_EVENTS)),
     Migration(2, "deduped views", tuple(_deduped_view(t) for t in TABLE_KEYS)),
+    Migration(3, "sentiment, monologue and hold columns", (
+        *(_add_columns(table, columns) for table, columns in _SENTIMENT_COLUMNS.items()),
+        *(_deduped_view(table, replace=True) for table in _SENTIMENT_COLUMNS),
+    )),
 )
 
 

@@ -17,6 +17,7 @@ from pipeline.contracts.messages import (
 from pipeline.contracts.messages import QaEvent as QaEventMessage
 from pipeline.qa.rules import QaEvent
 from pipeline.qa.scorecard import CallQaResult
+from pipeline.qa.sentiment import score_text
 from pipeline.worker.legs import LegState
 from pipeline.worker.ports import Transcription
 from pipeline.worker.state import CallState
@@ -30,8 +31,16 @@ def to_datetime(ms: int) -> datetime:
 # ---- messages --------------------------------------------------------------------------------------
 def transcript_message(call_id: str, leg: LegState, segment_id: str, start_ms: int, end_ms: int, text: str,
                        r: Transcription, is_final: bool, redactions: int, closed_ms: int,
-                       produced_ms: int) -> TranscriptSegment:
-    """The TranscriptSegment of a final or partial result (a partial has no closing time)."""
+                       produced_ms: int, sentiment: float | None = None) -> TranscriptSegment:
+    """The TranscriptSegment of a final or partial result (a partial has no closing time, nor sentiment).
+
+    ``sentiment``: the analyzer's score of the final (``AnalyzedSegment.sentiment``); scored here from the
+    same redacted ``text`` when not given, which gives the same value.
+    """
+    if not is_final:
+        sentiment = 0.0
+    elif sentiment is None:
+        sentiment = score_text(text)
     return TranscriptSegment(
         segment_id=segment_id, call_id=call_id, leg=leg.leg,  # type: ignore[arg-type]
         start_ms=start_ms, end_ms=end_ms, text=text, is_final=is_final, confidence=r.confidence,
@@ -39,7 +48,7 @@ def transcript_message(call_id: str, leg: LegState, segment_id: str, start_ms: i
         model_version=r.model_version, redactions=redactions,
         first_frame_produced_at_ms=leg.produced_at(start_ms + 1), segment_closed_at_ms=closed_ms,
         batch_size=r.batch_size, batcher_wait_ms=r.batcher_wait_ms, inference_ms=r.inference_ms,
-        produced_at_ms=produced_ms,
+        produced_at_ms=produced_ms, sentiment=sentiment,
     )
 
 
@@ -65,6 +74,8 @@ def event_message(e: QaEvent) -> QaEventMessage:
 
 def call_qa_message(call_id: str, result: CallQaResult, start: CallEvent | None) -> CallQA:
     """The call's scorecard result; ``start``: the start (else end) event, for tenant and agent."""
+    customer = result.sentiment.leg("customer") if result.sentiment else None
+    agent = result.sentiment.leg("agent") if result.sentiment else None
     return CallQA(
         call_id=call_id, score_pct=result.score_pct, auto_failed=result.auto_failed,
         metrics={k: float(v) for k, v in result.metrics.items()},
@@ -74,6 +85,13 @@ def call_qa_message(call_id: str, result: CallQaResult, start: CallEvent | None)
         events=[event_message(e) for e in result.events],
         tenant=start.tenant if start else "", agent_id=start.agent_id if start else "",
         scorecard=result.scorecard,
+        customer_sentiment=customer.overall if customer else 0.0,
+        customer_sentiment_start=customer.start if customer else 0.0,
+        customer_sentiment_end=customer.end if customer else 0.0,
+        agent_sentiment_start=agent.start if agent else 0.0,
+        agent_sentiment_end=agent.end if agent else 0.0,
+        longest_monologue_ms=int(result.metrics.get("longest_monologue_ms", 0)),
+        hold_ms=int(result.metrics.get("hold_ms", 0)),
     )
 
 
@@ -85,6 +103,10 @@ def call_row(call: CallState, qa: CallQA, start: CallEvent | None, how: str, aud
         "queue": start.queue if start else "", "direction": start.direction if start else "inbound",
         "legs": sorted(call.legs), "started_at": to_datetime(call.started_at_ms), "ended_at": to_datetime(ended_ms),
         "end_reason": how, "segments": call.segments_done, "audio_ms": audio_ms, "updated_at": to_datetime(ended_ms),
+        "customer_sentiment": qa.customer_sentiment, "customer_sentiment_start": qa.customer_sentiment_start,
+        "customer_sentiment_end": qa.customer_sentiment_end, "agent_sentiment_start": qa.agent_sentiment_start,
+        "agent_sentiment_end": qa.agent_sentiment_end, "longest_monologue_ms": qa.longest_monologue_ms,
+        "hold_ms": qa.hold_ms,
     }
 
 
@@ -94,6 +116,7 @@ def segment_row(t: TranscriptSegment) -> dict[str, Any]:
         "end_ms": t.end_ms, "text": t.text, "confidence": t.confidence, "avg_logprob": t.avg_logprob,
         "no_speech_prob": t.no_speech_prob, "is_final": int(t.is_final), "model_name": t.model_name,
         "model_version": t.model_version, "redactions": t.redactions, "produced_at": to_datetime(t.produced_at_ms),
+        "sentiment": t.sentiment,
     }
 
 
