@@ -228,13 +228,19 @@ def worker(
 ) -> None:
     """Run the streaming worker: audio frames in; transcripts, latency and QA out (Kafka and ClickHouse)."""
     from pipeline.broker.topics import ensure_topics
-    from pipeline.worker.api import check_api_settings
+    from pipeline.web.auth import token_path
+    from pipeline.worker.api import check_api_settings, with_local_token
     from pipeline.worker.app import run_worker
 
-    settings = get_settings()
+    configured = get_settings()
+    # A loopback worker without CALLQA_API_TOKEN uses (and at first makes) <state_dir>/api-token.
+    settings = with_local_token(configured)
     check_api_settings(settings)  # before anything starts: an exposed /api/* is refused in one line
     ensure_topics(settings)
     console.print(f"worker {settings.worker_id}: Kafka {settings.bootstrap}, web http://{settings.web_host}:{settings.web_port}")
+    if not configured.api_token.get_secret_value().strip() and settings.api_token.get_secret_value():
+        console.print(f"call pages: http://{settings.web_host}:{settings.web_port}/calls (log in with the API token "
+                      f"in {token_path(settings.state_dir)}; `callqa report` reads it there)")
     run_worker(settings, loglevel=loglevel)
 
 
@@ -245,15 +251,25 @@ def report(
     since: Annotated[str | None, typer.Option("--since", help="Only calls started since (ISO date/time, UTC).")] = None,
     as_json: Annotated[bool, typer.Option(
         "--json", help="The same rows as one JSON document on stdout (its fields: pipeline/report.py).")] = False,
+    html_dir: Annotated[Path | None, typer.Option(
+        "--html", help="Write the call list and each call's page as static HTML files into this folder "
+                       "(index.html, calls/), as the worker serves them at /calls.")] = None,
 ) -> None:
     """QA report from ClickHouse (through the running worker's API when one holds the embedded store)."""
     from datetime import datetime
 
-    from pipeline.report import print_report, read_report, source_for
+    from pipeline.report import print_report, read_report, source_for, write_html
     from pipeline.tables import print_json
 
     settings = get_settings()
     since_dt = datetime.fromisoformat(since) if since else None
+    if html_dir is not None:
+        index, count = write_html(source_for(settings), settings, html_dir, call_id=call, agent_id=agent,
+                                  since=since_dt)
+        if call and not count:
+            raise RuntimeError(f"no call {call!r} in the store")
+        console.print(f"{count} call page{'' if count == 1 else 's'} written: {index.resolve()}")
+        return
     found = read_report(source_for(settings), settings.clickhouse_database, call_id=call, agent_id=agent,
                         since=since_dt)
     if call and not found.calls:

@@ -1,9 +1,12 @@
 """`callqa report`: calls, QA scores, failed items, metrics and redacted transcripts, as tables or JSON.
 
 The embedded store (chdb) admits one process per data folder; while a worker runs it holds the
-store, so the report asks the worker's web API (read-only SQL, with the bearer token CALLQA_API_TOKEN)
-instead of opening the store itself. Without a worker it reads the store through the read-only
-account (CALLQA_CLICKHOUSE_READONLY_URL), under the same statement check and limits.
+store, so the report asks the worker's web API (read-only SQL, with the bearer token CALLQA_API_TOKEN, or
+when that is not set the token a local worker keeps in ``<state_dir>/api-token``) instead of opening the
+store itself. Without a worker it reads the store through the read-only account
+(CALLQA_CLICKHOUSE_READONLY_URL), under the same statement check and limits.
+
+``--html DIR`` writes the worker's call pages as static files instead (``write_html``: pipeline/web/).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import urllib.parse
 import urllib.request
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, Protocol
 
 from rich.console import Console
@@ -95,10 +99,28 @@ class StoreSource:
         return [dict(zip(result.columns, r, strict=True)) for r in result.rows]
 
 
+def api_token(settings: Settings) -> str:
+    """CALLQA_API_TOKEN, else the token a local worker made and keeps in ``<state_dir>/api-token`` (a file
+    others can read is refused: ``TokenFileError``), else empty."""
+    from pipeline.web.auth import read_token_file, token_path
+
+    return settings.api_token.get_secret_value().strip() or read_token_file(token_path(settings.state_dir)) or ""
+
+
 def source_for(settings: Settings) -> RowSource:
-    api = WorkerApiSource(f"http://{settings.web_host}:{settings.web_port}",
-                          settings.api_token.get_secret_value().strip())
+    api = WorkerApiSource(f"http://{settings.web_host}:{settings.web_port}", api_token(settings))
     return api if api.available() else StoreSource(settings)
+
+
+def write_html(source: RowSource, settings: Settings, out_dir: Path, *, call_id: str | None = None,
+               agent_id: str | None = None, since: datetime | None = None) -> tuple[Path, int]:
+    """``callqa report --html DIR``: the call list (``DIR/index.html``) and a page per listed call
+    (``DIR/calls/``), as the worker serves them; returns the list's path and the number of calls."""
+    from pipeline.web.data import ListFilters
+    from pipeline.web.render import write_site
+
+    filters = ListFilters(agent=agent_id, since=since, call_id=call_id)
+    return write_site(source, settings.clickhouse_database, out_dir, filters, settings.qa_silence_threshold_ms)
 
 
 # A call not scored yet has no call_qa row: the LEFT JOIN gives it call_qa's defaults (a score of 0),

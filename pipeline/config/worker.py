@@ -116,6 +116,12 @@ class WorkerSettings(BaseModel):
     api_auth: Literal["on", "off"] = Field(
         "on", description="off: /api/* needs no token; allowed only while web_host is a loopback address.",
     )
+    # The call pages' login (/login, pipeline/web/auth.py) sets a signed cookie: nothing is kept on the
+    # worker, so a session cannot be revoked alone; changing CALLQA_API_TOKEN ends them all.
+    # CALLQA_WEB_SESSION_HOURS, default 12.
+    web_session_hours: float = Field(
+        12.0, gt=0, description="How long a login to the call pages (/calls) lasts (hours).",
+    )
     api_query_threads: int = Field(
         2, ge=1, description="Threads of the /api/* pool, apart from the worker's own (ingestion never waits on it).",
     )

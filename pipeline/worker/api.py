@@ -5,6 +5,11 @@
   stays open for Prometheus. With no token configured /api/* answers 503 and says what to set;
   ``CALLQA_API_AUTH=off`` drops the check, and a worker refuses to start with it unless its web
   server binds a loopback address (``check_api_settings``).
+- No token configured: a loopback worker uses the one kept in ``<state_dir>/api-token``, made at its
+  first start (``with_local_token``; pipeline/web/auth.py); a worker bound to any other address
+  refuses to start without an explicit CALLQA_API_TOKEN.
+- The call pages (/calls, /calls/{id}: pipeline/web/) need a session cookie from /login (a browser
+  cannot send a bearer token) or the bearer token; without either the middleware redirects to /login.
 - /api/query runs one checked SELECT (pipeline/store/sqlguard.py) on the read-only account
   (``clickhouse_readonly_url``) under ``QueryLimits``; /api/calls and /api/calls/{id} read summaries.
 - All of them run on ``QueryPool``: ``api_query_threads`` threads and at most ``api_query_max_waiting``
@@ -24,26 +29,30 @@ import hmac
 import ipaddress
 import logging
 import threading
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import Any, Literal, TypeVar
+from urllib.parse import urlencode
 
 import faust
 from aiohttp import web as aioweb
 from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import OperationalError
+from pydantic import SecretStr
 
 from pipeline.config import Settings
 from pipeline.store import queries
 from pipeline.store.client import StoreConnectionError, StoreError, connect
 from pipeline.store.sqlguard import ReadonlyQueryError
+from pipeline.web import auth as web_auth
 
 log = logging.getLogger("callqa.worker.api")
 T = TypeVar("T")
-MIN_TOKEN_CHARS = 16
+MIN_TOKEN_CHARS = web_auth.MIN_TOKEN_CHARS
 Handler = Callable[[aioweb.Request], Awaitable[aioweb.StreamResponse]]
 
 
@@ -65,6 +74,19 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def with_local_token(settings: Settings) -> Settings:
+    """``settings`` with the local token file's token (made now if there is none) when the worker binds a
+    loopback address, checks tokens and has none configured; otherwise ``settings`` as they are."""
+    if (settings.api_auth == "off" or settings.api_token.get_secret_value().strip()
+            or not is_loopback(settings.web_host)):
+        return settings
+    try:
+        token = web_auth.ensure_token_file(web_auth.token_path(settings.state_dir))
+    except web_auth.TokenFileError as exc:
+        raise ApiConfigError(str(exc)) from None
+    return settings.model_copy(update={"api_token": SecretStr(token)})
+
+
 def check_api_settings(settings: Settings) -> None:
     """Refuse settings that would open /api/* to others: auth off off-loopback, or a guessable token."""
     if settings.api_auth == "off" and not is_loopback(settings.web_host):
@@ -73,6 +95,11 @@ def check_api_settings(settings: Settings) -> None:
             "set CALLQA_API_TOKEN instead"
         )
     token = settings.api_token.get_secret_value().strip()
+    if settings.api_auth == "on" and not token and not is_loopback(settings.web_host):
+        raise ApiConfigError(
+            f"CALLQA_WEB_HOST {settings.web_host!r} is not a loopback address: set CALLQA_API_TOKEN (16+ characters, "
+            "e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))')"
+        )
     if settings.api_auth == "on" and token and len(token) < MIN_TOKEN_CHARS:
         raise ApiConfigError(
             f"CALLQA_API_TOKEN has {len(token)} characters; use at least {MIN_TOKEN_CHARS} "
@@ -84,13 +111,33 @@ def check_api_settings(settings: Settings) -> None:
 class ApiAuth:
     mode: Literal["token", "off", "unconfigured"]
     token_digest: bytes = field(default=b"", repr=False)
+    session_ttl_s: float = 12 * 3600  # how long a call-page login lasts
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ApiAuth:
+        ttl = settings.web_session_hours * 3600
         if settings.api_auth == "off":
-            return cls("off")
+            return cls("off", session_ttl_s=ttl)
         token = settings.api_token.get_secret_value().strip()
-        return cls("token", _digest(token)) if token else cls("unconfigured")
+        return cls("token", _digest(token), ttl) if token else cls("unconfigured", session_ttl_s=ttl)
+
+    def token_matches(self, presented: str) -> bool:
+        """The login form's check: the token, compared as the bearer token is (digests, constant time)."""
+        presented = presented.strip()
+        return self.mode == "token" and bool(presented) and hmac.compare_digest(_digest(presented), self.token_digest)
+
+    def new_session(self, now_s: float) -> str:
+        """A session cookie value for a browser that just logged in."""
+        return web_auth.new_session(web_auth.session_key(self.token_digest), now_s, self.session_ttl_s)
+
+    def page_allowed(self, cookie: str | None, authorization: str | None, now_s: float) -> bool:
+        """May this request see the call pages: a valid session cookie, or the bearer token."""
+        if self.mode == "off":
+            return True
+        if self.mode == "unconfigured":
+            return False
+        return (web_auth.session_valid(web_auth.session_key(self.token_digest), cookie, now_s)
+                or (bool(authorization) and self.refusal(authorization) is None))
 
     def refusal(self, authorization: str | None) -> tuple[int, str] | None:
         """(status, reason) when a request with this Authorization header may not use /api/*, else None."""
@@ -116,7 +163,8 @@ def _is_api_path(path: str) -> bool:
 
 
 def auth_middleware(auth: ApiAuth) -> Callable[[aioweb.Request, Handler], Awaitable[aioweb.StreamResponse]]:
-    """aiohttp middleware guarding /api/* by the request's path and by the route it matched."""
+    """aiohttp middleware guarding /api/* (bearer token) and the call pages (session cookie or bearer token,
+    else a redirect to /login) by the request's path and by the route it matched."""
 
     @aioweb.middleware
     async def require_api_token(request: aioweb.Request, handler: Handler) -> aioweb.StreamResponse:
@@ -128,6 +176,10 @@ def auth_middleware(auth: ApiAuth) -> Callable[[aioweb.Request, Handler], Awaita
                 status, reason = refused
                 headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
                 return aioweb.json_response({"error": reason}, status=status, headers=headers)
+        elif (web_auth.is_page_path(request.path) or web_auth.is_page_path(route)) and not auth.page_allowed(
+                request.cookies.get(web_auth.SESSION_COOKIE), request.headers.get("Authorization"), time.time()):
+            login = f"/login?{urlencode({'next': request.path_qs})}"
+            return aioweb.Response(status=303, headers={"Location": login, "Cache-Control": "no-store"})
         return await handler(request)
 
     return require_api_token
@@ -206,7 +258,8 @@ class ThreadClients:
 
 
 def register_api_views(app: faust.App, settings: Settings, pool: QueryPool) -> None:
-    """/api/calls, /api/calls/{call_id} and /api/query on ``app`` (the auth middleware guards them)."""
+    """/api/calls, /api/calls/{call_id} and /api/query on ``app`` (the auth middleware guards them), and the
+    call pages of pipeline/web (/login, /logout, /calls, /calls/{call_id})."""
     database = settings.clickhouse_database
     limits = queries.QueryLimits.from_settings(settings)
 
@@ -249,6 +302,11 @@ def register_api_views(app: faust.App, settings: Settings, pool: QueryPool) -> N
                     "truncated": result.truncated}
 
         return await _answer(web, pool.run(run))
+
+    # The call pages (imported here: pipeline.web.views builds on this module).
+    from pipeline.web.views import register_web_views
+
+    register_web_views(app, settings, pool, readers, ApiAuth.from_settings(settings))
 
 
 async def _answer(web: Any, work: Awaitable[Any]) -> Any:

@@ -1,0 +1,162 @@
+"""The worker's call pages: /login, /logout, /calls and /calls/{call_id} (registered by
+``pipeline.worker.api.register_api_views``).
+
+/calls and /calls/{id} are guarded by the worker's auth middleware (``pipeline/worker/api.py``): a valid
+session cookie or the bearer token, else a redirect to /login. /login takes the API token in a POST form
+(never in a URL), compares it in constant time and sets the session cookie: HttpOnly, SameSite=Strict,
+Secure when the request came over TLS, holding a signed opaque value (``pipeline/web/auth.py``).
+
+The pages read through the API's own pool and read-only clients, each SELECT checked and limited as
+/api/query's are (``run_readonly_query``); rendering happens on the pool thread too, off the event loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import urllib.parse
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import faust
+from aiohttp import web as aioweb
+from clickhouse_connect.driver.client import Client
+
+from pipeline.config import Settings
+from pipeline.store.client import StoreConnectionError, StoreError
+from pipeline.store.queries import QueryLimits, run_readonly_query
+from pipeline.store.sqlguard import ReadonlyQueryError
+from pipeline.web.auth import SESSION_COOKIE, is_page_path
+from pipeline.web.data import FilterError, ListFilters, read_call_list, read_call_page, read_filter_options
+from pipeline.web.render import (
+    CSP,
+    PageContext,
+    ServerLinks,
+    render_call_list,
+    render_call_page,
+    render_login,
+    render_message,
+)
+from pipeline.worker.api import ApiAuth, ApiBusyError, QueryPool, ThreadClients
+
+log = logging.getLogger("callqa.web")
+PAGE_HEADERS = {
+    "Content-Security-Policy": CSP,
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",  # a transcript, redacted or not, stays out of shared caches
+}
+LIST_LIMIT = 500
+
+
+def safe_next(path: str | None) -> str:
+    """Where to go after logging in: a page of this worker, never another site (``//host``, ``/\\host``)."""
+    if not path or not path.startswith("/") or path.startswith("//") or "\\" in path:
+        return "/calls"
+    parts = urllib.parse.urlsplit(path)
+    return path if not parts.scheme and not parts.netloc and is_page_path(parts.path) else "/calls"
+
+
+def login_redirect(path_qs: str) -> aioweb.Response:
+    return redirect(f"/login?{urllib.parse.urlencode({'next': path_qs})}")
+
+
+def redirect(location: str) -> aioweb.Response:
+    return aioweb.Response(status=303, headers={"Location": location, **PAGE_HEADERS})
+
+
+def html(body: str, status: int = 200) -> aioweb.Response:
+    return aioweb.Response(text=body, status=status, content_type="text/html", headers=PAGE_HEADERS)
+
+
+@dataclass
+class ClientRows:
+    """A ``RowSource`` on one read-only client: every SELECT checked and limited as /api/query's."""
+
+    client: Client
+    database: str
+    limits: QueryLimits
+
+    def rows(self, sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+        result = run_readonly_query(sql, params, client=self.client, database=self.database, limits=self.limits)
+        if result.truncated:
+            raise StoreError(f"a page query matched more than {self.limits.max_rows} rows (CALLQA_API_QUERY_MAX_ROWS)")
+        return [dict(zip(result.columns, row, strict=True)) for row in result.rows]
+
+
+def register_web_views(app: faust.App, settings: Settings, pool: QueryPool, readers: ThreadClients,
+                       auth: ApiAuth) -> None:
+    db = settings.clickhouse_database
+    limits = QueryLimits.from_settings(settings)
+    threshold = settings.qa_silence_threshold_ms
+    context = PageContext(ServerLinks(), logged_in=auth.mode == "token")
+
+    async def on_pool(render: Callable[[ClientRows], aioweb.Response]) -> aioweb.Response:
+        def work() -> aioweb.Response:
+            with readers.client() as client:
+                return render(ClientRows(client, db, limits))
+
+        try:
+            return await pool.run(work)
+        except (ApiBusyError, StoreError, StoreConnectionError, ReadonlyQueryError) as exc:
+            return html(render_message("Store unavailable", str(exc), context.links, context.logged_in), 503)
+        except Exception as exc:  # noqa: BLE001 - one page failed, not the worker
+            # The type only: a message could quote a transcript.
+            log.warning("call page failed: %s", type(exc).__name__)
+            return html(render_message("Page failed", type(exc).__name__, context.links, context.logged_in), 500)
+
+    class LoginView(faust.web.View):
+        async def get(self, request: Any) -> aioweb.Response:
+            if auth.mode == "off":
+                return redirect(safe_next(request.query.get("next")))
+            return html(render_login(safe_next(request.query.get("next")), unconfigured=auth.mode == "unconfigured"),
+                        503 if auth.mode == "unconfigured" else 200)
+
+        async def post(self, request: Any) -> aioweb.Response:
+            form = await request.post()
+            next_path = safe_next(str(form.get("next", "")))
+            if auth.mode == "off":
+                return redirect(next_path)
+            if not auth.token_matches(str(form.get("token", ""))):
+                return html(render_login(next_path, error="wrong token", unconfigured=auth.mode == "unconfigured"),
+                            401 if auth.mode == "token" else 503)
+            response = redirect(next_path)
+            response.set_cookie(SESSION_COOKIE, auth.new_session(time.time()), max_age=int(auth.session_ttl_s),
+                                path="/", httponly=True, samesite="Strict", secure=request.secure)
+            return response
+
+    class LogoutView(faust.web.View):
+        async def post(self, request: Any) -> aioweb.Response:
+            response = redirect("/login")
+            response.del_cookie(SESSION_COOKIE, path="/")
+            return response
+
+    app.page("/login")(LoginView)
+    app.page("/logout")(LogoutView)
+
+    @app.page("/calls")
+    async def calls_page(web: Any, request: Any) -> Any:
+        try:
+            filters = ListFilters.from_query(request.query)
+        except FilterError as exc:
+            return html(render_call_list([], context, ListFilters(), None, error=str(exc)), 400)
+
+        def render(source: ClientRows) -> aioweb.Response:
+            calls = read_call_list(source, db, filters, LIST_LIMIT)
+            options = read_filter_options(source, db)
+            return html(render_call_list(calls, context, filters, options, limit=LIST_LIMIT))
+
+        return await on_pool(render)
+
+    @app.page("/calls/{call_id}")
+    async def call_page(web: Any, request: Any, call_id: str) -> Any:
+        def render(source: ClientRows) -> aioweb.Response:
+            page = read_call_page(source, db, call_id)
+            if page is None:
+                return html(render_message("No such call", f"The store has no call {call_id!r}.", context.links,
+                                           context.logged_in), 404)
+            return html(render_call_page(page, context, threshold))
+
+        return await on_pool(render)

@@ -1,0 +1,136 @@
+"""The worker's call pages over HTTP, in process: the faust app's aiohttp server with the worker's auth
+middleware and views (pipeline/worker/api.py), reading a real embedded store through the API's pool."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from http.cookies import SimpleCookie
+from typing import Any
+
+import faust
+import pytest
+from aiohttp import DummyCookieJar
+from aiohttp.test_utils import TestClient, TestServer
+
+from pipeline.config import Settings
+from pipeline.web.auth import SESSION_COOKIE
+from pipeline.worker.api import ApiAuth, QueryPool, auth_middleware, register_api_views
+
+from .conftest import CARD, FilledStore
+
+TOKEN = "p" * 40  # noqa: S105 - a test token
+Client = TestClient  # type: ignore[type-arg]
+
+
+@pytest.fixture
+def serve(filled: FilledStore, chdb_path: str) -> Callable[..., Any]:
+    """An in-process server of the worker's web views on the filled store (settings overridable)."""
+
+    async def start(**overrides: Any) -> AsyncIterator[Client]:
+        settings = Settings(**{"api_token": TOKEN, "clickhouse_url": f"chdb://{chdb_path}",
+                               "clickhouse_database": filled.database, **overrides})
+        app = faust.App(f"web-{filled.database}", web_enabled=True, web_application_options={
+            "middlewares": [auth_middleware(ApiAuth.from_settings(settings))]})
+        pool = QueryPool(2, 8)
+        register_api_views(app, settings, pool)
+        try:
+            # No cookie jar: each request carries exactly the cookie the test gives it.
+            async with TestClient(TestServer(app.web.web_app), cookie_jar=DummyCookieJar()) as client:
+                yield client
+        finally:
+            pool.shutdown()
+
+    return start
+
+
+async def _login(client: Client, token: str = TOKEN, next_path: str = "/calls") -> Any:
+    return await client.post("/login", data={"token": token, "next": next_path}, allow_redirects=False)
+
+
+def _session(response: Any) -> str:
+    cookie = SimpleCookie()
+    cookie.load(response.headers["Set-Cookie"])
+    return cookie[SESSION_COOKIE].value
+
+
+async def test_pages_need_a_login_and_the_login_sets_a_strict_http_only_cookie(serve: Callable[..., Any]) -> None:
+    async for client in serve():
+        for path, target in (("/calls?agent=agent-1", "/login?next=%2Fcalls%3Fagent%3Dagent-1"),
+                             ("/calls/call-rude", "/login?next=%2Fcalls%2Fcall-rude")):
+            refused = await client.get(path, allow_redirects=False)
+            assert (refused.status, refused.headers["Location"]) == (303, target)
+        form = await client.get("/login?next=/calls/call-rude")
+        body = await form.text()
+        assert form.status == 200 and 'method="post" action="/login"' in body and 'value="/calls/call-rude"' in body
+
+        wrong = await _login(client, "x" * 40)
+        assert wrong.status == 401 and "wrong token" in await wrong.text() and "Set-Cookie" not in wrong.headers
+        ok = await _login(client, next_path="/calls/call-rude")
+        assert (ok.status, ok.headers["Location"]) == (303, "/calls/call-rude")
+        cookie = SimpleCookie()
+        cookie.load(ok.headers["Set-Cookie"])
+        morsel = cookie[SESSION_COOKIE]
+        assert morsel["httponly"] and morsel["samesite"] == "Strict" and morsel["path"] == "/"
+        assert int(morsel["max-age"]) == 12 * 3600 and TOKEN not in ok.headers["Set-Cookie"]
+        assert ApiAuth.from_settings(Settings(api_token=TOKEN)).page_allowed(morsel.value, None, 0.0)
+
+        # Only pages of this worker after a login: never another site.
+        for evil in ("//evil.example/calls", "https://evil.example/calls", "/\\evil.example", "/api/query"):
+            assert (await _login(client, next_path=evil)).headers["Location"] == "/calls"
+
+
+async def test_with_the_cookie_the_list_filters_and_the_page_shows_the_call(serve: Callable[..., Any]) -> None:
+    async for client in serve():
+        headers = {"Cookie": f"{SESSION_COOKIE}={_session(await _login(client))}"}
+        listing = await client.get("/calls", headers=headers)
+        body = await listing.text()
+        assert listing.status == 200 and all(f'href="/calls/{c}"' in body for c in ("call-good", "call-rude",
+                                                                                   "call-open"))
+        assert listing.headers["Cache-Control"] == "no-store" and "frame-ancestors 'none'" in listing.headers[
+            "Content-Security-Policy"]
+        assert '<option selected>agent-2</option>' not in body and "<option>agent-2</option>" in body
+        filtered = await (await client.get("/calls?agent=agent-2&score_max=50", headers=headers)).text()
+        assert 'href="/calls/call-rude"' in filtered and 'href="/calls/call-good"' not in filtered
+        assert "<option selected>agent-2</option>" in filtered and 'name="score_max" min="0" max="100" step="any" value="50"' in filtered
+        bad = await client.get("/calls?score_min=lots", headers=headers)
+        assert bad.status == 400 and "score_min must be a number" in await bad.text()
+
+        page = await client.get("/calls/call-rude", headers=headers)
+        html = await page.text()
+        assert page.status == 200 and 'id="turn-3"' in html and "[PAN]" in html and CARD not in html
+        assert 'action="/logout"' in html
+        missing = await client.get("/calls/no-such-call", headers=headers)
+        assert missing.status == 404 and "no call &#39;no-such-call&#39;" in await missing.text()
+
+        # The bearer token opens the pages too (scripts, curl); a cookie does not open /api/*.
+        assert (await client.get("/calls", headers={"Authorization": f"Bearer {TOKEN}"})).status == 200
+        api = await client.get("/api/query", params={"sql": "SELECT 1"}, headers=headers)
+        assert api.status == 401
+
+
+async def test_a_forged_or_logged_out_cookie_goes_back_to_the_login(serve: Callable[..., Any]) -> None:
+    async for client in serve():
+        value = _session(await _login(client))
+        expires, nonce, mac = value.split(".")
+        forged = f"{int(expires) + 86_400}.{nonce}.{mac}"
+        assert (await client.get("/calls", headers={"Cookie": f"{SESSION_COOKIE}={forged}"},
+                                 allow_redirects=False)).status == 303
+        out = await client.post("/logout", headers={"Cookie": f"{SESSION_COOKIE}={value}"}, allow_redirects=False)
+        cleared = SimpleCookie()
+        cleared.load(out.headers["Set-Cookie"])
+        assert (out.status, out.headers["Location"]) == (303, "/login") and cleared[SESSION_COOKIE].value == ""
+    async for client in serve(api_token="q" * 40):  # a new token: every session made with the old one ends
+        assert (await client.get("/calls", headers={"Cookie": f"{SESSION_COOKIE}={value}"},
+                                 allow_redirects=False)).status == 303
+
+
+async def test_pages_open_with_auth_off_and_say_what_is_missing_without_a_token(serve: Callable[..., Any]) -> None:
+    async for client in serve(api_auth="off", api_token=""):
+        assert (await client.get("/calls/call-good")).status == 200
+        assert (await client.get("/login", allow_redirects=False)).headers["Location"] == "/calls"
+    async for client in serve(api_token=""):
+        refused = await client.get("/calls", allow_redirects=False)
+        assert refused.status == 303
+        login = await client.get(refused.headers["Location"])
+        assert login.status == 503 and "no API token configured" in await login.text()
+        assert (await _login(client, "")).status == 503
