@@ -15,7 +15,7 @@ any incompatible change)::
      "encoding": "mulaw|alaw|pcm16", "sample_rate": int, "model": "<label, e.g. tiny.en@1/fp32>",
      "legs": {"agent"|"customer": {"channel": int, "segments": [
          {"segment_id": "<call>/<leg>/<start, 9 digits>", "start_ms": int, "end_ms": int,
-          "text": "<redacted>", "redactions": int}]}},
+          "text": "<redacted>", "redactions": int, "sentiment": float (-5..+5 of the redacted text)}]}},
      "score_pct": float, "auto_failed": bool, "scorecard": "<name>",
      "items": [{"question": str, "weight": float, "passed": bool|null (null: not applicable),
                 "rationale": str, "auto_fail": bool}],
@@ -81,10 +81,11 @@ class AnalyzedSegment:
     end_ms: int
     text: str
     redactions: int
+    sentiment: float = 0.0  # of the redacted text, -5..+5, as the worker stores it (pipeline/qa/sentiment.py)
 
     def as_json(self) -> dict[str, Any]:
         return {"segment_id": self.segment_id, "start_ms": self.start_ms, "end_ms": self.end_ms,
-                "text": self.text, "redactions": self.redactions}
+                "text": self.text, "redactions": self.redactions, "sentiment": self.sentiment}
 
 
 @dataclass(frozen=True)
@@ -207,7 +208,7 @@ def _redact_and_match(
                                             s.start_ms, s.end_ms, text))
         out = analyzed.redacted.segment
         segments.append(AnalyzedSegment(out.segment_id, leg, out.start_ms, out.end_ms, out.text,
-                                        analyzed.redacted.total))
+                                        analyzed.redacted.total, analyzed.sentiment))
         live.extend(analyzed.events)
     return segments, live
 

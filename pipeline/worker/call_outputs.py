@@ -48,7 +48,8 @@ class CallOutputs:
         produced = now_ms()
         last_frame_ms = leg.produced_at(end_ms) or consumed_ms
         transcript = transcript_message(call.call_id, leg, seg_id, start_ms, end_ms, text, r, True,
-                                        sum(analyzed.redacted.counts.values()), closed_ms, produced)
+                                        sum(analyzed.redacted.counts.values()), closed_ms, produced,
+                                        sentiment=analyzed.sentiment)
         latency = latency_message(call.call_id, leg.leg, seg_id, r, consumed_ms, last_frame_ms, produced,
                                   self.settings.worker_id)
         await self.publish(call, self.settings.topic_transcripts, transcript)

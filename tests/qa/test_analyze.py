@@ -26,7 +26,7 @@ SAMPLE_CALLS = sorted((REPO / "samples" / "calls").glob("*.wav"), key=lambda p: 
 
 TOP_KEYS = {"format", "call_id", "file", "duration_ms", "encoding", "sample_rate", "model", "legs", "score_pct",
             "auto_failed", "scorecard", "items", "rules", "metrics", "live_alerts", "events", "redactions"}
-SEGMENT_KEYS = {"segment_id", "start_ms", "end_ms", "text", "redactions"}
+SEGMENT_KEYS = {"segment_id", "start_ms", "end_ms", "text", "redactions", "sentiment"}
 ITEM_KEYS = {"question", "weight", "passed", "rationale", "auto_fail"}
 EVENT_KEYS = {"rule", "category", "leg", "kind", "offset_ms", "text", "severity", "segment_id"}
 VERDICTS = {"must": {"met", "missing"}, "must_not": {"violated", "clean"}, "detect": {"detected", "not_detected"}}
