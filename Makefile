@@ -10,7 +10,7 @@ CALLQA := $(BIN)/callqa
 STATE := .callqa
 SYSTEM_PACKAGES := kcat pocketsphinx-testdata alsa-utils default-jre-headless maven prometheus openssl \
 	festival festvox-us-slt-hts asterisk-core-sounds-en-wav asterisk-core-sounds-en \
-	asterisk-moh-opsound-wav
+	asterisk-moh-opsound-wav chromium-headless-shell
 
 # Tests run side by side in this many processes (pytest-xdist). More than the cores: much of the suite
 # waits on real processes (a worker starting, a real-time replay, a rebalance), not on the CPU. A test file
@@ -44,7 +44,8 @@ setup: system venv kafka models library
 # Debian packages: the evaluation recordings (pocketsphinx, ALSA, the Asterisk prompts with their
 # transcripts, Asterisk hold music as non-speech), kcat (an independent Kafka client for tests), Java + Maven,
 # Prometheus + promtool (the dashboards' PromQL and the alert rules are run by tests; it is not started
-# as a service), openssl (it makes the local SASL_SSL broker's certificates). The stamp holds the package
+# as a service), openssl (it makes the local SASL_SSL broker's certificates), chromium-headless-shell (the
+# call pages are checked in a real browser by tests/web, through Playwright). The stamp holds the package
 # list it was made for, so adding a package to the list installs it on a machine that already has a
 # stamp. None of these needs its recommended packages.
 system:
