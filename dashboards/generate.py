@@ -99,6 +99,119 @@ arrayStringConcat(arrayMap(s -> concat('[', toString(round(s.1 / 1000, 1)), ' s]
 """
 
 
+# Sentiment on Contact Lens's −5..+5 scale (pipeline/qa/sentiment.py): one point either way is the neutral
+# band, and a change of start to end of at least one point is a trend. Read from the QA metrics map, which
+# carries every figure of a scored call, so the panels need no column of a later migration.
+SENTIMENT_POINTS = 1
+
+
+def sentiment_and_interaction_panels(y: int) -> list[Json]:
+    """Customer sentiment (over time, start → end, calls ending negative) and interaction (holds,
+    monologues, interruptions, overtalk) per call and per agent."""
+    m = "metrics"
+    over_time = panel(
+        "Customer sentiment over time",
+        "timeseries",
+        [
+            sql_target(
+                f"""
+        SELECT $__timeInterval(computed_at) AS time, round(avg({m}['customer_sentiment']), 2) AS customer,
+               round(avg({m}['customer_sentiment_start']), 2) AS customer_start,
+               round(avg({m}['customer_sentiment_end']), 2) AS customer_end,
+               round(avg({m}['agent_sentiment']), 2) AS agent
+        FROM callqa.call_qa FINAL WHERE {SCORED} GROUP BY time ORDER BY time""",
+                True,
+            )
+        ],
+        (0, y, 12, 8),
+    )
+    over_time["fieldConfig"]["defaults"].update(min=-5, max=5)  # the whole scale, so 0 sits in the middle
+    return [
+        over_time,
+        panel(
+            "Customer sentiment: start → end of call",
+            "bargauge",
+            [
+                sql_target(
+                    f"""
+            SELECT countIf({m}['customer_sentiment_end'] - {m}['customer_sentiment_start'] >= {SENTIMENT_POINTS})
+                     AS improving,
+                   countIf(abs({m}['customer_sentiment_end'] - {m}['customer_sentiment_start']) < {SENTIMENT_POINTS})
+                     AS steady,
+                   countIf({m}['customer_sentiment_end'] - {m}['customer_sentiment_start'] <= -{SENTIMENT_POINTS})
+                     AS worsening
+            FROM callqa.call_qa FINAL WHERE {SCORED}""",
+                    False,
+                )
+            ],
+            (12, y, 6, 8),
+            orientation="horizontal",
+            reduceOptions={"values": False, "calcs": ["lastNotNull"], "fields": ""},
+        ),
+        panel(
+            "Calls ending with a negative customer",
+            "stat",
+            [
+                sql_target(
+                    f"""
+            SELECT round(100 * avg({m}['customer_sentiment_end'] <= -{SENTIMENT_POINTS}), 1) AS negative_end_pct
+            FROM callqa.call_qa FINAL WHERE {SCORED}""",
+                    False,
+                )
+            ],
+            (18, y, 6, 8),
+            "percent",
+        ),
+        panel(
+            "Interaction per agent",
+            "table",
+            [
+                sql_target(
+                    f"""
+            SELECT agent_id, count() AS calls,
+                   round(avg({m}['customer_sentiment']), 2) AS customer_sentiment,
+                   round(avg({m}['hold_ms']) / 1000, 1) AS hold_s_per_call, round(avg({m}['holds']), 2) AS holds_per_call,
+                   round(avg({m}['longest_monologue_ms']) / 1000, 1) AS longest_monologue_s,
+                   round(avg({m}['agent_interruptions']), 2) AS agent_interruptions,
+                   round(avg({m}['customer_interruptions']), 2) AS customer_interruptions,
+                   round(avg({m}['overtalk_ms']) / 1000, 1) AS overtalk_s,
+                   round(avg({m}['non_talk_pct']), 1) AS non_talk_pct
+            FROM callqa.call_qa FINAL WHERE {SCORED} GROUP BY agent_id ORDER BY customer_sentiment ASC""",
+                    False,
+                )
+            ],
+            (0, y + 8, 12, 8),
+        ),
+        panel(
+            "Hold time per call",
+            "histogram",
+            [
+                sql_target(
+                    f"""
+            SELECT {m}['hold_ms'] / 1000 AS hold_s FROM callqa.call_qa FINAL WHERE {SCORED}""",
+                    False,
+                )
+            ],
+            (12, y + 8, 6, 8),
+            "s",
+        ),
+        panel(
+            "Longest monologue per call",
+            "histogram",
+            [
+                sql_target(
+                    f"""
+            SELECT {m}['longest_monologue_ms'] / 1000 AS longest_monologue_s
+            FROM callqa.call_qa FINAL WHERE {SCORED}""",
+                    False,
+                )
+            ],
+            (18, y + 8, 6, 8),
+            "s",
+        ),
+    ]
+
+
 def qa_supervisor() -> Json:
     flagged = f"SELECT call_id FROM callqa.call_qa FINAL WHERE {SCORED} AND (auto_failed = 1 OR score_pct < ${{min_score}})"
     panels = [
@@ -302,6 +415,7 @@ def qa_supervisor() -> Json:
             ],
             (0, 38, 24, 8),
         ),
+        *sentiment_and_interaction_panels(46),
     ]
     variables = [
         query_variable("tenant", "Tenant", "SELECT DISTINCT tenant FROM callqa.calls FINAL ORDER BY tenant"),

@@ -220,3 +220,34 @@ def test_alert_rules() -> None:
     memory = rules["CallqaMemoryHighAndRising"]
     assert "0.8" in memory["expr"] and "deriv(" in memory["expr"]
     assert all({"summary", "description"} <= r["annotations"].keys() for r in rules.values())
+
+
+def test_sentiment_and_interaction_panels_follow_the_qa_results(filled_db: FilledDatabase) -> None:
+    from .conftest import CALLS
+
+    results = filled_db.results
+
+    def metric(call_id: str, name: str) -> float:
+        return float(results[call_id].metrics.get(name, 0.0))  # a map lookup of a missing key reads 0
+
+    _, rows = _run(filled_db, _panel_sql("qa-supervisor.json", "Calls ending with a negative customer"), ALL)
+    negative = [c for c in results if metric(c, "customer_sentiment_end") <= -1]
+    assert rows[0][0] == pytest.approx(100 * len(negative) / len(results), abs=0.05)
+
+    columns, rows = _run(filled_db, _panel_sql("qa-supervisor.json", "Customer sentiment: start → end of call"), ALL)
+    change = [metric(c, "customer_sentiment_end") - metric(c, "customer_sentiment_start") for c in results]
+    assert columns == ["improving", "steady", "worsening"]
+    assert rows == [(sum(d >= 1 for d in change), sum(abs(d) < 1 for d in change), sum(d <= -1 for d in change))]
+
+    columns, rows = _run(filled_db, _panel_sql("qa-supervisor.json", "Interaction per agent"), ALL)
+    agent_of = {call_id: agent for call_id, _, agent, *_ in CALLS}
+    for row in rows:
+        got = dict(zip(columns, row, strict=True))
+        mine = [c for c in results if agent_of[c] == got["agent_id"]]
+        assert got["calls"] == len(mine)
+        for column, name, scale in (("longest_monologue_s", "longest_monologue_ms", 1000),
+                                    ("hold_s_per_call", "hold_ms", 1000), ("overtalk_s", "overtalk_ms", 1000),
+                                    ("agent_interruptions", "agent_interruptions", 1)):
+            expected = sum(metric(c, name) for c in mine) / len(mine) / scale
+            assert got[column] == pytest.approx(expected, abs=0.051), (got["agent_id"], column)
+    assert {r[0] for r in rows} == set(agent_of.values())
