@@ -52,6 +52,10 @@ CALLS = [
 ]  # fmt: skip
 
 
+# The quiet call's customer was put on hold while the agent looked something up (the hold panels).
+HOLDS = {"call-quiet": [(10_000, 18_000)]}
+
+
 @dataclass
 class FilledDatabase:
     client: Client
@@ -68,7 +72,7 @@ def _analyze(config: QaConfig, call_id: str, lines, end_s: float):  # type: igno
             Segment(call_id, leg, f"{call_id}-{i:03d}", int(start * 1000), int(end * 1000), text)
         )
         redactions.append(out.redacted.total)
-    return analyzer, redactions, analyzer.finalize(int(end_s * 1000))
+    return analyzer, redactions, analyzer.finalize(int(end_s * 1000), HOLDS.get(call_id, ()))
 
 
 def _insert(client: Client, db: str, table: str, rows: list[dict]) -> None:  # type: ignore[type-arg]
