@@ -4,8 +4,10 @@ Starts a worker and a `callqa gateway` beside it, sends four library calls (samp
 through the gateway as Twilio Media Streams, concurrently in real time, as a contact center would (a
 compliant card payment, a call without identity check, a rude agent, an escalation), prints redacted
 transcripts and live QA alerts as they arrive on their topics, then each call's QA report read back from
-ClickHouse (through the worker's API), and stops the gateway and the worker it started. Run with the broker up and the
-library built (the Makefile does both).
+ClickHouse (through the worker's API), writes the call pages as static files (`callqa report --html`:
+``.callqa/demo/pages/index.html``, a timeline, the coloured transcript and the scorecard per call) and prints
+their path, and stops the gateway and the worker it started. Run with the broker up and the library built
+(the Makefile does both).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from pipeline.eval.call_library import LIBRARY_DIR, LibraryNotBuilt, holds_of, l
 from pipeline.gateway.process import GatewayProcess
 from pipeline.gateway.simulate import SimulateOptions, new_call_id, run_with_progress
 from pipeline.ingest.replay import CallRecording, ReplayOptions, load_recording
-from pipeline.report import render_report
+from pipeline.report import render_report, write_html
 from pipeline.worker.process import WorkerProcess, worker_env
 
 # Short library calls (about a minute each) whose scores differ: 100, 85, 0 (auto-fail), 90.
@@ -127,6 +129,8 @@ def main() -> int:
         tail.join(timeout=5)
         for call_id in report.call_ids:
             render_report(api, settings.clickhouse_database, console, call_id=call_id)
+        pages, count = write_html(api, settings, settings.state_dir / "demo" / "pages")
+        console.print(f"{count} call pages (open in a browser, no server needed): {pages.resolve().as_uri()}")
         return 0
     finally:
         stop.set()
