@@ -12,8 +12,12 @@ redacted transcript does not already hold. Definitions (what the store, the rule
 - conversational particles: answer words and "please" (``DIALOGUE_PARTICLES``) score 0. VADER's lexicon
   comes from social media, where "yes", "no", "okay", "sure", "please" carry feeling; in a service call
   they answer or ask ("No that is all" is not negative, "Sure, it is the fourth of May" not positive).
-  Nor does "no" before thanks negate them: VADER reads "No thank you" (as ASR often writes it, without
-  the comma) as thanks negated, −1.4, where "No, thank you" scores +1.8; a decline is read as the latter.
+- contact-center lexicon (``sentiment_lexicon.yaml``, each group with its reason): words that in a
+  service call ask or name the call's subject score 0 ("I would like to", "help", "accident", "damage"),
+  the formulaic decline "No, thank you" scores 0 (VADER: +1.8, or −1.4 without the comma), and plain
+  complaints of service failure score negative ("nobody has called me back", "I already sent it",
+  "I want to speak to a manager"). Phrases of several words are replaced by one token before VADER
+  scores the turn (VADER scores words). Chosen on the development half of the call library only.
 - a leg's turns: its final segments in time order (a segment is the unit the worker stores and scores).
 - start / end of a leg: the mean score of its first / last third of turns (``ceil(n / 3)`` turns: one
   turn for up to three, two for four to six...). trend: ``end − start`` ≥ +1 point (``TREND_POINTS``)
@@ -30,9 +34,12 @@ from __future__ import annotations
 import math
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
+
+import yaml
 
 from pipeline.qa.segment import LEGS, Leg
 
@@ -46,14 +53,47 @@ Trend = Literal["improving", "steady", "worsening"]
 LABELS: tuple[Label, ...] = ("negative", "neutral", "positive")
 TRENDS: tuple[Trend, ...] = ("improving", "steady", "worsening")
 
-_DECLINE = re.compile(r"\b(no|nope)\s+(thank|thanks)\b", re.IGNORECASE)
+LEXICON_FILE = Path(__file__).with_name("sentiment_lexicon.yaml")
 _analyzer: Any = None
+_phrases: tuple[re.Pattern[str], dict[str, str]] | None = None
 _lock = threading.Lock()
 
 
+@dataclass(frozen=True)
+class Lexicon:
+    """The contact-center supplement: single words and several-word phrases, VADER's −4..+4 values."""
+
+    words: dict[str, float]
+    phrases: dict[str, float]
+
+    @staticmethod
+    def token(phrase: str) -> str:
+        """The one word a phrase becomes before VADER scores the turn (VADER keeps inner underscores)."""
+        return "cc_" + "_".join(phrase.lower().split())
+
+    def entries(self) -> dict[str, float]:
+        """What goes into VADER's lexicon: the words and each phrase's token."""
+        return self.words | {self.token(p): v for p, v in self.phrases.items()}
+
+
+def load_lexicon(path: Path = LEXICON_FILE) -> Lexicon:
+    words: dict[str, float] = {}
+    phrases: dict[str, float] = {}
+    for group in yaml.safe_load(path.read_text())["groups"]:
+        words |= {str(w).lower(): float(v) for w, v in (group.get("words") or {}).items()}
+        phrases |= {" ".join(str(p).lower().split()): float(v) for p, v in (group.get("phrases") or {}).items()}
+    return Lexicon(words, phrases)
+
+
+def _phrase_pattern(phrases: Mapping[str, float]) -> re.Pattern[str]:
+    """One alternation, longest phrase first; words may be separated by spaces and commas ("No, thanks")."""
+    alternatives = [r"[\s,]+".join(map(re.escape, p.split())) for p in sorted(phrases, key=len, reverse=True)]
+    return re.compile(r"\b(?:" + "|".join(alternatives) + r")\b", re.IGNORECASE)
+
+
 def _vader() -> Any:
-    """One analyzer per process (it reads a 7,500-word lexicon), with the particles taken out."""
-    global _analyzer
+    """One analyzer per process (it reads a 7,500-word lexicon): particles out, the supplement in."""
+    global _analyzer, _phrases
     with _lock:
         if _analyzer is None:
             from vaderSentiment.vaderSentiment import SentimentIntensityAnalyzer
@@ -61,15 +101,27 @@ def _vader() -> Any:
             analyzer = SentimentIntensityAnalyzer()
             for word in DIALOGUE_PARTICLES:
                 analyzer.lexicon.pop(word, None)
+            lexicon = load_lexicon()
+            analyzer.lexicon.update(lexicon.entries())
+            tokens = {p: lexicon.token(p) for p in lexicon.phrases}
+            _phrases = (_phrase_pattern(lexicon.phrases), tokens)
             _analyzer = analyzer
         return _analyzer
+
+
+def _join_phrases(text: str) -> str:
+    """Each lexicon phrase in the text replaced by its token."""
+    assert _phrases is not None
+    pattern, tokens = _phrases
+    return pattern.sub(lambda m: " " + tokens[" ".join(re.split(r"[\s,]+", m.group(0).lower()))] + " ", text)
 
 
 def score_text(text: str) -> float:
     """The sentiment of one (redacted) turn on −5..+5, one decimal; 0.0 for no words."""
     if not text.strip():
         return 0.0
-    compound = float(_vader().polarity_scores(_DECLINE.sub(r"\1, \2", text))["compound"])
+    vader = _vader()
+    compound = float(vader.polarity_scores(_join_phrases(text))["compound"])
     return round(compound * SCALE, 1) + 0.0  # + 0.0: no "-0.0"
 
 

@@ -19,6 +19,7 @@ from pipeline.qa.sentiment import (
     edge_turns,
     is_sharp_drop,
     label,
+    load_lexicon,
     score_text,
     trend_of,
 )
@@ -42,8 +43,29 @@ def test_answer_particles_carry_no_feeling_and_no_thank_you_is_a_polite_decline(
     assert PLAIN.polarity_scores("No that is all.")["compound"] < -0.05
     for text in ("No that is all.", "Sure, it is the fourth of May.", "Okay.", "Yes, please."):
         assert score_text(text) == 0.0, text
-    assert score_text("No thank you.") == score_text("No, thank you.") > 1.0  # VADER alone: -1.4 without the comma
+    # The decline of "anything else?" is a formula, not thanks for something (the library's labels: neutral).
+    # It was scored as "No, thank you" (+1.8) until the contact-center lexicon made the phrase neutral.
+    assert PLAIN.polarity_scores("No thank you.")["compound"] < -0.05  # VADER alone: thanks negated
+    assert score_text("No thank you.") == score_text("No, thank you.") == score_text("No thanks.") == 0.0
+    assert score_text("No, thank you. That was wonderful.") > 1.0  # feeling said besides the decline still counts
     assert score_text("That is no good.") < -1.0  # "no" still negates what is not thanks
+
+
+def test_the_contact_center_lexicon_reads_plain_complaints_and_neutral_requests() -> None:
+    lexicon = load_lexicon()
+    assert lexicon.words and lexicon.phrases and all(-4 <= v <= 4 for v in lexicon.entries().values())
+    # Complaints of service failure without a word VADER knows as negative: VADER alone scores them 0 or above.
+    for text in ("I sent the documents two weeks ago and nobody has called me back.",
+                 "I already sent it. I want to speak to a manager.", "I have been waiting for a month."):
+        assert PLAIN.polarity_scores(text)["compound"] >= 0.0, text
+        assert label(score_text(text)) == "negative", text
+    # Requests and the call's subject: VADER alone reads them as feeling (like +1.5, damage -2.2).
+    for text in ("Hi, I would like to pay my premium.", "Does my policy cover water damage?"):
+        assert abs(PLAIN.polarity_scores(text)["compound"]) > 0.2, text
+        assert label(score_text(text)) == "neutral", text
+    # A phrase matches across a comma and in any case; its words inside other words do not.
+    assert score_text("NOBODY, called me.") == score_text("nobody called me.") < -1.0
+    assert score_text("The attic is at least ten years old.") < 0 <= score_text("The attic is atleast old.")
 
 
 @pytest.mark.parametrize(("score", "expected"), [(-1.0, "negative"), (-0.9, "neutral"), (0.0, "neutral"),
