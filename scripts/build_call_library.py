@@ -411,7 +411,10 @@ def pii_spans(turns: list[Turn]) -> list[dict[str, Any]]:
 # ---- the build ------------------------------------------------------------------------------------
 def build_hash(paths: list[Path]) -> str:
     h = hashlib.sha256()
-    for path in [Path(__file__).resolve(), *paths, *sorted((ROOT / "rules").rglob("*.yaml"))]:
+    # The expected verdicts, metrics and sentiment come from the QA code and its data (rules, the
+    # sentiment lexicon): a change there must rebuild the manifest (the audio stays cached by content).
+    qa = sorted(p for p in (ROOT / "pipeline" / "qa").rglob("*") if p.suffix in (".py", ".yaml"))
+    for path in [Path(__file__).resolve(), *paths, *sorted((ROOT / "rules").rglob("*.yaml")), *qa]:
         h.update(path.name.encode())
         h.update(path.read_bytes())
     return h.hexdigest()[:16]
