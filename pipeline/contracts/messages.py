@@ -158,6 +158,14 @@ class QaEvent:
 
 
 @dataclass
+class CallHold:
+    """A hold of a finished call, [start_ms, end_ms) on the call's clock."""
+
+    start_ms: int
+    end_ms: int
+
+
+@dataclass
 class CallQA(Message):
     SCHEMA: ClassVar[str] = "io.callqa.CallQA"
     call_id: str
@@ -178,12 +186,14 @@ class CallQA(Message):
     agent_sentiment_end: float = 0.0
     longest_monologue_ms: int = 0
     hold_ms: int = 0
+    holds: list[CallHold] = field(default_factory=list)  # when: the intervals hold_ms is the total of
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> CallQA:
         record = dict(record)
         record["items"] = [QaItem(**i) for i in record.get("items", [])]
         record["events"] = [QaEvent(**e) for e in record.get("events", [])]
+        record["holds"] = [CallHold(**h) for h in record.get("holds", [])]
         return super().from_record(record)
 
 

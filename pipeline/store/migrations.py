@@ -190,6 +190,12 @@ def _add_columns(table: str, columns: list[tuple[str, str, str]]) -> str:
     return f"ALTER TABLE {{db}}.{table} {adds}"
 
 
+# Issue 27 item 5: when the call was on hold (the call page draws each hold), not only the total hold_ms.
+_HOLDS_COLUMN = (
+    "ALTER TABLE {db}.calls ADD COLUMN IF NOT EXISTS holds Array(Tuple(start_ms UInt32, end_ms UInt32)) "
+    "DEFAULT [] COMMENT 'hold intervals [start_ms, end_ms) on the call clock; empty for rows written before'"
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "tables", (_CALLS, _SEGMENTS, _LATENCY, _CALL_QA, _QA_EVENTS)),
     Migration(2, "deduped views", tuple(_deduped_view(t) for t in TABLE_KEYS)),
@@ -197,6 +203,7 @@ MIGRATIONS: tuple[Migration, ...] = (
         *(_add_columns(table, columns) for table, columns in _SENTIMENT_COLUMNS.items()),
         *(_deduped_view(table, replace=True) for table in _SENTIMENT_COLUMNS),
     )),
+    Migration(4, "hold intervals of a call", (_HOLDS_COLUMN, _deduped_view("calls", replace=True))),
 )
 
 

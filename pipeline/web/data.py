@@ -347,10 +347,13 @@ def _sentiment_summary(call: Mapping[str, Any], metrics: Mapping[str, float]) ->
 
 
 def _holds(value: Any) -> tuple[tuple[int, int], ...]:
-    """Hold intervals, [(start_ms, end_ms)], where the store keeps them (a ``holds`` column)."""
+    """Hold intervals, [(start_ms, end_ms)], where the store keeps them (the ``holds`` column of migration 4;
+    a store migrated before it has none: no intervals). The column's named tuples come from the store as
+    mappings ({"start_ms", "end_ms"}), through JSON as objects or, from older clients, as plain pairs."""
     if not value:
         return ()
-    return tuple((int(h[0]), int(h[1])) for h in value)
+    pairs = ((h["start_ms"], h["end_ms"]) if isinstance(h, Mapping) else (h[0], h[1]) for h in value)
+    return tuple(sorted((int(a), int(b)) for a, b in pairs))
 
 
 def _duration_ms(metrics: Mapping[str, float], turns: Sequence[Turn], started: datetime,

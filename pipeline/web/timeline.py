@@ -1,9 +1,9 @@
 """Geometry of a call's timeline, as boxes, markers and ticks in SVG user units: pure, no I/O.
 
 Lanes, top to bottom: the agent's speech, the customer's speech, then one lane for what is between them:
-overtalk (both speak), silence (neither speaks for longer than the QA silence threshold, lead-in and tail
-not counted, as pipeline/qa/metrics.py counts them) and holds (the telephony sent no audio; a hold is
-drawn as a hold, not as the silence it also is). When turns carry sentiment, a last lane plots each
+overtalk (both speak) and silence (neither speaks for longer than the QA silence threshold, lead-in and tail
+not counted, as pipeline/qa/metrics.py counts them). A hold (the telephony sent no audio) is a band across
+both legs' lanes and the one between them, drawn beneath the speech, and not as the silence it also is. When turns carry sentiment, a last lane plots each
 turn's score (−5..+5) at its middle, one line per leg. Live alerts are markers across the lanes.
 Every box and marker that belongs to a turn names the turn's anchor, so the SVG links to the transcript.
 """
@@ -179,14 +179,16 @@ def layout(
     lanes = [Lane(leg, TOP + i * (LANE_H + LANE_GAP), LANE_H) for i, leg in enumerate(LEGS)]
     between = Lane("between", TOP + 2 * (LANE_H + LANE_GAP), LANE_H)
     lane_of = {lane.name: lane for lane in lanes}
-    boxes = [scale.box(s.leg, s.start_ms, s.end_ms, lane_of[s.leg], s.anchor) for s in spans if s.leg in lane_of]
+    # Holds first: SVG paints in order, so a turn that overlaps a hold's edge stays visible on top of it.
+    held = merge_intervals(h for h in holds if h[1] > h[0])
+    band = Lane("hold", lanes[0].y, between.y + between.height - lanes[0].y)
+    boxes = [scale.box("hold", a, b, band) for a, b in held]
+    boxes += [scale.box(s.leg, s.start_ms, s.end_ms, lane_of[s.leg], s.anchor) for s in spans if s.leg in lane_of]
 
     speech = {leg: merge_intervals((s.start_ms, s.end_ms) for s in spans if s.leg == leg) for leg in LEGS}
-    held = merge_intervals(h for h in holds if h[1] > h[0])
     overtalk = intersect_intervals(speech["agent"], speech["customer"])
     quiet = subtract_intervals(silences([*speech["agent"], *speech["customer"]], silence_threshold_ms), held)
     boxes += [scale.box("silence", a, b, between) for a, b in quiet]
-    boxes += [scale.box("hold", a, b, between) for a, b in held]
     boxes += [scale.box("overtalk", a, b, between) for a, b in overtalk]
 
     y = between.y + between.height + LANE_GAP

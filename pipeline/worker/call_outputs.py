@@ -78,7 +78,7 @@ class CallOutputs:
     async def call_result(self, call: CallState, result: CallQaResult, how: str, audio_ms: int) -> None:
         """The call's QA (message, call row, QA rows), once all its segments are out."""
         start = call.start or call.end
-        qa = call_qa_message(call.call_id, result, start)
+        qa = call_qa_message(call.call_id, result, start, call.hold_intervals(audio_ms))
         await self.publish(call, self.settings.topic_qa, qa)
         await self.sink.write("calls", [call_row(call, qa, start, how, audio_ms, now_ms())])
         await self.sink.write("call_qa", [call_qa_row(qa)])

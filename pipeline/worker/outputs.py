@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from pipeline.contracts.messages import (
     CallEvent,
+    CallHold,
     CallQA,
     LatencyMetric,
     QaAlert,
@@ -72,8 +74,10 @@ def event_message(e: QaEvent) -> QaEventMessage:
     return QaEventMessage(e.rule, e.category, e.leg, e.kind, e.offset_ms, e.text, e.severity)
 
 
-def call_qa_message(call_id: str, result: CallQaResult, start: CallEvent | None) -> CallQA:
-    """The call's scorecard result; ``start``: the start (else end) event, for tenant and agent."""
+def call_qa_message(call_id: str, result: CallQaResult, start: CallEvent | None,
+                    holds: Sequence[tuple[int, int]] = ()) -> CallQA:
+    """The call's scorecard result; ``start``: the start (else end) event, for tenant and agent; ``holds``:
+    the call's hold intervals on its clock (``CallState.hold_intervals``, as the QA measured them)."""
     customer = result.sentiment.leg("customer") if result.sentiment else None
     agent = result.sentiment.leg("agent") if result.sentiment else None
     return CallQA(
@@ -92,6 +96,7 @@ def call_qa_message(call_id: str, result: CallQaResult, start: CallEvent | None)
         agent_sentiment_end=agent.end if agent else 0.0,
         longest_monologue_ms=int(result.metrics.get("longest_monologue_ms", 0)),
         hold_ms=int(result.metrics.get("hold_ms", 0)),
+        holds=[CallHold(int(a), int(b)) for a, b in holds],
     )
 
 
@@ -107,6 +112,8 @@ def call_row(call: CallState, qa: CallQA, start: CallEvent | None, how: str, aud
         "customer_sentiment_end": qa.customer_sentiment_end, "agent_sentiment_start": qa.agent_sentiment_start,
         "agent_sentiment_end": qa.agent_sentiment_end, "longest_monologue_ms": qa.longest_monologue_ms,
         "hold_ms": qa.hold_ms,
+        # UInt32 columns: a hold's times are on the call's clock, never before its start.
+        "holds": [(max(0, h.start_ms), max(0, h.end_ms)) for h in qa.holds],
     }
 
 

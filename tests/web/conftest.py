@@ -44,6 +44,8 @@ CALLS = [
         ("agent", 0, 3, "Hello, you are through to Acme."),
     ], None),
 ]  # fmt: skip
+# The calls put on hold, as the worker stores them: when (call time, ms), not only for how long.
+HOLDS = {"call-good": [(25_500, 31_000)]}
 
 
 @dataclass
@@ -84,7 +86,8 @@ def fill(client: Client, db: str, config: QaConfig) -> FilledStore:
                           legs=["agent", "customer"], started_at=started,
                           ended_at=None if end_s is None else started + timedelta(seconds=end_s),
                           end_reason="" if end_s is None else "end", segments=len(lines),
-                          audio_ms=int((end_s or 3) * 2000), updated_at=started + timedelta(seconds=end_s or 3)))
+                          audio_ms=int((end_s or 3) * 2000), updated_at=started + timedelta(seconds=end_s or 3),
+                          hold_ms=sum(b - a for a, b in HOLDS.get(call_id, [])), holds=HOLDS.get(call_id, [])))
         for segment in analyzer.segments:  # redacted, as the worker stores them
             segments.append(dict(segment_id=segment.segment_id, call_id=call_id, leg=segment.leg,
                                  start_ms=segment.start_ms, end_ms=segment.end_ms, text=segment.text,
@@ -93,7 +96,7 @@ def fill(client: Client, db: str, config: QaConfig) -> FilledStore:
                                  produced_at=started + timedelta(milliseconds=segment.end_ms + 300)))
         if end_s is None:
             continue  # an open call: no QA yet
-        result = results[call_id] = analyzer.finalize(int(end_s * 1000))
+        result = results[call_id] = analyzer.finalize(int(end_s * 1000), HOLDS.get(call_id, []))
         applicable = [item for item in result.items if item.passed is not None]
         call_qa.append({"call_id": call_id, "tenant": "acme", "agent_id": agent, "score_pct": result.score_pct,
                         "auto_failed": int(result.auto_failed), "metrics": result.metrics,

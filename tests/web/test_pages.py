@@ -8,6 +8,7 @@ import re
 from datetime import date, datetime
 from html.parser import HTMLParser
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,7 +25,7 @@ from pipeline.web.render import (
     static_file_name,
 )
 
-from .conftest import CARD, FilledStore, StoreRows
+from .conftest import CARD, HOLDS, FilledStore, StoreRows
 
 
 class Links(HTMLParser):
@@ -151,6 +152,36 @@ def test_sentiment_colours_the_turns_once_the_store_has_it(filled: FilledStore, 
     assert html.count('<polyline class="trend') == 2  # one trend line per leg in the timeline
     rude = next(c for c in read_call_list(source, db) if c.call_id == "call-rude")
     assert rude.customer_sentiment == pytest.approx(-0.6)
+
+
+def test_a_held_call_shows_each_hold_as_a_band_with_its_times(filled: FilledStore, source: StoreRows) -> None:
+    page = read_call_page(source, filled.database, "call-good")
+    assert page is not None and page.holds == tuple(HOLDS["call-good"]) and page.hold_ms == 5_500
+    html = render_call_page(page, PageContext(ServerLinks()))
+    bands = re.findall(r'<rect class="hold" data-kind="hold"[^>]*><title>([^<]*)</title>', html)
+    assert bands == ["on hold 0:25–0:31 (5.5 s)"]
+    assert 'id="hold-hatch"' in html and "on hold (both legs)</span>" in html
+    unheld = read_call_page(source, filled.database, "call-rude")
+    assert unheld is not None and unheld.holds == ()
+    assert '<rect class="hold"' not in render_call_page(unheld, PageContext(ServerLinks()))
+
+
+class WithoutHolds:
+    """The rows of a store migrated before the ``holds`` column (migration 4): ``SELECT *`` has no such key."""
+
+    def __init__(self, source: StoreRows) -> None:
+        self.source = source
+
+    def rows(self, sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+        return [{k: v for k, v in r.items() if k != "holds"} for r in self.source.rows(sql, params)]
+
+
+def test_a_store_without_hold_times_shows_the_total_only(filled: FilledStore, source: StoreRows) -> None:
+    page = read_call_page(WithoutHolds(source), filled.database, "call-good")
+    assert page is not None and page.holds == () and page.hold_ms == 5_500
+    html = render_call_page(page, PageContext(ServerLinks()))
+    assert '<rect class="hold"' not in html
+    assert "on hold (both legs) (total 5.5 s; this store keeps no hold times)</span>" in html
 
 
 def test_sentiment_bands() -> None:

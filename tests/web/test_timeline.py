@@ -54,6 +54,18 @@ def test_a_hold_is_drawn_as_a_hold_not_as_the_silence_it_also_is() -> None:
     assert [(b.start_ms, b.end_ms) for b in t.of_kind("silence")] == [(2_000, 10_000), (20_000, 30_000)]
 
 
+def test_a_hold_is_a_band_across_both_legs_drawn_beneath_the_speech() -> None:
+    spans = [Span("agent", 0, 11_000, "turn-0"), Span("customer", 19_000, 22_000, "turn-1")]
+    t = layout(30_000, spans, holds=[(20_000, 25_000), (10_000, 20_000), (3_000, 3_000)])
+    lanes = {lane.name: lane for lane in t.lanes}
+    [hold] = t.of_kind("hold")  # touching holds are one band; an empty one is none
+    assert (hold.start_ms, hold.end_ms, hold.anchor) == (10_000, 25_000, None)
+    assert hold.y == lanes["agent"].y
+    assert hold.y + hold.height == lanes["between"].y + lanes["between"].height
+    assert (hold.x, hold.width) == (t.plot_x + t.plot_width / 3, round(t.plot_width / 2, 1))
+    assert t.boxes[0] == hold  # painted first: the agent's turn overlapping it stays on top
+
+
 def test_a_short_turn_on_a_long_call_stays_visible_and_nothing_leaves_the_plot() -> None:
     t = layout(3_600_000, [Span("agent", 1_000, 1_100, "turn-0"), Span("customer", 3_590_000, 3_700_000, "turn-1")])
     assert t.of_kind("agent")[0].width == MIN_BOX_W

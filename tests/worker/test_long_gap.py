@@ -228,3 +228,6 @@ def test_a_held_library_call_streamed_equals_its_offline_analysis(kafka_settings
     assert any(s.start_ms >= hold_end for s in offline.segments)  # speech after the hold is compared too
     assert [(r["leg"], r["start_ms"], r["end_ms"], r["text"]) for r in stored] == [
         (s.leg, s.start_ms, s.end_ms, s.text) for s in offline.segments]
+    # The calls row keeps when the call was on hold (the call page draws it), as the replay held it.
+    (row,) = worker.query("SELECT holds FROM calls FINAL WHERE call_id = {c:String}", c=call_id)
+    assert [(h["start_ms"], h["end_ms"]) for h in row["holds"]] == rec.holds_ms
