@@ -240,7 +240,7 @@ def worker(
     console.print(f"worker {settings.worker_id}: Kafka {settings.bootstrap}, web http://{settings.web_host}:{settings.web_port}")
     if not configured.api_token.get_secret_value().strip() and settings.api_token.get_secret_value():
         console.print(f"call pages: http://{settings.web_host}:{settings.web_port}/calls (log in with the API token "
-                      f"in {token_path(settings.state_dir)}; `callqa report` reads it there)")
+                      f"in {token_path(settings.state_dir)}; `callqa report` reads it there)", soft_wrap=True)
     run_worker(settings, loglevel=loglevel)
 
 
@@ -268,7 +268,8 @@ def report(
                                   since=since_dt)
         if call and not count:
             raise RuntimeError(f"no call {call!r} in the store")
-        console.print(f"{count} call page{'' if count == 1 else 's'} written: {index.resolve()}")
+        # soft_wrap: a path is never broken across lines (a narrow or non-terminal output would cut it).
+        console.print(f"{count} call page{'' if count == 1 else 's'} written: {index.resolve()}", soft_wrap=True)
         return
     found = read_report(source_for(settings), settings.clickhouse_database, call_id=call, agent_id=agent,
                         since=since_dt)

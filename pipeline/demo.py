@@ -130,7 +130,8 @@ def main() -> int:
         for call_id in report.call_ids:
             render_report(api, settings.clickhouse_database, console, call_id=call_id)
         pages, count = write_html(api, settings, settings.state_dir / "demo" / "pages")
-        console.print(f"{count} call pages (open in a browser, no server needed): {pages.resolve().as_uri()}")
+        console.print(f"{count} call pages (open in a browser, no server needed): {pages.resolve().as_uri()}",
+                      soft_wrap=True)
         return 0
     finally:
         stop.set()

@@ -118,7 +118,14 @@ class Watched:
         self.problems: list[str] = []
         self.page.on("console", lambda m: m.type == "error" and self.problems.append(f"console: {m.text}"))
         self.page.on("pageerror", lambda e: self.problems.append(f"page error: {e}"))
-        self.page.on("requestfailed", lambda r: self.problems.append(f"request failed: {r.url}"))
+        self.page.on("requestfailed", self._request_failed)
+
+    def _request_failed(self, request: Any) -> None:
+        # A navigation the test starts while the last one is still loading cancels it (net::ERR_ABORTED):
+        # the browser gave the request up, the server did not fail it. The pages have no script that could.
+        failure = request.failure or ""
+        if "ERR_ABORTED" not in failure:
+            self.problems.append(f"request failed: {request.url} ({failure})")
 
 
 def _log_in(page: Any, base: str, token: str) -> None:
@@ -169,6 +176,7 @@ def test_login_flow(library_worker: LibraryWorker, browser: Any) -> None:
     listed = page.locator("#calls tbody a").all_inner_texts()
     assert sorted(listed) == sorted(library_worker.calls)
     page.click("text=Log out")
+    page.wait_for_load_state()
     assert page.url.startswith(f"{library_worker.url}/login")
     page.goto(f"{library_worker.url}/calls")
     assert page.url.startswith(f"{library_worker.url}/login?next=")
