@@ -54,7 +54,16 @@ from pipeline.broker.topics import ensure_topics
 from pipeline.config import Settings
 from pipeline.contracts import Serde
 from pipeline.contracts.messages import CallCheckpoint, CallQA, LatencyMetric, TranscriptSegment
-from pipeline.eval.call_library import LIBRARY_DIR, Leak, find_leaks, load_manifest, string_values
+from pipeline.eval.call_library import (
+    LIBRARY_DIR,
+    STORE_TABLES,
+    TABLE_TEXT_COLUMNS,
+    Leak,
+    find_leaks,
+    load_manifest,
+    message_texts,
+    string_values,
+)
 from pipeline.ingest.replay import CallRecording, ReplayOptions, TelephonyReplay, load_recording
 from pipeline.qa.call import QaConfig
 from pipeline.worker.process import GroupCalls, GroupStores, QaVerdicts, WorkerProcess, worker_env
@@ -70,9 +79,6 @@ ACTIVE_CALLS = "callqa_active_calls"
 REDECODED = re.compile(r"callqa_\w*re_?decod\w*")  # the worker's own re-decoding counter, if it has one
 FRAME_MS = 20
 MAX_CALL_MS = 100_000
-TEXT_FIELDS = ("text", "rationale", "reason")
-TABLES = ("segments", "calls", "call_qa", "qa_events", "latency")
-TABLE_TEXT = {"segments": ["text"], "call_qa": ["items.rationale"], "qa_events": ["text"]}
 IDS = "has(splitByChar(',', {ids:String}), call_id)"
 
 
@@ -350,20 +356,6 @@ def read_topic(settings: Settings, topic: str) -> list[Any]:
     return out
 
 
-def message_texts(message: Any, path: str = "") -> list[tuple[str, str]]:
-    """(field path, value) of every free-text field of a decoded message, nested records included."""
-    out: list[tuple[str, str]] = []
-    for f in dataclasses.fields(message):
-        value = getattr(message, f.name)
-        if isinstance(value, str) and f.name in TEXT_FIELDS:
-            out.append((f"{path}{f.name}", value))
-        elif isinstance(value, list):
-            for i, item in enumerate(value):
-                if dataclasses.is_dataclass(item):
-                    out += message_texts(item, f"{path}{f.name}[{i}].")
-    return out
-
-
 @dataclass
 class PiiScan:
     spans: dict[str, list[dict[str, Any]]]  # call id -> its manifest PII spans
@@ -397,7 +389,7 @@ class PiiScan:
         for row in rows:
             self.scanned["rows"] += 1
             texts = []
-            for column in TABLE_TEXT.get(name, []):
+            for column in TABLE_TEXT_COLUMNS.get(name, []):
                 value = row.get(column)
                 texts += [(f"store{store} {name}.{column}", str(v))
                           for v in (value if isinstance(value, list) else [value]) if v is not None]
@@ -646,7 +638,7 @@ def _verdict(options: ChaosOptions, workers: Workers, traffic: Traffic, settings
     stored_qa = stores.read_verdicts(call_ids)
     scan = PiiScan({c: m["pii"] for c, (m, _) in zip(call_ids, picked, strict=True)})
     for i, worker in enumerate(workers.slots):
-        for table in TABLES:  # no FINAL: superseded rows are stored too until a merge folds them away
+        for table in STORE_TABLES:  # no FINAL: superseded rows are stored too until a merge folds them away
             scan.table(i, table, worker.store_rows(f"SELECT * FROM {table} WHERE {IDS}", ids=",".join(call_ids)))
     serde = Serde.from_settings()
     topics = {t: read_topic(settings, t) for t in (settings.topic_transcripts, settings.topic_latency,

@@ -71,6 +71,27 @@ def digit_text(text: str) -> str:
     return " ".join(run.digits for run in digit_runs(_MEASURE.sub(" ", text))[1])
 
 
+# Where PII is searched: the free-text fields of decoded messages (for every PII kind of their call), and
+# the tables a worker writes with their free-text columns (whole rows are searched for the long kinds).
+TEXT_FIELDS = ("text", "rationale", "reason")
+STORE_TABLES = ("segments", "calls", "call_qa", "qa_events", "latency")
+TABLE_TEXT_COLUMNS = {"segments": ["text"], "call_qa": ["items.rationale"], "qa_events": ["text"]}
+
+
+def message_texts(message: Any, path: str = "") -> list[tuple[str, str]]:
+    """(field path, value) of every free-text field of a decoded message, nested records included."""
+    out: list[tuple[str, str]] = []
+    for f in dataclasses.fields(message):
+        value = getattr(message, f.name)
+        if isinstance(value, str) and f.name in TEXT_FIELDS:
+            out.append((f"{path}{f.name}", value))
+        elif isinstance(value, list):
+            for i, item in enumerate(value):
+                if dataclasses.is_dataclass(item):
+                    out += message_texts(item, f"{path}{f.name}[{i}].")
+    return out
+
+
 def string_values(value: Any) -> str:
     """Every string inside a record (a row, a decoded message, nested lists, dicts and dataclasses), joined.
 

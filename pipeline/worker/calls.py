@@ -128,10 +128,11 @@ class CallProcessor:
         ``dead_letter_message``); they touch no call state and their seqs stay gaps, filled with silence.
         Any other exception is a bug, not bad input: the caller must treat it as fatal (``fail``).
         """
-        replayed = [f for f in frames if self.registry.replayed(f[0], f[1])]
-        if replayed:  # read again after a rebalance that kept the partition: the calls hold it already
-            self.metrics.frames_dropped.labels("read_before_rebalance").inc(len(replayed))
-            frames = [f for f in frames if not self.registry.replayed(f[0], f[1])]
+        if self.registry.replay_floor:  # after a rebalance that kept a partition: skip what was read before
+            fresh = [f for f in frames if not self.registry.replayed(f[0], f[1])]
+            if len(fresh) < len(frames):
+                self.metrics.frames_dropped.labels("read_before_rebalance").inc(len(frames) - len(fresh))
+            frames = fresh
         batch = await self.intake.take(frames)
         for closed in self.segmentation.segment(batch.legs):
             await self.scheduler.submit(closed, batch.consumed_ms)

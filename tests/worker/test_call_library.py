@@ -10,7 +10,6 @@ Before that, one short call is replayed in real time and its live QaAlert must c
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -22,6 +21,8 @@ from pipeline.broker.producer import ContractProducer
 from pipeline.contracts import CallEvent, QaAlert, Serde
 from pipeline.eval.call_library import (
     LIBRARY_DIR,
+    STORE_TABLES,
+    TABLE_TEXT_COLUMNS,
     Disagreement,
     Leak,
     compare,
@@ -29,6 +30,7 @@ from pipeline.eval.call_library import (
     holds_of,
     item_verdicts,
     load_manifest,
+    message_texts,
     metric_misses,
     redacted_reference,
     rule_verdicts,
@@ -48,10 +50,6 @@ AGREEMENT_GOAL = 0.95
 # The stored finals against the scripts (4.8 % measured at 21f1ea5; the offline legs set reads 5.0-5.3 %).
 WER_CEILING = 0.06
 IDS = "has(splitByChar(',', {ids:String}), call_id)"
-# Free-text columns: searched for every PII kind of their call. Whole rows are searched for the long kinds.
-TEXT_COLUMNS = {"segments": ["text"], "call_qa": ["items.rationale"], "qa_events": ["text"]}
-TABLES = ("segments", "calls", "call_qa", "qa_events", "latency")
-TEXT_FIELDS = ("text", "rationale", "reason")
 
 
 def load_calls(manifest: dict[str, Any]) -> list[tuple[dict[str, Any], CallRecording]]:
@@ -67,20 +65,6 @@ def replay(settings: Any, recordings: list[CallRecording], prefix: str, realtime
     player = TelephonyReplay(ContractProducer(settings.bootstrap, Serde.from_settings()),
                              settings.topic_audio, settings.topic_call_events)
     return player.run(recordings, replace(OPTIONS, realtime=realtime, call_id_prefix=prefix)).call_ids
-
-
-def message_texts(message: Any, path: str = "") -> list[tuple[str, str]]:
-    """(field path, value) of every free-text field of a decoded message, nested items included."""
-    out: list[tuple[str, str]] = []
-    for f in dataclasses.fields(message):
-        value = getattr(message, f.name)
-        if isinstance(value, str) and f.name in TEXT_FIELDS:
-            out.append((f"{path}{f.name}", value))
-        elif isinstance(value, list):
-            for i, item in enumerate(value):
-                if dataclasses.is_dataclass(item):
-                    out += message_texts(item, f"{path}{f.name}[{i}].")
-    return out
 
 
 def every_span(spans: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -112,14 +96,14 @@ def scan_topics(settings: Any, read_topic: Any, spans: dict[str, list[dict[str, 
 def scan_tables(worker: Any, call_ids: list[str], spans: dict[str, list[dict[str, Any]]]) -> tuple[list[Leak], int]:
     leaks: list[Leak] = []
     scanned = 0
-    for table in TABLES:
+    for table in STORE_TABLES:
         # no FINAL: partial and superseded rows are stored too until a merge folds them away
         rows = worker.query(f"SELECT * FROM {table} WHERE {IDS}", ids=",".join(call_ids))
         scanned += len(rows)
         for row in rows:
             call = row["call_id"]
             texts = []
-            for column in TEXT_COLUMNS.get(table, []):
+            for column in TABLE_TEXT_COLUMNS.get(table, []):
                 value = row.get(column)
                 texts += [(f"table {table}.{column}", v) for v in (value if isinstance(value, list) else [value])]
             leaks += find_leaks(call, spans.get(call, []), texts, in_text=True)
