@@ -13,6 +13,8 @@ from pipeline.config.broker import BrokerSettings
 from pipeline.contracts import Message as ContractMessage
 from pipeline.contracts import Serde
 
+POLL_EVERY = 64  # sends between serving delivery reports
+
 
 class DeliveryError(RuntimeError):
     """The broker did not take a message; the message names the topic and the error."""
@@ -37,6 +39,7 @@ class ContractProducer:
         self.errors = errors
         self._lock = threading.Lock()
         self.delivered = 0
+        self._unpolled = 0
         self.failures: list[str] = []
 
     @classmethod
@@ -59,7 +62,12 @@ class ContractProducer:
                 # Local queue full: let librdkafka send some, then retry (back-pressure, not loss).
                 self._producer.poll(0.05)
                 self._raise_if_refused()
-        self._producer.poll(0)
+        # Serving delivery reports once per batch of sends, not per message, is a tenth of the cost of a
+        # 20 ms audio frame; the local queue holds 200,000 messages, and flush serves them all anyway.
+        self._unpolled += 1
+        if self._unpolled >= POLL_EVERY:
+            self._unpolled = 0
+            self._producer.poll(0)
 
     def flush(self, timeout_s: float = 60.0) -> None:
         # In short steps, so a refused login or TLS handshake ends the wait at once.

@@ -14,7 +14,8 @@ from typing import Any, TypeVar
 
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
 
-from pipeline.contracts.messages import ALL_MESSAGES, Message
+from pipeline.contracts import frame_codec
+from pipeline.contracts.messages import ALL_MESSAGES, AudioFrame, Message
 from pipeline.contracts.registry import (
     ConfluentSchemaRegistry,
     FileSchemaRegistry,
@@ -54,6 +55,10 @@ class Serde:
         # means), and parsing it again for every 20 ms audio frame cost a JSON dump per message.
         self._writers: dict[int, tuple[str, Any]] = {}
         self._by_name = {cls.SCHEMA: cls for cls in ALL_MESSAGES}
+        # Audio frames are most messages: written directly when the schema on file is the one the direct
+        # writer knows (else the generic path, which any schema change falls back to).
+        frames = self.schemas.get(AudioFrame.SCHEMA)
+        self._frames = frame_codec.AudioFrameWriter() if frames and frame_codec.matches(frames) else None
 
     @classmethod
     def from_settings(cls, schema_registry_url: str = "", schemas_dir: Path = SCHEMAS_DIR) -> Serde:
@@ -71,6 +76,11 @@ class Serde:
 
     def encode(self, message: Message) -> bytes:
         name = message.SCHEMA
+        if self._frames is not None and type(message) is AudioFrame:
+            try:
+                return HEADER.pack(MAGIC, self.schema_id(name)) + self._frames.body(message)
+            except (ValueError, TypeError, AttributeError) as exc:
+                raise ContractError(f"{name}: cannot encode: {exc}") from exc
         buf = io.BytesIO()
         buf.write(HEADER.pack(MAGIC, self.schema_id(name)))
         try:

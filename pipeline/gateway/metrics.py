@@ -6,9 +6,47 @@ each one's /metrics must show its own counts.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+import threading
+from collections.abc import Iterator
+
+import numpy as np
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 PROTOCOLS = ("twilio", "audiohook")
+ACK_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+
+class BatchHistogram(Collector):
+    """A Prometheus histogram observed a batch at a time: the sender acknowledges thousands of frames at
+    once, and ``Histogram.observe`` per frame (a lock and a bucket search each) was 2 µs of every frame."""
+
+    def __init__(self, name: str, documentation: str, buckets: tuple[float, ...], registry: CollectorRegistry) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.bounds = np.asarray(buckets, dtype=np.float64)
+        self._counts = np.zeros(len(buckets) + 1, dtype=np.int64)  # per bucket (not cumulative); last: above all
+        self._sum = 0.0
+        self._lock = threading.Lock()
+        registry.register(self)
+
+    def observe_many(self, values: np.ndarray) -> None:
+        if not len(values):
+            return
+        # side="left": a value equal to a bound belongs to that bound's bucket (Prometheus's le).
+        counts = np.bincount(np.searchsorted(self.bounds, values, side="left"), minlength=len(self._counts))
+        with self._lock:
+            self._counts += counts
+            self._sum += float(values.sum())
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        with self._lock:
+            cumulative, total = np.cumsum(self._counts), self._sum
+        buckets = [(floatToGoString(b), float(c)) for b, c in zip(self.bounds, cumulative[:-1], strict=True)]
+        buckets.append(("+Inf", float(cumulative[-1])))
+        yield HistogramMetricFamily(self.name, self.documentation, buckets=buckets, sum_value=total)
 
 
 class GatewayMetrics:
@@ -48,9 +86,8 @@ class GatewayMetrics:
         self.buffered_frames = Gauge("callqa_gateway_buffered_frames", "Frames waiting for Kafka.", registry=r)
         self.delivery_failures = Counter("callqa_gateway_delivery_failures_total",
                                          "Messages Kafka did not take.", registry=r)
-        self.ack_latency = Histogram("callqa_gateway_frame_ack_seconds",
-                                     "Frame built (its audio received) -> acknowledged by Kafka.",
-                                     buckets=(0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10), registry=r)
+        self.ack_latency = BatchHistogram("callqa_gateway_frame_ack_seconds",
+                                          "Frame built (its audio received) -> acknowledged by Kafka.", ACK_BUCKETS, r)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

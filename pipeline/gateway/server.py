@@ -61,6 +61,8 @@ class GatewayServer:
             settings.audiohook_signature_max_age_s, settings.audiohook_clock_skew_s)
         self.tls = _tls_context(settings)
         self.sessions: dict[ServerConnection, Session] = {}
+        self._last_seen: dict[ServerConnection, float] = {}  # when each socket last gave a message (monotonic)
+        self._idle_closed: set[ServerConnection] = set()  # sockets the tick is closing for silence
         self.draining = False
         self._closing_all = False
         self._loopback = True
@@ -152,6 +154,7 @@ class GatewayServer:
                                        session_id=headers.get("audiohook-session-id", "")[:64],
                                        organization_id=headers.get("audiohook-organization-id", ""))
         self.sessions[ws] = session
+        self._last_seen[ws] = time.monotonic()
         self.metrics.sessions.labels(protocol, "accepted").inc()
         self.metrics.sessions_active.labels(protocol).inc()
         reason = "disconnected"
@@ -164,11 +167,13 @@ class GatewayServer:
             else:
                 session.socket_closed(reason)
             del self.sessions[ws]
+            self._last_seen.pop(ws, None)
+            self._idle_closed.discard(ws)
             self.metrics.sessions_active.labels(protocol).dec()
 
     async def _read_twilio(self, ws: ServerConnection, session: TwilioStream) -> str:
         while True:
-            message = await self._receive(ws, session, self.settings.gateway_idle_timeout_s)
+            message = await self._receive(ws)
             if isinstance(message, _Ended):
                 return message.reason
             try:
@@ -182,14 +187,10 @@ class GatewayServer:
 
     async def _read_audiohook(self, ws: ServerConnection, session: AudioHookSession) -> str:
         while True:
-            errored = session.state is State.ERROR
-            wait = ERROR_CLOSE_WAIT_S if errored else self.settings.gateway_idle_timeout_s
-            message = await self._receive(ws, session, wait, count_idle=not errored)
+            message = await self._receive(ws)
             if isinstance(message, _Ended):
-                if errored and message.reason == "idle timeout":  # the client never closed after disconnect
-                    code, why = ((session.error.code, session.error.detail) if session.error
-                                 else (CLOSE_POLICY, "unauthorized"))
-                    await ws.close(code, why[:120])
+                if message.reason == "idle timeout" and session.state is State.ERROR:
+                    # The client never closed after our disconnect: the tick closed it with the error's code.
                     return "protocol error" if session.error else "unauthorized"
                 return message.reason
             replies = session.on_text(message) if isinstance(message, str) else session.on_binary(message)
@@ -200,18 +201,38 @@ class GatewayServer:
                 await ws.close(CLOSE_NORMAL)
                 return "protocol error" if session.error else "unauthorized"
 
-    async def _receive(self, ws: ServerConnection, session: Session, wait_s: float,
-                       count_idle: bool = True) -> str | bytes | _Ended:
+    async def _receive(self, ws: ServerConnection) -> str | bytes | _Ended:
+        """The next message, or why there is none. No timer per message (``asyncio.wait_for`` was a task
+        and a timer handle for each of 50 messages a second per leg): the tick closes idle sockets."""
         try:
-            return await asyncio.wait_for(ws.recv(), wait_s)
-        except TimeoutError:
-            if count_idle:
-                self.metrics.protocol_errors.labels(session.protocol, "idle").inc()
-                log.warning("%s: nothing received for %.0f s, closing", session.name, wait_s)
-                await ws.close(CLOSE_IDLE, "idle timeout")
-            return _Ended("idle timeout")
+            message = await ws.recv()
         except ConnectionClosed:
+            if ws in self._idle_closed:
+                return _Ended("idle timeout")
             return _Ended("gateway shutdown" if self._closing_all else "disconnected")
+        self._last_seen[ws] = time.monotonic()
+        return message
+
+    def _close_idle(self, now: float) -> None:
+        """Close the sockets that sent nothing for ``gateway_idle_timeout_s``, and AudioHook clients that
+        did not close within ``ERROR_CLOSE_WAIT_S`` after we disconnected them (with the error's code)."""
+        for ws, session in list(self.sessions.items()):
+            if ws in self._idle_closed:
+                continue
+            errored = isinstance(session, AudioHookSession) and session.state is State.ERROR
+            wait = ERROR_CLOSE_WAIT_S if errored else self.settings.gateway_idle_timeout_s
+            if now - self._last_seen.get(ws, now) < wait:
+                continue
+            self._idle_closed.add(ws)
+            if errored:
+                assert isinstance(session, AudioHookSession)
+                code, why = ((session.error.code, session.error.detail) if session.error
+                             else (CLOSE_POLICY, "unauthorized"))
+                self._spawn(ws.close(code, why[:120]))
+            else:
+                self.metrics.protocol_errors.labels(session.protocol, "idle").inc()
+                log.warning("%s: nothing received for %.0f s, closing", session.name, wait)
+                self._spawn(ws.close(CLOSE_IDLE, "idle timeout"))
 
     async def _close_after_flush(self, ws: ServerConnection, session: AudioHookSession) -> None:
         """``closed`` once the session's audio is acknowledged by Kafka (bounded), then the socket closes."""
@@ -227,6 +248,7 @@ class GatewayServer:
             await asyncio.sleep(TICK_S)
             try:
                 self.calls.tick()
+                self._close_idle(time.monotonic())
                 for ws, session in list(self.sessions.items()):
                     if isinstance(session, AudioHookSession):
                         await self._send(ws, session.check_flow())

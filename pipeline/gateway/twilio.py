@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 import logging
 from typing import Any
+
+import orjson
 
 from pipeline.contracts.messages import Leg
 from pipeline.gateway.calls import Attachment, CallInfo, OpenCalls
@@ -167,7 +168,7 @@ class TwilioStream:
 
 def _parse_json(text: str) -> dict[str, Any]:
     try:
-        message = json.loads(text)
+        message = orjson.loads(text)  # every media message is JSON: orjson parses it in a third of json's time
     except ValueError:
         raise ProtocolError(CLOSE_INVALID_DATA, "malformed", "malformed JSON") from None
     if not isinstance(message, dict):
