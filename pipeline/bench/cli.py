@@ -210,7 +210,7 @@ def bench_end_to_end(
 @bench_app.command("gateway")
 def bench_gateway(
     legs: Annotated[str, typer.Option(help="Comma-separated levels of concurrent live legs (2 per Twilio call).")]
-    = "200,500,1000",
+    = "200,500,800",
     warmup_s: Annotated[float, typer.Option(help="Load before the measured window (s).")] = 10.0,
     window_s: Annotated[float, typer.Option(help="The measured window (s).")] = 30.0,
     gateway_cpus: Annotated[str, typer.Option(help="CPU list the gateway is pinned to (taskset).")] = "0",

@@ -81,6 +81,7 @@ class OpenCalls:
         self.end_grace_s = end_grace_s
         self.clock = clock
         self.calls: dict[str, LiveCall] = {}
+        self._built = 0  # frames built since publish_counts
 
     def attach(self, stream_id: str, call_id: str, info: CallInfo, legs: Iterable[Leg]) -> Attachment:
         """Open the call (start event) or continue it; the stream writes the legs no other open stream
@@ -118,9 +119,11 @@ class OpenCalls:
             return False
         call = self.calls[att.call_id]
         timeline = call.timeline(leg)
-        before = (timeline.counts.silence_samples, timeline.counts.overlap_samples)
+        counts = timeline.counts
+        before = (counts.silence_samples, counts.overlap_samples)
         self._send(call, leg, timeline.write(att.base + at, payload))
-        self._count_adjusted(timeline, before)
+        if counts.silence_samples != before[0] or counts.overlap_samples != before[1]:
+            self._count_adjusted(timeline, before)
         return True
 
     def skip(self, att: Attachment, samples: int) -> None:
@@ -158,6 +161,7 @@ class OpenCalls:
 
     def tick(self) -> list[str]:
         """End the calls whose grace after their last stream has passed; returns their IDs."""
+        self.publish_counts()
         now = self.clock()
         due = [c.call_id for c in self.calls.values()
                if c.detached_at is not None and now - c.detached_at >= self.end_grace_s]
@@ -184,13 +188,20 @@ class OpenCalls:
         """Gateway shutdown: every call ends now (no later stream can reach this gateway)."""
         for call_id, call in list(self.calls.items()):
             self.end(call_id, reason if call.streams else None)
+        self.publish_counts()
 
     def _send(self, call: LiveCall, leg: Leg, frames: list[LegFrame]) -> None:
         for f in frames:
             self.sink.frame(AudioFrame(call.call_id, leg, f.seq, f.seq * FRAME_MS, SAMPLE_RATE, "mulaw", f.payload,
                                        produced_at_ms=now_ms()))
-        if frames:
-            self.metrics.frames_built.inc(len(frames))
+        # Counted here, published by the tick: a counter's lock per message was 3 % of a frame's CPU.
+        self._built += len(frames)
+
+    def publish_counts(self) -> None:
+        """Add the frames built since the last call to ``callqa_gateway_frames_built_total``."""
+        built, self._built = self._built, 0
+        if built:
+            self.metrics.frames_built.inc(built)
 
     def _count_adjusted(self, timeline: LegTimeline, before: tuple[int, int]) -> None:
         silence = timeline.counts.silence_samples - before[0]

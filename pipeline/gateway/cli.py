@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -46,6 +47,9 @@ def gateway(
     # of 50 frames a second per leg; flush() still waits for every acknowledgement.
     producer = ContractProducer.from_settings(settings, Serde.from_settings(settings.schema_registry_url),
                                               **{"delivery.report.only.error": True})
+    # The sender thread needs the GIL a few times per batch; a busy event loop gives it up only every
+    # switch interval (5 ms by default), which the frames waiting for that batch's acks paid for.
+    sys.setswitchinterval(0.001)
     uvloop.run(_serve(settings, host, port, producer))  # libuv's loop: less CPU per websocket message
 
 
