@@ -199,6 +199,24 @@ async def test_a_pci_pause_mid_call_skips_its_time(start_gateway, audiohook_clie
     assert gw.server.metrics.value("callqa_gateway_hold_seconds_total") == 30
 
 
+async def test_an_audiohook_client_that_never_closes_after_an_error_is_closed_with_its_code(
+        start_gateway, audiohook_client, read_calls) -> None:  # type: ignore[no-untyped-def]
+    gw = await start_gateway()
+    client = audiohook_client()
+    async with connect(gw.ws("/audiohook"), additional_headers=client.headers()) as ws:
+        await ws.send(client.open(channels=("external",)))
+        client.saw(await recv_json(ws))
+        client.seq += 5  # a sequence gap: a protocol error
+        await ws.send(client.message("ping"))
+        reply = client.saw(await recv_json(ws))
+        assert reply["type"] == "disconnect" and reply["parameters"]["reason"] == "error"
+        with pytest.raises(ConnectionClosed) as closed:  # we never send close: the gateway closes after ~2 s
+            await asyncio.wait_for(ws.recv(), 10)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
+    _, events = await read_calls(gw.settings, events=2)
+    assert only(events, "end").reason == "protocol error"
+
+
 # ---- refusals at the handshake ---------------------------------------------------------------------------
 async def test_bad_credentials_are_refused_before_the_upgrade(start_gateway, credentials, twilio_headers,
                                                               audiohook_client, audiohook_headers) -> None:  # type: ignore[no-untyped-def]
