@@ -75,8 +75,12 @@ $(VENV)/.installed: pyproject.toml
 kafka: venv
 	$(CALLQA) broker install
 
+# The default model, and the Moonshine models (CALLQA_MODEL=moonshine-tiny|moonshine-base, the accuracy
+# benchmark's columns): a few seconds each, skipped when built for this graph format and revision.
 models: venv
 	$(CALLQA) models build --if-needed
+	$(CALLQA) models build moonshine-tiny --if-needed
+	$(CALLQA) models build moonshine-base --if-needed
 
 # The contact-center call library (samples/calls/library/): synthesised from the committed scripts with
 # festival's slt voice (Debian) and piper's joe voice (PyPI) into a gitignored folder; skipped when the

@@ -1,4 +1,5 @@
-"""Build ONNX Whisper graphs (fp32 and dynamic int8) from the CTranslate2 weights of an installed package."""
+"""Build a model version folder: ONNX Whisper graphs (fp32 and dynamic int8) from the CTranslate2 weights of an
+installed package, or Moonshine's graphs from the `.ort` files its packages ship (``moonshine_graphs``)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,16 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from pipeline.asr.ct2 import find_source, load_source, load_suppress_config
 from pipeline.asr.graph import build_decoder, build_encoder
-from pipeline.asr.manifest import GRAPH_FORMAT, GRAPH_REVISION, Manifest, model_versions, sha256_of
+from pipeline.asr.manifest import (
+    GRAPH_FORMAT,
+    GRAPH_REVISION,
+    MOONSHINE_GRAPH_FORMAT,
+    MOONSHINE_GRAPH_REVISION,
+    Manifest,
+    model_versions,
+    sha256_of,
+)
+from pipeline.asr.moonshine_graphs import is_moonshine
 from pipeline.asr.signing import sign_model
 
 SAMPLE_RATE = 16000
@@ -62,6 +72,8 @@ def build_model(
     final = models_dir / name / str(version)
     if final.exists():
         raise FileExistsError(f"{final} already exists: choose another version")
+    if is_moonshine(name):
+        return _build_moonshine(name, version, final, sign_key)
     source = find_source(name)
     final.parent.mkdir(parents=True, exist_ok=True)
     # Build in a temporary sibling and rename, so a crash never leaves a half-built version behind.
@@ -92,5 +104,42 @@ def build_model(
         if sign_key is not None:
             sign_model(work, sign_key)
         work.chmod(0o755)  # mkdtemp makes it private; a model folder is shared read-only data
+        work.rename(final)
+    return BuildResult(final, manifest)
+
+
+def _build_moonshine(name: str, version: int, final: Path, sign_key: Ed25519PrivateKey | None) -> BuildResult:
+    """A Moonshine version: the converted graphs and tokenizer.bin, manifest, signature; staged and renamed
+    into place as a Whisper build is."""
+    from pipeline.asr.moonshine_graphs import TOKENIZER_FILE, find_source, source_sha256, write_graphs
+
+    source = find_source(name)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=final.parent, prefix=".build-") as tmp:
+        work = Path(tmp)
+        graphs, _ = write_graphs(source, work)
+        files = {p.name: sha256_of(p) for p in sorted(work.iterdir()) if p.is_file()}
+        manifest = Manifest(
+            name=name,
+            version=version,
+            source_package=source.package,
+            source_version=source.version,
+            source_sha256=source_sha256(source),
+            files=files,
+            graphs=graphs,
+            vocabulary_file=TOKENIZER_FILE,
+            sample_rate=SAMPLE_RATE,
+            n_mels=0,  # Moonshine takes the samples themselves
+            suppress_ids=[],
+            suppress_ids_begin=[],
+            tools=_tool_versions(),
+            graph_format=MOONSHINE_GRAPH_FORMAT,
+            graph_revision=MOONSHINE_GRAPH_REVISION,
+            family="moonshine",
+        )
+        manifest.write(work)
+        if sign_key is not None:
+            sign_model(work, sign_key)
+        work.chmod(0o755)
         work.rename(final)
     return BuildResult(final, manifest)

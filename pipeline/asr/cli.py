@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from pipeline.segmentation import SpeechSegment
 
 models_app = typer.Typer(
-    no_args_is_help=True, help="Whisper models: build ONNX graphs from packaged weights, sign them."
+    no_args_is_help=True, help="Speech models (Whisper, Moonshine): build ONNX graphs from packaged weights, sign them."
 )
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
@@ -43,7 +43,7 @@ err_console = Console(stderr=True, soft_wrap=True)
 
 @models_app.command("build")
 def build(
-    name: Annotated[str, typer.Argument(help="tiny.en or base")] = "tiny.en",
+    name: Annotated[str, typer.Argument(help="tiny.en, base, moonshine-tiny or moonshine-base")] = "tiny.en",
     version: Annotated[int | None, typer.Option(help="Version number (default: next free).")] = None,
     if_needed: Annotated[bool, typer.Option(
         "--if-needed", help="Only build when no version of this graph format and revision exists (what make runs).",
@@ -52,29 +52,24 @@ def build(
         help="Ed25519 private key (callqa models keygen): sign the version before it appears.",
     )] = None,
 ) -> None:
-    """Build fp32 and int8 ONNX graphs of a Whisper model into models_dir/<name>/<version>/."""
+    """Build the ONNX graphs of a model into models_dir/<name>/<version>/: Whisper's fp32 and int8 from its
+    CTranslate2 weights, Moonshine's from the packaged .ort graphs (weight casts folded, cross-attention mask)."""
     from pipeline.asr.build import build_model  # onnx is imported only when building
-    from pipeline.asr.manifest import (
-        GRAPH_FORMAT,
-        GRAPH_REVISION,
-        Manifest,
-        ModelNotBuiltError,
-        latest_model_folder,
-    )
+    from pipeline.asr.manifest import Manifest, ModelNotBuiltError, current_format, latest_model_folder
 
     models_dir = Path(get_settings().models_dir)
     if if_needed:
         try:
             folder = latest_model_folder(models_dir, name)
             built = Manifest.read(folder)
-            if (built.graph_format, built.graph_revision) == (GRAPH_FORMAT, GRAPH_REVISION):
+            if (built.graph_format, built.graph_revision) == current_format(built.family):
                 console.print(f"{name}: version {folder.name} is built ({folder})")
                 return
         except ModelNotBuiltError:
             pass
     sign_key = load_private_key(key) if key is not None else None  # a bad key fails before the build
     started = time.perf_counter()
-    with console.status(f"building {name} from its CTranslate2 weights..."):
+    with console.status(f"building {name} from its packaged weights..."):
         result = build_model(name, models_dir, version, sign_key)
     m = result.manifest
     console.print(

@@ -24,7 +24,7 @@ import numpy as np
 from pipeline.asr.batcher import SegmentBatcher
 from pipeline.asr.build import build_model
 from pipeline.asr.canary import load_checked
-from pipeline.asr.manifest import GRAPH_FORMAT, Manifest, ModelNotBuiltError, latest_model_folder
+from pipeline.asr.manifest import Manifest, ModelNotBuiltError, latest_model_folder
 from pipeline.asr.recognizer import Recognizer
 from pipeline.asr.results import SegmentAudio, TranscriptResult
 from pipeline.audio import codecs
@@ -130,7 +130,7 @@ class Engine:
         models_dir = Path(settings.models_dir)
         try:
             folder = latest_model_folder(models_dir, name)
-            if Manifest.read(folder).graph_format != GRAPH_FORMAT and build:
+            if not Manifest.read(folder).format_current and build:
                 folder = build_model(name, models_dir).folder  # built by an older callqa: next version
         except ModelNotBuiltError:
             if not build:

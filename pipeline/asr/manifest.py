@@ -15,6 +15,16 @@ GRAPH_FORMAT = 4
 # an older build still loads, and `callqa models build --if-needed` builds a newer version to get it.
 # 1: attention scores as k·qᵀ, LogSoftmax instead of ReduceLogSumExp (same tokens, faster steps).
 GRAPH_REVISION = 1
+# Moonshine folders (pipeline/asr/moonshine_graphs.py) have formats of their own: 1: fp32 graphs with
+# the weight casts folded and a cross-attention mask; the shipped tokenizer.bin.
+MOONSHINE_GRAPH_FORMAT = 1
+MOONSHINE_GRAPH_REVISION = 1
+FAMILY_FORMATS = {"whisper": (GRAPH_FORMAT, GRAPH_REVISION), "moonshine": (MOONSHINE_GRAPH_FORMAT, MOONSHINE_GRAPH_REVISION)}
+
+
+def current_format(family: str) -> tuple[int, int]:
+    """(graph format, graph revision) this code builds for a model family (whisper, moonshine)."""
+    return FAMILY_FORMATS.get(family, (GRAPH_FORMAT, GRAPH_REVISION))
 
 
 class ModelIntegrityError(RuntimeError):
@@ -56,6 +66,12 @@ class Manifest:
     tools: dict[str, str] = field(default_factory=dict)
     graph_format: int = 0
     graph_revision: int = 0
+    family: str = "whisper"  # whisper | moonshine: which loader and decoder the folder is for
+
+    @property
+    def format_current(self) -> bool:
+        """Built for the graph format this code loads (an older one is rebuilt by Engine.load)."""
+        return self.graph_format == current_format(self.family)[0]
 
     def write(self, folder: Path) -> None:
         (folder / MANIFEST_FILE).write_text(json.dumps(asdict(self), indent=2) + "\n")
@@ -75,9 +91,9 @@ class Manifest:
     def verify(self, folder: Path, names: list[str]) -> None:
         """Refuse the folder unless its graph format is this code's and each named file exists and has
         the sha256 the manifest records."""
-        if self.graph_format != GRAPH_FORMAT:
+        if not self.format_current:
             raise ModelFormatError(
-                f"{folder}: graph format {self.graph_format}, this callqa needs {GRAPH_FORMAT} "
+                f"{folder}: graph format {self.graph_format}, this callqa needs {current_format(self.family)[0]} "
                 f"(run: callqa models build {self.name})"
             )
         for name in names:

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.asr.decoding import DecodedSegment, DecodeOptions, GreedyDecoder, WindowPolicy
+from pipeline.asr.manifest import Manifest
 from pipeline.asr.onnx_model import WhisperOnnx
 from pipeline.asr.results import SegmentAudio, SegmentTimings, TranscriptResult
 from pipeline.asr.signing import trusted_key
@@ -57,6 +58,11 @@ def wide_encoder_threads(setting: int) -> int:
 
 def segment_features(segment: SegmentAudio) -> np.ndarray:
     """Log-mel [n_mels, frames] of a segment's 16 kHz audio, after checking it is usable."""
+    return log_mel_spectrogram(checked_audio(segment))
+
+
+def checked_audio(segment: SegmentAudio) -> np.ndarray:
+    """A segment's 16 kHz samples as float32, after checking they are usable (SegmentRejectedError)."""
     audio = np.asarray(segment.audio)
     if audio.ndim != 1 or audio.size < SAMPLE_RATE // 100:
         raise SegmentRejectedError(
@@ -68,7 +74,7 @@ def segment_features(segment: SegmentAudio) -> np.ndarray:
         )
     if not np.isfinite(audio).all():
         raise SegmentRejectedError(f"segment {segment.start_ms}-{segment.end_ms} ms: audio has NaN or inf")
-    return log_mel_spectrogram(audio.astype(np.float32, copy=False))
+    return audio.astype(np.float32, copy=False)
 
 
 class Recognizer:
@@ -80,7 +86,12 @@ class Recognizer:
 
     @classmethod
     def load(cls, folder: Path, settings: AsrSettings) -> Recognizer:
-        """Load a model version; signed by the trusted key when settings name one."""
+        """Load a model version; signed by the trusted key when settings name one. A Moonshine folder
+        (its manifest's family) loads as a ``MoonshineRecognizer``, behind the same contract."""
+        if Manifest.read(folder).family == "moonshine":
+            from pipeline.asr.moonshine_recognizer import MoonshineRecognizer
+
+            return MoonshineRecognizer.load(folder, settings)
         model = WhisperOnnx.load(folder, settings.quantization, settings.intra_op_threads, trusted_key(settings),
                                  wide_encoder_threads(settings.idle_encoder_threads))
         return cls(model, decode_options(settings, model))
@@ -125,7 +136,7 @@ class Recognizer:
         mels: list[np.ndarray] = []
         for i, segment in enumerate(segments):
             try:
-                mels.append(segment_features(segment))
+                mels.append(self._features(segment))
                 usable.append(i)
                 slots.append(SegmentRejectedError("not decoded"))
             except Exception as exc:  # noqa: BLE001 - any bad input fails only its own slot
@@ -137,6 +148,10 @@ class Recognizer:
         for i, result in zip(usable, decoded, strict=True):
             slots[i] = tell(i, result)
         return slots
+
+    def _features(self, segment: SegmentAudio) -> np.ndarray:
+        """What the model's ``_decode`` takes for a segment: Whisper's log-mel."""
+        return segment_features(segment)
 
     def _decode_isolating(
         self,
