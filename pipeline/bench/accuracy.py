@@ -1,5 +1,6 @@
 """`callqa bench accuracy`: WER and digit-sequence accuracy per set and telephony condition, ours (at the
-current settings and at each variant) beside faster-whisper on the same weights and audio.
+current settings and at each variant) and the other models (``--models``: the Moonshine family by
+default) beside faster-whisper on the same weights and audio.
 
 The sets, conditions and systems are pipeline/eval's (see pipeline/eval/README.md); this module runs them
 with a progress bar, prints the tables and writes the result ``accuracy``.
@@ -32,6 +33,10 @@ class AccuracyOptions:
     threads: int = 2  # intra-op threads (ours), cpu_threads (faster-whisper)
     variants: tuple[str, ...] = ()  # ours again with these settings: "beam_size=5,context_tokens=64"
     reference_beams: tuple[int, ...] = (1,)  # a faster-whisper run per beam size
+    # Other models at the same settings, a column each named by the model (built on first use): the
+    # Moonshine family beside the Whisper model ``ours`` runs. One equal to the model setting is ``ours``.
+    models: tuple[str, ...] = ("moonshine-tiny", "moonshine-base")
+    ours: bool = True  # False: only the --models (and variants, reference) columns
     out: Path = RESULTS
     settings: Settings = field(default_factory=get_settings)
 
@@ -46,7 +51,9 @@ def run_accuracy(options: AccuracyOptions, console: Console) -> tuple[dict[str, 
     variants = [settings_variant(settings, spec) for spec in options.variants]  # bad specs fail before loading
     with console.status("loading the sets..."):
         chosen = load_sets(options.sets)
-    systems: list[Any] = [Ours(Engine.load(settings=settings))]
+    systems: list[Any] = [Ours(Engine.load(settings=settings))] if options.ours else []
+    models = [m for m in options.models if not (options.ours and m == settings.model)]
+    systems += [Ours(Engine.load(settings=settings.model_copy(update={"model": m})), name=m) for m in models]
     systems += [Ours(Engine.load(settings=s), name=f"ours {label}") for label, s in variants]
     if options.reference:
         systems += [FasterWhisper.on_our_weights(options.threads, beam, model=settings.model,
@@ -66,6 +73,7 @@ def run_accuracy(options: AccuracyOptions, console: Console) -> tuple[dict[str, 
     doc = record("accuracy", settings_that_matter(settings), {
         "variants": {f"ours {label}": changed_settings(settings, v) for label, v in variants},
         "reference_beams": list(options.reference_beams) if options.reference else [],
+        "models": models,  # the other models' columns, named by model
         "sets": {name: {"utterances": len(u), "audio_s": round(sum(x.duration_s for x in u), 1)}
                  for name, u in chosen.items()},
         "rows": [r.as_json() for r in rows], "comparison": comparison(rows),

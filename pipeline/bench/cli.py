@@ -80,6 +80,9 @@ def bench_accuracy(
         help="Also ours with these settings, e.g. --variant context_tokens=64 --variant beam_size=5 "
              "(repeatable; several settings comma-separated).")] = None,
     reference_beams: Annotated[str, typer.Option(help="Comma-separated beam sizes of faster-whisper runs.")] = "1",
+    models: Annotated[str, typer.Option(help="Comma-separated other models, a column each (\"\" for none).")] =
+        "moonshine-tiny,moonshine-base",
+    ours: Annotated[bool, typer.Option(help="The model setting's column (--no-ours: only --models and the reference).")] = True,
     out: Out = None,
 ) -> None:
     """WER and digits per set and condition, beside faster-whisper.
@@ -94,7 +97,8 @@ def bench_accuracy(
     except ValueError as exc:
         raise typer.BadParameter(f"--reference-beams {reference_beams!r}: use beam sizes such as 1,5") from exc
     options = AccuracyOptions(sets=_split(sets), conditions=_split(conditions), reference=reference, threads=threads,
-                              variants=tuple(variant or ()), reference_beams=beams, out=out or RESULTS)
+                              variants=tuple(variant or ()), reference_beams=beams, models=_split(models), ours=ours,
+                              out=out or RESULTS)
     try:
         _, paths = run_accuracy(options, console)
     except BadVariant as exc:

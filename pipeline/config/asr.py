@@ -8,7 +8,10 @@ from pydantic import BaseModel, Field
 
 
 class AsrSettings(BaseModel):
-    model: str = Field("tiny.en", description="Whisper model to build and load (tiny.en or base).")
+    model: str = Field(
+        "tiny.en",
+        description="Model to build and load: Whisper tiny.en or base, or Moonshine moonshine-tiny or moonshine-base (greedy only; no previous-text context).",
+    )
     models_dir: str = Field("models", description="Where built ONNX models live (models/<name>/<version>/).")
     # fp32 by default: int8's dynamic quantization scales activations over the whole batch, so a
     # segment's text changed with the segments it was batched with; fp32 gives the same text alone or

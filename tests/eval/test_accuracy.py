@@ -95,14 +95,16 @@ def test_wer_on_whole_library_legs_holds_its_ceiling() -> None:
 def test_bench_accuracy_writes_its_table_and_json(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "pipeline.cli", "bench", "accuracy", "--sets", "eval", "--conditions", "8k-mulaw",
-         "--no-reference", "--variant", "beam_size=2,context_tokens=16", "--out", str(tmp_path)],
+         "--no-reference", "--variant", "beam_size=2,context_tokens=16", "--models", "moonshine-tiny",
+         "--out", str(tmp_path)],
         cwd=REPO, capture_output=True, text=True, timeout=300, check=False, env={**os.environ, "COLUMNS": "120"},
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     doc = json.loads((tmp_path / "accuracy.json").read_text())
-    row, variant = doc["rows"]
+    row, moonshine, variant = doc["rows"]
     assert (row["set"], row["condition"], row["system"], row["utterances"]) == ("eval", "8k-mulaw", "ours", 20)
     assert 0 <= row["wer"] < 0.2 and row["reference_words"] == 117
+    assert moonshine["system"] == "moonshine-tiny" and 0 <= moonshine["wer"] < 0.2 and doc["models"] == ["moonshine-tiny"]
     assert variant["system"] == "ours beam size 2,context tokens 16" and 0 <= variant["wer"] < 0.2
     assert doc["variants"][variant["system"]] == {"beam_size": 2, "context_tokens": 16}
     # The latest run and one history line per run (the result writer of every benchmark).
