@@ -9,7 +9,7 @@ from typing import Any
 
 from rich.console import Console
 
-from pipeline.bench import report
+from pipeline.bench import probes, report
 from pipeline.bench.live import (
     LevelConfig,
     LevelRun,
@@ -21,6 +21,7 @@ from pipeline.bench.live import (
 )
 from pipeline.bench.results import RESULTS, utc_stamp, write_result
 from pipeline.bench.traffic import TurnLibrary
+from pipeline.bench.variants import worker_overrides
 from pipeline.broker.local import LocalKafka
 from pipeline.config import Settings
 
@@ -33,6 +34,14 @@ class BenchOptions:
     max_calls: int = 256
     resolution: float = 0.1
     out: Path = RESULTS
+    variants: tuple[str, ...] = ()  # --variant specs, each run at the level (or the found load) beside it
+    gemm: bool = True  # measure the pinned cores' fp32 GEMM speed at the start and the end
+
+
+def variant_config(config: LevelConfig, spec: str) -> LevelConfig:
+    """The level with a --variant's settings (checked: raises variants.BadVariant)."""
+    overrides = worker_overrides(spec)
+    return replace(config, overrides=tuple(overrides.items()), variant=spec)
 
 
 def parse_cores(text: str) -> tuple[int, ...]:
@@ -56,13 +65,17 @@ def run_benchmark(options: BenchOptions, console: Console) -> tuple[dict[str, An
     """Run what the options ask for; returns the JSON document and the files written."""
     stamp = utc_stamp()
     work = Settings().state_dir / "bench" / f"live-{stamp}"  # worker logs stay here; stores are removed
+    variant_levels = [variant_config(options.level, spec) for spec in options.variants]  # bad specs fail first
     library = TurnLibrary.load()
+    speed = [gemm_probe(options, console)] if options.gemm else []
     kafka = LocalKafka(Settings())
     started = kafka.start()  # the running broker when there is one
     try:
         levels, search_doc, found = run_levels(options, library, work, console)
         batching = engine = None
-        if found is not None and (options.search or options.compare):
+        compared: list[tuple[LevelRun, dict[str, Any] | None]] = []
+        at_load = found is not None and (options.search or options.compare)
+        if found is not None and at_load:
             console.print(f"at {found.config.calls} calls: the same traffic with max_batch 1")
             single = run_level(with_batch(found.config, 1), library, work, console)
             levels.append(single)
@@ -70,15 +83,74 @@ def run_benchmark(options: BenchOptions, console: Console) -> tuple[dict[str, An
             batching = batching_gain(found, single)
             with console.status("the engine alone on the same segments..."):
                 engine = engine_alone(found, library)
+        if found is not None:
+            for template in variant_levels:  # the same traffic (seed, calls) with the variant's settings
+                run = run_level(replace(template, calls=found.config.calls), library, work, console)
+                levels.append(run)
+                print_level(run, console)
+                alone = None
+                if at_load:
+                    with console.status(f"the engine alone with {run.config.variant}..."):
+                        alone = engine_alone(run, library)
+                compared.append((run, alone))
     finally:
         if not started.already_running:
             kafka.stop()
+    if speed:
+        speed.append(gemm_probe(options, console))
+    machine = machine_figures(speed)
+    gemm = machine.get("gemm_gflops_per_core")
+    if search_doc is not None:
+        search_doc["legs_per_core_normalized"] = rounded(probes.normalised_per_core(search_doc["legs_per_core"], gemm))
+        search_doc["normalized_to_gflops_per_core"] = probes.REFERENCE_GFLOPS_PER_CORE
+    for figures in (engine, *(alone for _, alone in compared)):
+        if figures is not None:
+            per_core = figures["speech_s_per_s"] / len(figures["cores"])
+            figures["speech_s_per_s_per_core_normalized"] = rounded(probes.normalised_per_core(per_core, gemm))
+    variants = ([variant_figures(found, run, alone) for run, alone in compared]
+                if found is not None and compared else None)
     doc = report.document(options.level, [lv.result for lv in levels], stamp=stamp, search=search_doc,
-                          batching=batching, engine=engine)
+                          batching=batching, engine=engine, variants=variants, machine_measured=machine)
     doc["worker_logs"] = str(work)
     paths = write_result("live", doc, options.out)
     paths.append(report.plot(doc, options.out / "live.png"))
     return doc, paths
+
+
+def gemm_probe(options: BenchOptions, console: Console) -> dict[str, Any]:
+    with console.status("fp32 GEMM speed of the pinned cores..."):
+        return probes.machine_speed(options.level.cores)
+
+
+def machine_figures(speed: list[dict[str, Any]]) -> dict[str, Any]:
+    """The GEMM probe's figures for the document's ``machine``: the faster of the run's start and end (the
+    cores' speed with the least of others' work on them), and both."""
+    if not speed:
+        return {}
+    best = max(speed, key=lambda s: s["gemm_gflops_per_core"])
+    return {**best, "gemm_gflops_per_core_at": {"start": speed[0]["gemm_gflops_per_core"],
+                                                "end": speed[-1]["gemm_gflops_per_core"]}}
+
+
+def variant_figures(base: LevelRun, run: LevelRun, alone: dict[str, Any] | None) -> dict[str, Any]:
+    """A --variant beside the level it varies, on the same traffic: CPU per speech second (and its ratio to
+    the base), latency, whether the level was met, and the engine alone with its settings."""
+    def cpu(r: LevelRun) -> float | None:
+        return r.result["worker"]["cpu_s_per_speech_s"]["total"]
+
+    ratio = probes.cpu_s_per_speech_s(cpu(run) or 0.0, cpu(base) or 0.0) if cpu(run) is not None else None
+    return {
+        "variant": run.config.variant, "settings": dict(run.config.overrides), "calls": run.config.calls,
+        "met": run.met, "why_not": run.result["why_not"], "p99_s": run.result["latency"]["p99_s"],
+        "base_p99_s": base.result["latency"]["p99_s"],
+        "speech_s_per_s": run.result["throughput"]["speech_s_per_s"],
+        "cpu_s_per_speech_s": cpu(run), "base_cpu_s_per_speech_s": cpu(base),
+        "cpu_ratio_to_base": rounded(ratio, 3), "engine_alone": alone,
+    }
+
+
+def rounded(x: float | None, digits: int = 2) -> float | None:
+    return None if x is None else round(x, digits)
 
 
 def run_levels(options: BenchOptions, library: TurnLibrary, work: Path,

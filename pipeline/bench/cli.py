@@ -43,16 +43,21 @@ def bench_live(
     p99_max_s: Annotated[float, typer.Option(help="Highest P99 final latency a level may have (s).")] = 1.5,
     max_calls: Annotated[int, typer.Option(help="--search goes no higher.")] = 256,
     seed: Annotated[int, typer.Option(help="Traffic seed: the same seed and calls give the same calls.")] = 1,
+    variant: Annotated[list[str] | None, typer.Option(
+        help="Also the same traffic at the level (with --search: at the found load) with these worker settings, "
+             "e.g. --variant max_batch=8 --variant endpoint_silence_ms=400,beam_size=1 (repeatable; several "
+             "settings comma-separated): CPU per speech second and P99 beside the base's.")] = None,
     out: Annotated[Path | None, typer.Option(help="Folder for live.json, live.jsonl and live.png "
                                                   "(default bench/results).")] = None,
 ) -> None:
     """Capacity: live call traffic through the broker and workers.
 
     Poisson call arrivals sent in real time as a gateway sends them; final latency from the end of speech, throughput, the workers' CPU and memory; --search finds the most calls held under the P99 bound."""
-    from pipeline.bench.benchmark import BenchOptions, parse_cores, run_benchmark
+    from pipeline.bench.benchmark import BenchOptions, parse_cores, run_benchmark, variant_config
     from pipeline.bench.live import LevelConfig
     from pipeline.bench.report import print_report
     from pipeline.bench.results import RESULTS
+    from pipeline.bench.variants import BadVariant
 
     if calls < 1 or workers < 1 or hold_s <= 0 or warmup_s < 0:
         raise typer.BadParameter("--calls and --workers must be >= 1, --hold-s > 0 and --warmup-s >= 0")
@@ -62,7 +67,13 @@ def bench_live(
         raise typer.BadParameter(str(exc)) from exc
     level = LevelConfig(calls=calls, cores=pinned, warmup_s=warmup_s, hold_s=hold_s, seed=seed, p99_max_s=p99_max_s,
                         workers=workers)
-    options = BenchOptions(level, search=search, compare=compare, max_calls=max_calls, out=out or RESULTS)
+    options = BenchOptions(level, search=search, compare=compare, max_calls=max_calls, out=out or RESULTS,
+                           variants=tuple(variant or ()))
+    try:
+        for spec in options.variants:
+            variant_config(level, spec)  # one line why, before anything starts
+    except BadVariant as exc:
+        raise typer.BadParameter(str(exc)) from exc
     doc, paths = run_benchmark(options, console)
     print_report(doc, console)
     _wrote(paths)

@@ -52,6 +52,7 @@ from pipeline.bench.traffic import (
     mean_open,
     plan_traffic,
 )
+from pipeline.bench.variants import settings_variant
 from pipeline.broker.groups import GroupNotStableError, wait_for_members
 from pipeline.broker.local import free_port
 from pipeline.broker.producer import ContractProducer
@@ -87,6 +88,9 @@ class LevelConfig:
     max_batch: int | None = None  # None: the worker's own setting
     p99_max_s: float = 1.5
     workers: int = 1  # worker processes in the level's consumer group, the cores shared out among them
+    # A --variant: worker settings (name, value as written) over the environment's, and its label.
+    overrides: tuple[tuple[str, str], ...] = ()
+    variant: str = ""
 
     @property
     def worker_cores(self) -> list[tuple[int, ...]]:
@@ -106,7 +110,15 @@ class LevelConfig:
     @property
     def label(self) -> str:
         return (f"{self.calls} calls" + ("" if self.workers == 1 else f", {self.workers} workers")
-                + ("" if self.max_batch is None else f", max_batch {self.max_batch}"))
+                + ("" if self.max_batch is None else f", max_batch {self.max_batch}")
+                + (f", {self.variant}" if self.variant else ""))
+
+    def settings(self) -> Settings:
+        """The workers' settings: the environment's, the variant's over them, then ``max_batch``."""
+        settings = Settings()
+        if self.overrides:
+            settings = settings_variant(settings, ",".join(f"{k}={v}" for k, v in self.overrides))[1]
+        return settings if self.max_batch is None else settings.model_copy(update={"max_batch": self.max_batch})
 
 
 @dataclass
@@ -232,6 +244,7 @@ def start_worker(config: LevelConfig, settings: Settings, topics: dict[str, str]
     overrides = {**topics, "worker_id": settings.worker_id, "web_port": str(port),
                  "bootstrap_servers": settings.bootstrap, "clickhouse_url": f"chdb://{(folder / 'store').resolve()}",
                  "model_watch_interval_s": "0"}  # no hot reload in the middle of a measurement
+    overrides.update(dict(config.overrides))
     if config.max_batch is not None:
         overrides["max_batch"] = str(config.max_batch)
     env = worker_env(overrides)
@@ -325,8 +338,8 @@ class Watch:
 
 
 def run_level(config: LevelConfig, library: TurnLibrary, work: Path, console: Console) -> LevelRun:
-    prefix = f"bench.live.{config.calls}c{'' if config.max_batch is None else f'.b{config.max_batch}'}." \
-             f"{uuid.uuid4().hex[:6]}"
+    prefix = f"bench.live.{config.calls}c{'' if config.max_batch is None else f'.b{config.max_batch}'}" \
+             f"{'.v' if config.variant else ''}.{uuid.uuid4().hex[:6]}"
     topics = topic_names(prefix)
     settings = Settings(**topics, worker_id=prefix)  # type: ignore[arg-type]
     plans = plan_traffic(library, config.traffic, config.horizon_s, prefix)
@@ -425,7 +438,8 @@ def measure(config: LevelConfig, plans: list[CallPlan], finals: list[FinalSeen],
     calls_mean, calls_min, calls_max = mean_open(plans, config.warmup_s, config.warmup_s + config.hold_s)
     why_not = verdict(config, latency.p99_s, slope, watch.drained_after_s, latency.count)
     result: dict[str, Any] = {
-        "calls": config.calls, "legs": 2 * config.calls, "max_batch": config.max_batch or Settings().max_batch,
+        "calls": config.calls, "legs": 2 * config.calls, "max_batch": config.settings().max_batch,
+        "variant": config.variant or None, "settings_changed": dict(config.overrides),
         "cores": list(config.cores), "workers": config.workers,
         "worker_cores": [list(c) for c in config.worker_cores], "seed": config.seed,
         "window_s": {"warmup": config.warmup_s, "hold": config.hold_s, "tail": config.tail_s},
@@ -469,10 +483,21 @@ def worker_figures(cpu: probes.CpuSplit, in_window: list[probes.MetricsSample], 
     rss = [s.rss_bytes for s in in_window if s.rss_bytes]
     return {
         **cpu.as_json(),
+        "cpu_s_per_speech_s": cpu_per_speech(cpu, speech_s),
         "rss_mb": {"start": mb(rss[0]), "end": mb(rss[-1]), "max": mb(max(rss))} if rss else None,
         # What the inference thread gets done per CPU second: compares batching policies at any load.
         "speech_s_per_inference_cpu_s": round(speech_s / cpu.inference_s, 2) if cpu.inference_s else None,
     }
+
+
+def cpu_per_speech(cpu: probes.CpuSplit, speech_s: float) -> dict[str, float | None]:
+    """The workers' CPU seconds in the window per second of speech they decoded in it: all of it, and the
+    inference threads' and the event loop's shares (what a setting that saves work shows at any load)."""
+    def per(seconds: float) -> float | None:
+        x = probes.cpu_s_per_speech_s(seconds, speech_s)
+        return None if x is None else round(x, 4)
+
+    return {"total": per(cpu.total_s), "inference": per(cpu.inference_s), "event_loop": per(cpu.event_loop_s)}
 
 
 def turns_in_window(plans: Sequence[CallPlan], matched: Sequence[MatchedFinal], wall0: float, from_s: float,
@@ -580,7 +605,7 @@ def engine_alone(run: LevelRun, library: TurnLibrary, max_speech_s: float = 600.
     from pipeline.asr.engine import Engine
 
     segments = window_segments(run, library, max_speech_s)
-    settings = Settings(max_batch=run.result["max_batch"])  # type: ignore[call-arg]
+    settings = run.config.settings()  # the level's own (its variant's) settings
     affinity = os.sched_getaffinity(0)
     os.sched_setaffinity(0, set(run.config.cores))  # this thread, and the ONNX Runtime threads it creates
     try:
@@ -597,7 +622,9 @@ def engine_alone(run: LevelRun, library: TurnLibrary, max_speech_s: float = 600.
     return {
         "calls": run.config.calls, "segments": len(segments), "speech_s": round(speech_s, 1), "wall_s": round(wall, 2),
         "cpu_s": round(cpu, 2), "max_batch": settings.max_batch, "cores": list(run.config.cores),
+        "variant": run.config.variant or None,
         "speech_s_per_s": round(ceiling, 2), "pipeline_speech_s_per_s": pipeline,
+        "cpu_s_per_speech_s": None if not speech_s else round(cpu / speech_s, 4),
         "pipeline_efficiency": round(pipeline / ceiling, 3) if ceiling else None,
     }
 

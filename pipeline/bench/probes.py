@@ -14,6 +14,7 @@ the JSON says so.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -23,6 +24,7 @@ import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -253,3 +255,94 @@ def _bucket_label(lower: float, upper: float) -> str:
         return f">{lower:g}"
     low = int(lower) + 1
     return f"{int(upper)}" if low >= upper else f"{low}-{int(upper)}"
+
+
+# ---- the machine's arithmetic speed, measured in the same run ------------------------------------------
+# Matrix products of the shapes tiny.en's layers multiply (d_model 384, feed-forward 1536): the encoder's
+# feed-forward over a 30 s window (1500 frames), up and down, and a decoder step's over a batch of 16.
+GEMM_SHAPES: tuple[tuple[int, int, int], ...] = ((1500, 384, 1536), (1500, 1536, 384), (16, 384, 1536))
+# A machine of this much fp32 GEMM per core is the yardstick capacity is normalised to.
+REFERENCE_GFLOPS_PER_CORE = 200.0
+
+# Run in a child pinned to one core before numpy (and its BLAS pool) loads, with one BLAS thread: what one
+# of the worker's cores multiplies, as taskset pins the worker. Prints the best seconds per product.
+_GEMM_CHILD = """
+import json, os, sys, time
+os.sched_setaffinity(0, {int(sys.argv[1])})
+import numpy as np
+shapes, repeats, min_s = json.loads(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+rng = np.random.default_rng(0)
+best = []
+for m, k, n in shapes:
+    a = rng.standard_normal((m, k), dtype=np.float32)
+    b = rng.standard_normal((k, n), dtype=np.float32)
+    out = np.empty((m, n), dtype=np.float32)
+    np.matmul(a, b, out=out)
+    t = time.perf_counter(); loops = 0
+    while time.perf_counter() - t < min_s:
+        np.matmul(a, b, out=out); loops += 1
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        for _ in range(loops):
+            np.matmul(a, b, out=out)
+        times.append((time.perf_counter() - t) / loops)
+    best.append(min(times))
+print(json.dumps(best))
+"""
+_ONE_THREAD = {name: "1" for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+                                      "BLIS_NUM_THREADS", "NUMEXPR_NUM_THREADS")}
+
+
+def gemm_gflops(shapes: Sequence[tuple[int, int, int]], seconds: Sequence[float]) -> float:
+    """GFLOP/s of a set of products, each taking ``seconds`` (2·m·k·n flops each): all their flops over
+    all their time, so a large product counts for what it costs."""
+    if len(shapes) != len(seconds) or not shapes:
+        raise ValueError("one time per shape, and at least one shape")
+    if min(seconds) <= 0:
+        raise ValueError(f"a product took no time: {list(seconds)}")
+    flops = sum(2.0 * m * k * n for m, k, n in shapes)
+    return flops / sum(seconds) / 1e9
+
+
+def core_gemm_gflops(core: int, shapes: Sequence[tuple[int, int, int]] = GEMM_SHAPES, repeats: int = 5,
+                     min_s: float = 0.05) -> float:
+    """fp32 GEMM GFLOP/s of one core: numpy matmul, one BLAS thread, in a child pinned to ``core``, each
+    product timed best of ``repeats`` runs of at least ``min_s``."""
+    done = subprocess.run(  # noqa: S603 - this interpreter and our own code
+        [sys.executable, "-c", _GEMM_CHILD, str(core), json.dumps([list(s) for s in shapes]), str(repeats),
+         str(min_s)], capture_output=True, text=True, timeout=300, check=False, env={**os.environ, **_ONE_THREAD})
+    if done.returncode != 0:
+        raise RuntimeError(f"the GEMM probe on core {core} failed: {done.stderr.strip()[-300:]}")
+    return gemm_gflops(shapes, json.loads(done.stdout))
+
+
+def machine_speed(cores: Sequence[int], shapes: Sequence[tuple[int, int, int]] = GEMM_SHAPES,
+                  repeats: int = 5) -> dict[str, Any]:
+    """fp32 GEMM GFLOP/s of each core in ``cores`` (one after the other), and their mean: the figure
+    capacity is normalised by (``gemm_gflops_per_core``)."""
+    per_core = {str(c): round(core_gemm_gflops(c, shapes, repeats), 1) for c in cores}
+    return {"gemm_gflops_per_core": round(sum(per_core.values()) / len(per_core), 1),
+            "gemm_gflops_by_core": per_core, "gemm_shapes_mkn": [list(s) for s in shapes],
+            "gemm_method": f"numpy {_numpy_version()} fp32 matmul, one BLAS thread in a process pinned to each "
+                           f"core in turn, best of {repeats}; GFLOP/s = all products' 2mkn / their time"}
+
+
+def normalised_per_core(per_core: float, gemm_gflops_per_core: float | None,
+                        reference: float = REFERENCE_GFLOPS_PER_CORE) -> float | None:
+    """A per-core figure (legs, speech s/s) as on a machine of ``reference`` GFLOP/s per core: scaled by
+    reference / the measured GEMM speed of the cores it ran on (None when that was not measured)."""
+    if not gemm_gflops_per_core or gemm_gflops_per_core <= 0:
+        return None
+    return per_core * reference / gemm_gflops_per_core
+
+
+def cpu_s_per_speech_s(cpu_s: float, speech_s: float) -> float | None:
+    """CPU seconds a process spent per second of speech it decoded (None when it decoded none)."""
+    return cpu_s / speech_s if speech_s > 0 else None
+
+
+def _numpy_version() -> str:
+    import numpy
+
+    return str(numpy.__version__)

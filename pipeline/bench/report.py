@@ -35,6 +35,15 @@ DEFINITIONS = {
                    f"{LAG_SLOPE_MAX} s per s",
     "legs_per_core": "2 x the most concurrent calls whose level met the criteria / the cores the workers were "
                      "pinned to (taskset)",
+    "gemm_gflops_per_core": "machine.gemm_gflops_per_core: fp32 GEMM GFLOP/s of one of the pinned cores (numpy "
+                            "matmul of tiny.en's layer shapes, one thread, pinned; mean over the cores, the faster "
+                            "of the run's start and end)",
+    "legs_per_core_normalized": "legs_per_core x 200 / machine.gemm_gflops_per_core: capacity on a machine of "
+                                "200 GFLOP/s per core, comparable across the CPUs these machines come with",
+    "cpu_s_per_speech_s": "the workers' CPU seconds in the window (all threads; inference; event loop) / the "
+                          "speech audio seconds of the finals written in it",
+    "variants": "--variant: the same traffic (seed, calls) at the level (with --search: the found load) with the "
+                "variant's worker settings; cpu_ratio_to_base = its CPU per speech second / the base level's",
     "cores_used": "the workers' CPU seconds in the window (added up when there are several) / the window's length (event loop: its main thread; "
                   "inference: the asr-batch* threads; native_pools: threads without a name of their own, e.g. "
                   "ONNX Runtime's extra intra-op threads; other: the rest of the process)",
@@ -43,7 +52,9 @@ DEFINITIONS = {
 
 # ---- the document ----------------------------------------------------------------------------------------
 def document(config: LevelConfig, levels: list[dict[str, Any]], *, stamp: str, search: dict[str, Any] | None,
-             batching: dict[str, Any] | None, engine: dict[str, Any] | None) -> dict[str, Any]:
+             batching: dict[str, Any] | None, engine: dict[str, Any] | None,
+             variants: list[dict[str, Any]] | None = None,
+             machine_measured: dict[str, Any] | None = None) -> dict[str, Any]:
     spec = config.traffic
     return record("live", settings_that_matter(Settings()), {
         "traffic": {**{k: v for k, v in asdict(spec).items() if k != "calls"}, "mean_call_s": spec.mean_call_s,
@@ -51,8 +62,8 @@ def document(config: LevelConfig, levels: list[dict[str, Any]], *, stamp: str, s
                     "arrivals": "Poisson, rate calls / mean_call_s; the level's calls in progress at the start"},
         "criteria": {"p99_max_s": config.p99_max_s, "hold_s": config.hold_s, "lag_slope_max_s_per_s": LAG_SLOPE_MAX},
         "definitions": DEFINITIONS,
-        "levels": levels, "search": search, "batching": batching, "engine_alone": engine,
-    }, started=stamp)
+        "levels": levels, "search": search, "batching": batching, "engine_alone": engine, "variants": variants,
+    }, started=stamp, machine_measured=machine_measured)
 
 
 # ---- plot ---------------------------------------------------------------------------------------------------
@@ -64,7 +75,8 @@ def plot(doc: dict[str, Any], path: Path) -> Path:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    batched = sorted((lv for lv in doc["levels"] if lv["max_batch"] != 1 or not doc.get("batching")),
+    batched = sorted((lv for lv in doc["levels"] if (lv["max_batch"] != 1 or not doc.get("batching"))
+                      and not lv.get("variant")),
                      key=lambda lv: lv["calls"])
     calls = [lv["calls"] for lv in batched]
     fig, left = plt.subplots(figsize=(8, 4.8), dpi=110)
@@ -72,7 +84,7 @@ def plot(doc: dict[str, Any], path: Path) -> Path:
         left.plot(calls, [nan_if_none(lv["latency"][f"{q}_s"]) for lv in batched], style, label=f"{q.upper()} latency")
     left.axhline(doc["criteria"]["p99_max_s"], color="grey", linestyle="--", linewidth=1,
                  label=f"P99 bound {doc['criteria']['p99_max_s']:g} s")
-    single = [lv for lv in doc["levels"] if lv["max_batch"] == 1 and doc.get("batching")]
+    single = [lv for lv in doc["levels"] if lv["max_batch"] == 1 and doc.get("batching") and not lv.get("variant")]
     if single:
         left.plot([lv["calls"] for lv in single], [nan_if_none(lv["latency"]["p99_s"]) for lv in single], "x",
                   color="black", markersize=9, label="P99, max_batch 1")
@@ -118,6 +130,11 @@ def _table(title: str, *headers: str) -> Table:
     return Table(*headers, title=title, box=box.SIMPLE_HEAD, padding=(0, 1), show_edge=False, collapse_padding=True)
 
 
+def _calls(lv: dict[str, Any]) -> str:
+    """Calls, and a level's variant (v1, v2, ... in the order given) after them."""
+    return str(lv["calls"]) + (f" {lv['variant']}" if lv.get("variant") else "")
+
+
 def level_tables(doc: dict[str, Any]) -> list[Table]:
     """Latency and load per level, then the worker's side; each fits an 80-column terminal."""
     latency = _table("callqa bench live: final latency (s) from end of speech", "calls", "held", "legs", "wrk", "batch",
@@ -127,14 +144,14 @@ def level_tables(doc: dict[str, Any]) -> list[Table]:
     for lv in doc["levels"]:
         lat, w, c = lv["latency"], lv["worker"], lv["worker"]["cores"]
         latency.add_row(
-            str(lv["calls"]), f"{lv['calls_open']['mean']:.1f}", str(lv["legs"]), str(lv.get("workers", 1)),
+            _calls(lv), f"{lv['calls_open']['mean']:.1f}", str(lv["legs"]), str(lv.get("workers", 1)),
             str(lv["max_batch"]),
             str(lat["finals"]), _s(lat["p50_s"]), _s(lat["p95_s"]), _s(lat["p99_s"]),
             f"{lv['throughput']['speech_s_per_s']:.2f}", "growing" if lv["lag"]["growing"] else "flat",
             "[green]yes[/green]" if lv["met"] else "[red]no[/red]",
         )
         worker.add_row(
-            str(lv["calls"]), str(lv["max_batch"]), f"{w['cores_used']:.2f}",
+            _calls(lv), str(lv["max_batch"]), f"{w['cores_used']:.2f}",
             *(f"{c.get(k, 0.0):.2f}" for k in ("event_loop", "inference", "native_pools", "other")),
             "-" if not w["rss_mb"] else f"{w['rss_mb']['max']:.0f}", _s(lv["batches"].get("mean_size")),
             f"{lv['sender']['tick_late']['p99_ms']:.0f}",
@@ -158,24 +175,42 @@ def summary_lines(doc: dict[str, Any]) -> list[str]:
         e = doc["engine_alone"]
         lines.append(f"engine alone: {e['speech_s_per_s']} speech s/s on {len(e['cores'])} cores; pipeline "
                      f"{e['pipeline_speech_s_per_s']} -> efficiency {e['pipeline_efficiency']}")
+    gemm = doc["machine"].get("gemm_gflops_per_core")
+    if gemm:
+        line = f"fp32 GEMM {gemm} GFLOP/s per pinned core"
+        if doc.get("search") and doc["search"].get("legs_per_core_normalized") is not None:
+            line += (f": {doc['search']['legs_per_core']} legs per core = [bold]"
+                     f"{doc['search']['legs_per_core_normalized']} legs per core at 200 GFLOP/s per core[/bold]")
+        lines.append(line)
+    for lv in doc["levels"]:
+        per = lv["worker"].get("cpu_s_per_speech_s") or {}
+        if per.get("total") is not None:
+            lines.append(f"{_calls(lv)} calls (max_batch {lv['max_batch']}): worker CPU s per speech s "
+                         f"{per['total']} (inference {per['inference']}, event loop {per['event_loop']})")
+    for v in doc.get("variants") or []:
+        lines.append(f"variant {v['variant']} at {v['calls']} calls: CPU per speech s {v['cpu_s_per_speech_s']} "
+                     f"against {v['base_cpu_s_per_speech_s']} ({v['cpu_ratio_to_base']}x), P99 {_s(v['p99_s'])} s "
+                     f"against {_s(v['base_p99_s'])} s, {'met' if v['met'] else 'not met'}")
     return lines
 
 
 def markdown(doc: dict[str, Any]) -> str:
     """A README table: machine and commit, then one row per level."""
     m, g = doc["machine"], doc["git"]
-    head = (f"`callqa bench live`, {doc['started']}: {m['cpu_model']} ({m['cores']} cores), commit "
+    head = (f"`callqa bench live`, {doc['started']}: {m['cpu_model']} (family {m.get('cpu_family', '?')} model "
+            f"{m.get('cpu_model_number', '?')}, {' '.join(m.get('cpu_flags', []))}; {m['cores']} cores), commit "
             f"`{g['commit'][:10]}`{' (uncommitted changes)' if g['dirty'] else ''}, model {doc['settings'].get('model')} "
             f"{doc['settings'].get('quantization')}, calls of {doc['traffic']['min_call_s']:g}-"
             f"{doc['traffic']['max_call_s']:g} s arriving as a Poisson process, {doc['criteria']['hold_s']:g} s "
-            f"steady window.")
+            f"steady window" + (f", fp32 GEMM {m['gemm_gflops_per_core']} GFLOP/s per pinned core."
+                                if m.get("gemm_gflops_per_core") else "."))
     rows = ["| calls (held) | legs | pinned cores (workers) | max batch | P50 s | P95 s | P99 s | speech s/s | lag growing "
             "| worker cores (loop/inference/rest) | RSS MB | met |",
             "|---:|---:|---:|---:|---:|---:|---:|---:|:--|:--|---:|:--|"]
     for lv in doc["levels"]:
         lat, w = lv["latency"], lv["worker"]
         rows.append(
-            f"| {lv['calls']} ({lv['calls_open']['mean']:.1f}) | {lv['legs']} | {len(lv['cores'])} ({lv.get('workers', 1)}) "
+            f"| {_calls(lv)} ({lv['calls_open']['mean']:.1f}) | {lv['legs']} | {len(lv['cores'])} ({lv.get('workers', 1)}) "
             f"| {lv['max_batch']} "
             f"| {_s(lat['p50_s'])} | {_s(lat['p95_s'])} | {_s(lat['p99_s'])} "
             f"| {lv['throughput']['speech_s_per_s']:.2f} | {'yes' if lv['lag']['growing'] else 'no'} "

@@ -126,13 +126,16 @@ def utc_stamp() -> str:
 
 
 def record(name: str, settings: Mapping[str, Any], figures: Mapping[str, Any], *,
-           started: str | None = None) -> dict[str, Any]:
-    """A run's document: the envelope (benchmark, started, machine, git, settings), then its figures."""
+           started: str | None = None, machine_measured: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A run's document: the envelope (benchmark, started, machine, git, settings), then its figures.
+    ``machine_measured``: what the run measured of the machine itself (e.g. ``gemm_gflops_per_core``,
+    probes.machine_speed), added to ``machine``."""
     clash = set(ENVELOPE) & set(figures)
     if clash:
         raise ValueError(f"figures of {name!r} use the envelope's keys {sorted(clash)}")
-    return {"benchmark": f"callqa bench {name}", "started": started or utc_stamp(), "machine": machine(),
-            "git": git_commit(), "settings": dict(settings), **figures}
+    return {"benchmark": f"callqa bench {name}", "started": started or utc_stamp(),
+            "machine": {**machine(), **(machine_measured or {})}, "git": git_commit(), "settings": dict(settings),
+            **figures}
 
 
 def write_result(name: str, doc: Mapping[str, Any], out: Path = RESULTS) -> list[Path]:

@@ -35,3 +35,12 @@ def changed_settings(base: Settings, variant: Settings) -> dict[str, Any]:
     """The settings ``variant`` gives other values than ``base``, with the variant's values (JSON-ready)."""
     names = {name for name in Settings.model_fields if getattr(base, name) != getattr(variant, name)}
     return variant.model_dump(mode="json", include=names)
+
+
+def worker_overrides(spec: str) -> dict[str, str]:
+    """``"max_batch=8,beam_size=5"`` -> the settings as a worker's environment takes them (name -> the value
+    as written), after checking each as ``settings_variant`` does: a worker started with them gets exactly
+    the variant, whatever else the environment sets."""
+    settings_variant(Settings(), spec)  # raises BadVariant: unknown setting, bad value
+    pairs = (item.partition("=") for item in spec.split(","))
+    return {name.strip(): value.strip() for name, _, value in pairs}
