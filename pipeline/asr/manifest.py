@@ -16,8 +16,9 @@ GRAPH_FORMAT = 4
 # 1: attention scores as k·qᵀ, LogSoftmax instead of ReduceLogSumExp (same tokens, faster steps).
 GRAPH_REVISION = 1
 # Moonshine folders (pipeline/asr/moonshine_graphs.py) have formats of their own: 1: fp32 graphs with
-# the weight casts folded and a cross-attention mask; the shipped tokenizer.bin.
-MOONSHINE_GRAPH_FORMAT = 1
+# the weight casts folded and a cross-attention mask; the shipped tokenizer.bin. 2: tiny-en's own mask
+# term replaced by ours (it failed on segments over 10 s).
+MOONSHINE_GRAPH_FORMAT = 2
 MOONSHINE_GRAPH_REVISION = 1
 FAMILY_FORMATS = {"whisper": (GRAPH_FORMAT, GRAPH_REVISION), "moonshine": (MOONSHINE_GRAPH_FORMAT, MOONSHINE_GRAPH_REVISION)}
 

@@ -265,10 +265,18 @@ def add_cross_attention_mask(model: onnx.ModelProto) -> int:
 def _bias_cross_softmax(graph: onnx.GraphProto) -> int:
     count = 0
     kept: list[onnx.NodeProto] = []
+    producers = {o: n for n in graph.node for o in n.output}
     for node in graph.node:
         if node.op_type == "Softmax" and "/encoder_attn/" in node.name:
-            biased = f"{node.input[0]}_callqa_masked"
-            kept.append(helper.make_node("Add", [node.input[0], CROSS_BIAS], [biased], name=f"{node.name}_mask"))
+            scores = node.input[0]
+            own = producers.get(scores)
+            if own is not None and own.op_type == "Add" and own.name.endswith("/encoder_attn/Add"):
+                # tiny-en's own mask term: replaced, not kept beside ours. Besides not masking, it fails
+                # for more than 415 encoder frames (10 s of audio: "Attempting to broadcast an axis by a
+                # dimension other than 1. 2 by 422"), in the shipped graph as here.
+                scores = own.input[0]
+            biased = f"{scores}_callqa_masked"
+            kept.append(helper.make_node("Add", [scores, CROSS_BIAS], [biased], name=f"{node.name}_mask"))
             node.input[0] = biased
             count += 1
         for sub in _subgraphs(node):
@@ -297,7 +305,9 @@ def convert(source: MoonshineSource) -> ConvertedGraphs:
             notes["masked_softmax"] += add_cross_attention_mask(shipped)
         quantized = any(n.op_type in ("DynamicQuantizeMatMul", "MatMulIntegerToFloat") for n in all_nodes(shipped.graph))
         if quantized:
-            variants.setdefault("int8", {})[part] = onnx.ModelProto.FromString(shipped.SerializeToString())
+            int8 = onnx.ModelProto.FromString(shipped.SerializeToString())
+            drop_unused(int8.graph)
+            variants.setdefault("int8", {})[part] = int8
             notes["dequantized"] += dequantize_matmuls(shipped.graph)
         notes["folded"] += fold_constant_chains(shipped.graph)
         drop_unused(shipped.graph)

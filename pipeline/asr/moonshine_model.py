@@ -114,6 +114,18 @@ class MoonshineOnnx:
             decoder=ort.InferenceSession(str(folder / graphs["decoder"]), options, providers=providers),
         )
 
+    @classmethod
+    def shipped(cls, like: MoonshineOnnx, encoder: Path, decoder: Path, intra_op_threads: int = 1) -> MoonshineOnnx:
+        """The package's own ``.ort`` graphs in place of a built folder's (benchmarks: what the build saves)."""
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = intra_op_threads
+        options.inter_op_num_threads = 1
+        options.enable_cpu_mem_arena = False
+        providers = ["CPUExecutionProvider"]
+        return cls(like.manifest, like.folder, "shipped", like.tokenizer,
+                   ort.InferenceSession(str(encoder), options, providers=providers),
+                   ort.InferenceSession(str(decoder), options, providers=providers))
+
     def encode(self, audio: np.ndarray) -> np.ndarray:
         """One segment's 16 kHz samples -> encoder states [S, D]."""
         if audio.size < MIN_SAMPLES:
@@ -154,11 +166,16 @@ class MoonshineDecoder:
         self._past_names = [f"past_key_values.{layer}.{part}.{kv}" for layer in range(self.layers)
                             for part in ("decoder", "encoder") for kv in ("key", "value")]
         self._outputs = [o.name for o in model.decoder.get_outputs()]
+        # The shipped base-en decoder (loaded straight from the package, to time it) takes no mask: its rows
+        # are decoded one at a time. Every built folder's decoder takes one.
+        self._masked = CROSS_MASK in {i.name for i in model.decoder.get_inputs()}
 
     def decode(self, audios: Sequence[np.ndarray], on_final: FinalRow | None = None) -> list[MoonshineDecoded]:
         """Each segment's text; ``on_final`` hears of each row as soon as it has ended."""
         if not audios:
             return []
+        if not self._masked and len(audios) > 1:
+            return [d for row, a in enumerate(audios) for d in self.decode([a], _renumbered(on_final, row))]
         states = [self.model.encode(a) for a in audios]
         durations = [a.size / 16000 for a in audios]
         longest = max(s.shape[0] for s in states)
@@ -183,8 +200,10 @@ class MoonshineDecoder:
         ids = np.full((batch, 1), START, np.int64)
         first = True
         while live:
-            feed = {"input_ids": ids, "encoder_hidden_states": hidden, CROSS_MASK: mask,
+            feed = {"input_ids": ids, "encoder_hidden_states": hidden,
                     "use_cache_branch": np.array([not first]), **past}
+            if self._masked:
+                feed[CROSS_MASK] = mask
             outputs = dict(zip(self._outputs, self.model.decoder.run(self._outputs, feed), strict=True))
             logits = outputs["logits"][:, -1, :] + self._bias
             if first:
@@ -247,3 +266,10 @@ class MoonshineDecoder:
 def _log_softmax(logits: np.ndarray) -> np.ndarray:
     top = logits.max(axis=1, keepdims=True)
     return logits - top - np.log(np.exp(logits - top).sum(axis=1, keepdims=True))
+
+
+def _renumbered(on_final: FinalRow | None, row: int) -> FinalRow | None:
+    """``on_final`` for a one-row decode that is the batch's row ``row``."""
+    if on_final is None:
+        return None
+    return lambda _, decoded: on_final(row, decoded)
