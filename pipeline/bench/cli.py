@@ -79,6 +79,38 @@ def bench_live(
     _wrote(paths)
 
 
+@bench_app.command("memory")
+def bench_memory(
+    step_calls: Annotated[int, typer.Option(help="Calls added to the worker at each step (2 legs each).")] = 6,
+    steps: Annotated[int, typer.Option(help="Steps of calls added (legs: 0, N, 2N, ...).")] = 2,
+    step_s: Annotated[float, typer.Option(help="Each step's length (s); its last --window-s is its figure.")] = 60.0,
+    window_s: Annotated[float, typer.Option(help="The end of each step the RSS median is taken over (s).")] = 20.0,
+    idle_s: Annotated[float, typer.Option(help="The worker idle before the first calls (s).")] = 20.0,
+    cores: Annotated[str, typer.Option(help="CPU list the worker is pinned to (taskset); default: every core.")] = "",
+    seed: Annotated[int, typer.Option(help="Seed of the calls.")] = 1,
+    out: Out = None,
+) -> None:
+    """Memory per live leg: legs added to one running worker.
+
+    One worker, idle, then --step-calls calls added every --step-s seconds (none ending): its RSS (/proc) and its own count of live legs at 0, N, 2N legs; MB per leg added (goal <= 2)."""
+    from pipeline.bench.benchmark import parse_cores
+    from pipeline.bench.memory import MemoryOptions, run_memory, summary_lines
+    from pipeline.bench.results import RESULTS
+
+    if step_calls < 1 or steps < 1 or window_s <= 0 or step_s <= window_s or idle_s < window_s:
+        raise typer.BadParameter("--step-calls and --steps >= 1, --step-s > --window-s > 0, --idle-s >= --window-s")
+    try:
+        pinned = parse_cores(cores)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    options = MemoryOptions(step_calls=step_calls, steps=steps, idle_s=idle_s, step_s=step_s, window_s=window_s,
+                            cores=pinned, seed=seed, out=out or RESULTS)
+    doc, paths = run_memory(options, console)
+    for line in summary_lines(doc):
+        console.print(line)
+    _wrote(paths)
+
+
 @bench_app.command("accuracy")
 def bench_accuracy(
     sets: Annotated[str, typer.Option(help="Comma-separated: eval, asterisk, library-numbers, library-legs.")] =

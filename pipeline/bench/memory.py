@@ -1,0 +1,233 @@
+"""`callqa bench memory`: the worker's memory per live leg, with legs added to ONE running worker.
+
+One worker (pinned like the live benchmark's, on fresh topics), idle first, then ``step_calls`` calls
+(2 legs each) added at once every ``step_s`` seconds, ``steps`` times; every call lasts past the end, so
+the legs add up: 0, N, 2N, ... live legs. The worker's resident memory (/proc) and its own
+``callqa_active_legs`` are sampled every 2 s; a step's figure is the median over its last ``window_s``
+seconds. Per leg = the RSS a step added / the legs it added (by the worker's own count). The step from
+0 legs also pays for first use (the inference arena, the VAD's sessions, the store's first writes):
+the goal (<= 2 MB per leg) is judged on the later steps, where only legs were added.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+
+from pipeline.bench import probes
+from pipeline.bench.live import Background, LevelConfig, level_workers, topic_names
+from pipeline.bench.results import RESULTS, record, settings_that_matter, utc_stamp, write_result
+from pipeline.bench.sender import LiveSender, SendReport
+from pipeline.bench.traffic import (
+    FRAME_MS,
+    NOISE_SPREAD_S,
+    RATE,
+    CallPlan,
+    NoiseBed,
+    TrafficSpec,
+    TurnLibrary,
+    compose,
+)
+from pipeline.broker.local import LocalKafka
+from pipeline.broker.producer import ContractProducer
+from pipeline.config import Settings
+from pipeline.contracts import Serde
+
+GOAL_MB_PER_LEG = 2.0
+SAMPLE_S = 2.0
+
+
+@dataclass(frozen=True)
+class MemoryOptions:
+    step_calls: int = 6  # calls added per step (2 legs each)
+    steps: int = 2
+    idle_s: float = 20.0  # before the first calls: the 0-legs figure
+    step_s: float = 60.0  # each step's length; its last window_s seconds are its figure
+    window_s: float = 20.0
+    cores: tuple[int, ...] = (0,)
+    seed: int = 1
+    out: Path = RESULTS
+
+    @property
+    def horizon_s(self) -> float:
+        return self.idle_s + self.steps * self.step_s
+
+    def step_starts(self) -> list[float]:
+        """When each step begins (s of traffic time): 0 legs at 0, then one step of calls each step_s."""
+        return [0.0, *(self.idle_s + k * self.step_s for k in range(self.steps))]
+
+    def step_ends(self) -> list[float]:
+        return [*self.step_starts()[1:], self.horizon_s]
+
+
+def step_plans(library: TurnLibrary, options: MemoryOptions, id_prefix: str) -> list[CallPlan]:
+    """``step_calls`` calls arriving at the start of each step, each lasting past the horizon (seeded)."""
+    rng = np.random.default_rng(options.seed)
+    length_s = options.horizon_s + 30.0  # still open when the traffic stops: no call's state goes away
+    spec = TrafficSpec(options.step_calls, seed=options.seed, min_call_s=length_s, max_call_s=length_s + 60.0)
+    spread = int(NOISE_SPREAD_S * RATE)
+    plans: list[CallPlan] = []
+    for start in options.step_starts()[1:]:
+        for _ in range(options.step_calls):
+            conversation = compose(rng, library, spec)
+            plans.append(CallPlan(
+                call_id=f"{id_prefix}-{len(plans):05d}", arrival_s=round(start * 1000 / FRAME_MS) * FRAME_MS / 1000,
+                duration_ms=conversation.length_ms, turns=conversation.turns,
+                full_duration_ms=conversation.length_ms, sources=conversation.sources,
+                noise_offset=int(rng.integers(spread))))
+    return plans
+
+
+@dataclass(frozen=True)
+class Sample:
+    t_s: float
+    rss_bytes: int
+    legs: float  # the worker's callqa_active_legs
+    finals: float
+    queue: float
+
+
+def step_figures(samples: Sequence[Sample], ends: Sequence[float], window_s: float) -> list[dict[str, Any]]:
+    """Per step: the median RSS and live legs over the last ``window_s`` seconds before its end."""
+    steps = []
+    for i, end in enumerate(ends):
+        window = [s for s in samples if end - window_s <= s.t_s < end]
+        if not window:
+            raise ValueError(f"no sample in step {i}'s window ({end - window_s:g}-{end:g} s)")
+        steps.append({"step": i, "legs": round(statistics.median(s.legs for s in window), 1),
+                      "rss_mb": round(statistics.median(s.rss_bytes for s in window) / 2**20, 2),
+                      "rss_mb_min": round(min(s.rss_bytes for s in window) / 2**20, 2),
+                      "rss_mb_max": round(max(s.rss_bytes for s in window) / 2**20, 2),
+                      "samples": len(window)})
+    return steps
+
+
+def per_leg(steps: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each step against the one before: MB added / legs added (None where no legs were added)."""
+    out = []
+    for before, after in zip(steps, steps[1:], strict=False):
+        legs = after["legs"] - before["legs"]
+        added = after["rss_mb"] - before["rss_mb"]
+        out.append({"from_legs": before["legs"], "to_legs": after["legs"], "rss_mb_added": round(added, 2),
+                    "mb_per_leg": round(added / legs, 3) if legs > 0 else None})
+    return out
+
+
+def verdict(per_step: Sequence[dict[str, Any]], goal_mb: float = GOAL_MB_PER_LEG) -> dict[str, Any]:
+    """The figure the goal is judged on: legs added to a worker that already holds legs (every step after
+    the first, legs and MB added up), so first-use allocations do not count as the legs'."""
+    later = [s for s in per_step[1:] if s["mb_per_leg"] is not None]
+    if not later:
+        return {"mb_per_leg": None, "goal_mb_per_leg": goal_mb, "met": None}
+    legs = sum(s["to_legs"] - s["from_legs"] for s in later)
+    mb = sum(s["rss_mb_added"] for s in later) / legs
+    return {"mb_per_leg": round(mb, 3), "goal_mb_per_leg": goal_mb, "met": mb <= goal_mb,
+            "from_legs": later[0]["from_legs"], "to_legs": later[-1]["to_legs"]}
+
+
+def run_memory(options: MemoryOptions, console: Console) -> tuple[dict[str, Any], list[Path]]:
+    stamp = utc_stamp()
+    work = Settings().state_dir / "bench" / f"memory-{stamp}"
+    library = TurnLibrary.load()
+    prefix = f"bench.memory.{uuid.uuid4().hex[:6]}"
+    topics = topic_names(prefix)
+    settings = Settings(**topics, worker_id=prefix)  # type: ignore[arg-type]
+    plans = step_plans(library, options, prefix)
+    config = LevelConfig(calls=options.step_calls * options.steps, cores=options.cores, seed=options.seed)
+    kafka = LocalKafka(Settings())
+    started = kafka.start()
+    samples: list[Sample] = []
+    report = SendReport()
+    try:
+        with ExitStack() as stack:
+            with console.status("starting the worker (model, VAD, store, consumer group)..."):
+                (worker,) = stack.enter_context(level_workers(config, settings, topics, work))
+            assert worker.proc is not None
+            pid = worker.proc.pid
+            serde = Serde.from_settings(settings.schema_registry_url)
+            sender = LiveSender(ContractProducer.from_settings(settings, serde), settings.topic_audio,
+                                settings.topic_call_events, library, NoiseBed(length_limit(plans)))
+            stop = threading.Event()
+            thread = Background("the traffic sender", lambda: sender.run(plans, options.horizon_s, stop, report))
+            thread.start()
+            next_step = 1
+            try:
+                while thread.is_alive():
+                    t = time.time() - report.started_wall_s if report.started_wall_s else 0.0
+                    sample = scrape(worker.web_port, pid, settings.topic_audio, t)
+                    if sample is not None:
+                        samples.append(sample)
+                    if next_step < len(options.step_starts()) and t >= options.step_starts()[next_step]:
+                        console.print(f"  t={t:.0f} s: {options.step_calls} more calls "
+                                      f"({2 * options.step_calls * next_step} legs)")
+                        next_step += 1
+                    if not worker.alive():
+                        raise RuntimeError(f"the worker exited ({worker.exit_code}); log: {worker.log_path}")
+                    time.sleep(SAMPLE_S)
+            finally:
+                stop.set()
+                thread.join(timeout=30)
+            thread.check()
+    finally:
+        if not started.already_running:
+            kafka.stop()
+    steps = step_figures(samples, options.step_ends(), options.window_s)
+    per_step = per_leg(steps)
+    doc = record("memory", settings_that_matter(Settings()), {
+        "options": {"step_calls": options.step_calls, "steps": options.steps, "idle_s": options.idle_s,
+                    "step_s": options.step_s, "window_s": options.window_s, "cores": list(options.cores),
+                    "seed": options.seed},
+        "steps": steps, "per_step": per_step, "result": verdict(per_step),
+        "sender": {"frames_sent": report.frames_sent, "tick_late": report.lateness()},
+        "timeline": [{"t_s": round(s.t_s, 1), "rss_mb": round(s.rss_bytes / 2**20, 2), "legs": s.legs,
+                      "finals": s.finals, "queue": s.queue} for s in samples],
+        "definitions": {
+            "steps": "0 legs (the worker idle after start), then step_calls calls (2 legs each) added at once at "
+                     "the start of each step, none ending; per step the median RSS (/proc/<pid>/status VmRSS) "
+                     "and the worker's callqa_active_legs over its last window_s seconds",
+            "per_step": "RSS added / legs added, each step against the one before",
+            "result": "mb_per_leg over the steps after the first (legs added to a worker already holding legs and "
+                      "having decoded: first-use allocations are the first step's), against the goal",
+        },
+        "worker_logs": str(work),
+    }, started=stamp)
+    return doc, write_result("memory", doc, options.out)
+
+
+def length_limit(plans: Sequence[CallPlan]) -> float:
+    """The longest call (s): the noise bed must cover it."""
+    return max(p.duration_ms for p in plans) / 1000 + 1.0
+
+
+def scrape(port: int, pid: int, audio_topic: str, t_s: float) -> Sample | None:
+    try:
+        metrics = probes.parse_metrics(probes.fetch_metrics(port), t_s, audio_topic, probes.rss_bytes(pid))
+    except OSError:
+        return None  # a slow answer: the next sample will do
+    return Sample(t_s, metrics.rss_bytes, metrics.active_legs, metrics.finals, metrics.queue_depth)
+
+
+def summary_lines(doc: dict[str, Any]) -> list[str]:
+    lines = [f"{s['legs']:g} legs: RSS {s['rss_mb']:.1f} MB ({s['rss_mb_min']:.1f}-{s['rss_mb_max']:.1f})"
+             for s in doc["steps"]]
+    lines += [f"{p['from_legs']:g} -> {p['to_legs']:g} legs: {p['rss_mb_added']:+.1f} MB = "
+              f"{_mb(p['mb_per_leg'])} MB per leg" for p in doc["per_step"]]
+    r = doc["result"]
+    if r["mb_per_leg"] is not None:
+        lines.append(f"memory per leg (legs added to a worker holding legs): [bold]{r['mb_per_leg']:.2f} MB[/bold] "
+                     f"(goal <= {r['goal_mb_per_leg']:g} MB: {'met' if r['met'] else 'not met'})")
+    return lines
+
+
+def _mb(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
