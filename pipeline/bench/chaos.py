@@ -66,7 +66,8 @@ from pipeline.eval.call_library import (
 )
 from pipeline.ingest.replay import CallRecording, ReplayOptions, TelephonyReplay, load_recording
 from pipeline.qa.call import QaConfig
-from pipeline.worker.process import GroupCalls, GroupStores, QaVerdicts, WorkerProcess, worker_env
+from pipeline.worker.group_stores import GroupCalls, GroupStores, QaVerdicts
+from pipeline.worker.process import WorkerProcess, worker_env
 
 FAULTS = ("kill9", "sigterm", "broker", "store")
 # The chaos test's plan (run time s, fault), for ~8 calls started 8 s apart (live from 0 to ~2 minutes):

@@ -31,7 +31,8 @@ from pipeline.eval.call_library import LIBRARY_DIR
 from pipeline.ingest.replay import CallRecording, ReplayOptions, TelephonyReplay, load_recording
 from pipeline.qa.call import QaConfig
 from pipeline.worker.checkpoint_cipher import MAGIC
-from pipeline.worker.process import GroupStores, WorkerProcess, committed_offsets, worker_env
+from pipeline.worker.group_stores import GroupStores
+from pipeline.worker.process import WorkerProcess, committed_offsets, worker_env
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 

@@ -19,7 +19,8 @@ from pipeline.broker.producer import ContractProducer
 from pipeline.contracts import Serde
 from pipeline.eval.call_library import LIBRARY_DIR
 from pipeline.ingest.replay import ReplayOptions, TelephonyReplay, load_recording
-from pipeline.worker.process import GroupStores, WorkerProcess
+from pipeline.worker.group_stores import GroupStores
+from pipeline.worker.process import WorkerProcess
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
