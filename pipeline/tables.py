@@ -38,7 +38,8 @@ TEXT_MIN_WIDTH = 12  # free text narrower than this reads as a column of word st
 PIPED_MAX_WIDTH = 200  # beyond this, free text wraps even on a pipe (a transcript line can be any length)
 
 
-def print_table(console: Console, table: Table, *, optional: Sequence[str] = ()) -> None:
+def print_table(console: Console, table: Table, *, optional: Sequence[str] = (),
+                all_columns: str = "--json has every column") -> None:
     """Print ``table`` with its key (``no_wrap``) columns whole, leaving out the ``optional`` columns
     (by header, in this order) only where the width needs it; see the module's doc."""
     width = output_width(console, table)
@@ -48,7 +49,7 @@ def print_table(console: Console, table: Table, *, optional: Sequence[str] = ())
             column.overflow = "fold"  # a word longer than its column goes on to the next line, not to "…"
     shown: RenderableType = row_blocks(table)
     for leave_out in range(len(optional) + 1):
-        candidate = without(table, optional[:leave_out], width) if leave_out else table
+        candidate = without(table, optional[:leave_out], width, all_columns) if leave_out else table
         if fit(console, options, candidate):
             shown = candidate
             break
@@ -113,12 +114,12 @@ def column_widths(console: Console, options: ConsoleOptions, column: Column, pad
     return ColumnWidths(natural, min(max(s.minimum for s in sizes), TEXT_MIN_WIDTH) + pad)
 
 
-def without(table: Table, headers: Sequence[str], width: int) -> Table:
+def without(table: Table, headers: Sequence[str], width: int, all_columns: str = "--json has every column") -> Table:
     """``table`` less the columns of these headers, its caption naming them."""
     narrowed = copy.copy(table)
     kept = [c for c in table.columns if _plain(c.header) not in headers]
     narrowed.columns = [dataclasses.replace(c, _index=i) for i, c in enumerate(kept)]
-    narrowed.caption = f"not shown at {width} columns: {', '.join(headers)} (--json has every column)"
+    narrowed.caption = f"not shown at {width} columns: {', '.join(headers)} ({all_columns})"
     return narrowed
 
 
