@@ -65,6 +65,14 @@ def keep_whole(table: Table, *headers: str) -> Table:
     return table
 
 
+def print_figures(console: Console, table: Table, *, optional: Sequence[str] = (),
+                  all_columns: str = "the results file has every column") -> None:
+    """A benchmark's table of figures: every column is a key column (a figure cut to "12…" is worse than
+    none), so a narrow terminal drops the ``optional`` columns, else prints each row as a block."""
+    print_table(console, keep_whole(table, *(_plain(c.header) for c in table.columns)), optional=optional,
+                all_columns=all_columns)
+
+
 def output_width(console: Console, table: Table) -> int:
     """``COLUMNS`` if set; else the terminal's width; on a pipe, the table's own (at most ``PIPED_MAX_WIDTH``)
     or the console's, whichever is wider (rich's console says 80 there when no stream is a terminal)."""

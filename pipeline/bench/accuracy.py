@@ -20,6 +20,7 @@ from pipeline.bench.results import RESULTS, record, settings_that_matter, write_
 from pipeline.bench.variants import changed_settings, settings_variant
 from pipeline.config import Settings, get_settings
 from pipeline.eval.accuracy import AccuracyRow
+from pipeline.tables import print_figures
 
 SETS = ("eval", "asterisk", "library-numbers")
 CONDITIONS = ("16k", "8k", "8k-mulaw", "8k-alaw")
@@ -44,6 +45,7 @@ class AccuracyOptions:
 def run_accuracy(options: AccuracyOptions, console: Console) -> tuple[dict[str, Any], list[Path]]:
     """Every system on every set under every condition; a bad variant raises BadVariant before any loading."""
     from pipeline.asr.engine import Engine
+    from pipeline.asr.moonshine_graphs import is_moonshine
     from pipeline.eval.accuracy import comparison, evaluate, load_sets, markdown
     from pipeline.eval.systems import FasterWhisper, Ours
 
@@ -56,7 +58,9 @@ def run_accuracy(options: AccuracyOptions, console: Console) -> tuple[dict[str, 
     systems += [Ours(Engine.load(settings=settings.model_copy(update={"model": m})), name=m) for m in models]
     systems += [Ours(Engine.load(settings=s), name=f"ours {label}") for label, s in variants]
     if options.reference:
-        systems += [FasterWhisper.on_our_weights(options.threads, beam, model=settings.model,
+        # faster-whisper runs Whisper's CTranslate2 weights: tiny.en's when the model setting is a Moonshine one.
+        whisper = "tiny.en" if is_moonshine(settings.model) else settings.model
+        systems += [FasterWhisper.on_our_weights(options.threads, beam, model=whisper,
                                                  cache=Path(settings.models_dir) / ".ct2")
                     for beam in options.reference_beams]
     with Progress(console=console, transient=True) as progress:
@@ -87,4 +91,4 @@ def print_rows(rows: list[AccuracyRow], console: Console) -> None:
         exact = "-" if r.digits_exact_rate is None else f"{r.digit_sequences_exact}/{r.digit_sequences}"
         table.add_row(r.set, r.condition, r.system, str(r.utterances), str(r.reference_words), f"{100 * r.wer:.1f}",
                       exact, f"{r.audio_s / r.wall_s:.1f}" if r.wall_s else "-")
-    console.print(table)
+    print_figures(console, table)

@@ -40,6 +40,7 @@ from pipeline.config import Settings
 from pipeline.eval.conditions import conditioned
 from pipeline.eval.dataset import EvalUtterance, load_eval_set
 from pipeline.eval.wer import word_error_rate
+from pipeline.tables import print_figures
 
 # The decoding options the accuracy table compares, each against the default on the same segments.
 OPTIONS: dict[str, dict[str, Any]] = {
@@ -236,7 +237,7 @@ def print_speed(rows: list[SpeedRow], batcher: dict[str, float], rss: dict[str, 
     for r in rows:
         table.add_row(r.system, str(r.batch), f"{r.audio_s_per_s:.1f}", f"{r.audio_s_per_cpu_s:.1f}",
                       f"{100 * r.wer:.1f}")
-    console.print(table)
+    print_figures(console, table)
     console.print(
         f"batcher at {batcher['offered_audio_s_per_s']:g} audio s/s offered (mean batch "
         f"{batcher['mean_batch_size']:.1f}; max_batch {settings.max_batch}, max_wait {settings.max_wait_ms} ms): "
@@ -278,7 +279,7 @@ def run_options(options: AsrOptions, console: Console) -> tuple[dict[str, Any], 
     for row in rows:
         table.add_row(row["option"], f"{row['audio_s_per_s']:.1f}", f"{row['audio_s_per_cpu_s']:.1f}",
                       f"{100 * row['wer']:.1f}", f"{row['speed_vs_default']:.2f}x")
-    console.print(table)
+    print_figures(console, table)
     doc = record("asr-options", settings_that_matter(settings), {"segments": len(segments), "rows": rows})
     return doc, write_result("asr-options", doc, options.out)
 
@@ -308,6 +309,6 @@ def run_windows(options: AsrOptions, console: Console) -> tuple[dict[str, Any], 
             table.add_row(quantization, "30 (full)" if bucket == 0 else f"{bucket:g}",
                           *(f"{100 * row[f'wer_{c}']:.1f}" for c in sets), f"{audio / wall:.1f}", f"{audio / cpu:.1f}")
             console.print(f"{quantization}, window bucket {bucket:g} s: {audio / wall:.1f} audio s / s")
-    console.print(table)
+    print_figures(console, table)
     doc = record("asr-windows", settings_that_matter(settings), {"rows": rows})
     return doc, write_result("asr-windows", doc, options.out)

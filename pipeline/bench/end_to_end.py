@@ -32,6 +32,7 @@ from pipeline.broker.topics import ensure_topics
 from pipeline.config import Settings
 from pipeline.contracts import Serde
 from pipeline.ingest.replay import ReplayOptions, TelephonyReplay, load_recording
+from pipeline.tables import print_figures
 from pipeline.worker.process import WorkerProcess, worker_env
 
 SAMPLE_CALLS = ROOT / "samples" / "calls"
@@ -134,4 +135,4 @@ def print_results(results: list[dict[str, Any]], console: Console) -> None:
         table.add_row(r["scenario"], str(r["calls"]), f"{r['wall_s']:.1f}", f"{r['call_audio_s_per_wall_s']:.2f}",
                       str(r["segments"]), f"{e['p50']:.0f}", f"{e['p95']:.0f}", f"{e['p99']:.0f}",
                       f"{r['mean_batch']:.2f}", f"{r['rss_mb_at_end']:.0f}")
-    console.print(table)
+    print_figures(console, table)

@@ -16,6 +16,7 @@ from pipeline.bench.latency import STAGE_DOC
 from pipeline.bench.live import LAG_SLOPE_MAX, LevelConfig
 from pipeline.bench.results import record, settings_that_matter
 from pipeline.config import Settings
+from pipeline.tables import print_figures
 
 DEFINITIONS = {
     "stages": STAGE_DOC,
@@ -222,7 +223,7 @@ def markdown(doc: dict[str, Any]) -> str:
 
 def print_report(doc: dict[str, Any], console: Console) -> None:
     for table in level_tables(doc):
-        console.print(table)
+        print_figures(console, table)
     for line in summary_lines(doc):
         console.print(line)
     console.print("\n[bold]README table[/bold] (Markdown):\n")
