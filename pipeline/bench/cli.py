@@ -82,9 +82,9 @@ def bench_live(
 @bench_app.command("memory")
 def bench_memory(
     step_calls: Annotated[int, typer.Option(help="Calls added to the worker at each step (2 legs each).")] = 6,
-    steps: Annotated[int, typer.Option(help="Steps of calls added (legs: 0, N, 2N, ...).")] = 2,
-    step_s: Annotated[float, typer.Option(help="Each step's length (s); its last --window-s is its figure.")] = 60.0,
-    window_s: Annotated[float, typer.Option(help="The end of each step the RSS median is taken over (s).")] = 20.0,
+    steps: Annotated[int, typer.Option(help="Steps of calls added (legs: 0, N, 2N, ...).")] = 3,
+    step_s: Annotated[float, typer.Option(help="Each step's length (s); its last --window-s is its figure.")] = 80.0,
+    window_s: Annotated[float, typer.Option(help="The end of each step the RSS is taken over (s).")] = 30.0,
     idle_s: Annotated[float, typer.Option(help="The worker idle before the first calls (s).")] = 20.0,
     cores: Annotated[str, typer.Option(help="CPU list the worker is pinned to (taskset); default: every core.")] = "",
     seed: Annotated[int, typer.Option(help="Seed of the calls.")] = 1,
