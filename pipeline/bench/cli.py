@@ -85,7 +85,7 @@ def bench_memory(
     steps: Annotated[int, typer.Option(help="Steps of calls added (legs: 0, N, 2N, ...).")] = 3,
     step_s: Annotated[float, typer.Option(help="Each step's length (s); its last --window-s is its figure.")] = 80.0,
     window_s: Annotated[float, typer.Option(help="The end of each step the RSS is taken over (s).")] = 30.0,
-    idle_s: Annotated[float, typer.Option(help="The worker idle before the first calls (s).")] = 20.0,
+    idle_s: Annotated[float, typer.Option(help="The worker idle before the first calls (s).")] = 30.0,
     cores: Annotated[str, typer.Option(help="CPU list the worker is pinned to (taskset); default: every core.")] = "",
     seed: Annotated[int, typer.Option(help="Seed of the calls.")] = 1,
     out: Out = None,

@@ -59,7 +59,7 @@ CONNECT_S = 8.0  # after a step's calls connect: their legs are held, little of 
 class MemoryOptions:
     step_calls: int = 6  # calls added per step (2 legs each)
     steps: int = 3
-    idle_s: float = 20.0  # before the first calls: the 0-legs figure
+    idle_s: float = 30.0  # before the first calls: the 0-legs figure
     step_s: float = 80.0  # each step's length; its last window_s seconds are its figure
     window_s: float = 30.0
     cores: tuple[int, ...] = (0,)
