@@ -116,6 +116,10 @@ def step_figures(samples: Sequence[Sample], ends: Sequence[float], window_s: flo
                       "rss_mb": round(statistics.median(s.rss_bytes for s in window) / 2**20, 2),
                       "rss_mb_floor": round(min(s.rss_bytes for s in window) / 2**20, 2),
                       "rss_mb_max": round(max(s.rss_bytes for s in window) / 2**20, 2),
+                      # Segments waiting for inference: a step whose queue is not empty at its median is over
+                      # the worker's capacity, and its memory is queued audio, not legs.
+                      "queue_median": statistics.median(s.queue for s in window),
+                      "backlog": statistics.median(s.queue for s in window) > 0,
                       "samples": len(window)})
     return steps
 
@@ -128,7 +132,7 @@ def per_leg(steps: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         legs = after["legs"] - before["legs"]
         floor, median = (after[k] - before[k] for k in ("rss_mb_floor", "rss_mb"))
         out.append({"from_legs": before["legs"], "to_legs": after["legs"], "rss_mb_added": round(floor, 2),
-                    "mb_per_leg": round(floor / legs, 3) if legs > 0 else None,
+                    "mb_per_leg": round(floor / legs, 3) if legs > 0 else None, "backlog": after.get("backlog", False),
                     "rss_mb_added_median": round(median, 2),
                     "mb_per_leg_median": round(median / legs, 3) if legs > 0 else None})
     return out
@@ -153,7 +157,7 @@ def at_connect(samples: Sequence[Sample], starts: Sequence[float], connect_s: fl
 def verdict(per_step: Sequence[dict[str, Any]], goal_mb: float = GOAL_MB_PER_LEG) -> dict[str, Any]:
     """The figure the goal is judged on: legs added to a worker that already holds legs (every step after
     the first, legs and MB added up, by the floors), so first-use allocations do not count as the legs'."""
-    later = [s for s in per_step[1:] if s["mb_per_leg"] is not None]
+    later = [s for s in per_step[1:] if s["mb_per_leg"] is not None and not s.get("backlog")]
     if not later:
         return {"mb_per_leg": None, "goal_mb_per_leg": goal_mb, "met": None}
     legs = sum(s["to_legs"] - s["from_legs"] for s in later)
@@ -229,7 +233,9 @@ def run_memory(options: MemoryOptions, console: Console) -> tuple[dict[str, Any]
             "at_connect": "per step: median RSS 1-8 s after its calls connected - the 6 s before, / legs added: "
                           "what holding a leg costs before its speech is decoded",
             "result": "mb_per_leg over the steps after the first (legs added to a worker already holding legs and "
-                      "having decoded: first-use allocations are the first step's), against the goal",
+                      "having decoded: first-use allocations are the first step's) and without a backlog (a step "
+                      "whose batcher queue's median is not 0 is over capacity: its memory is queued audio), by the "
+                      "floors, against the goal",
         },
         "worker_logs": str(work),
     }, started=stamp)
@@ -253,7 +259,8 @@ def summary_lines(doc: dict[str, Any]) -> list[str]:
     lines = [f"{s['legs']:g} legs: RSS floor {s['rss_mb_floor']:.1f} MB, median {s['rss_mb']:.1f} "
              f"(max {s['rss_mb_max']:.1f})" for s in doc["steps"]]
     lines += [f"{p['from_legs']:g} -> {p['to_legs']:g} legs: {p['rss_mb_added']:+.1f} MB = "
-              f"{_mb(p['mb_per_leg'])} MB per leg (medians: {_mb(p['mb_per_leg_median'])})" for p in doc["per_step"]]
+              f"{_mb(p['mb_per_leg'])} MB per leg (medians: {_mb(p['mb_per_leg_median'])})"
+              + (" [backlog: over capacity, left out]" if p.get("backlog") else "") for p in doc["per_step"]]
     lines += [f"legs connecting at {c['at_s']:g} s, before their speech is decoded: {c['rss_mb_added']:+.1f} MB for "
               f"{c['legs_added']:g} legs = {_mb(c['mb_per_leg'])} MB per leg" for c in doc.get("at_connect", [])]
     r = doc["result"]

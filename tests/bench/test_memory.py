@@ -34,13 +34,14 @@ def test_calls_arrive_in_steps_and_none_ends_before_the_traffic_does(library: Tu
     assert step_plans(library, options, "mem") == plans  # seeded
 
 
-def _samples(rss_by_step: list[float], legs_by_step: list[float], options: MemoryOptions) -> list[Sample]:
+def _samples(rss_by_step: list[float], legs_by_step: list[float], options: MemoryOptions,
+             queue: float = 0.0) -> list[Sample]:
     out = []
     for start, end, rss, legs in zip(options.step_starts(), options.step_ends(), rss_by_step, legs_by_step,
                                      strict=True):
         t = start
         while t < end:
-            out.append(Sample(t, int(rss * 2**20), legs, 0.0, 0.0))
+            out.append(Sample(t, int(rss * 2**20), legs, 0.0, queue))
             t += 2.0
     return out
 
@@ -53,13 +54,18 @@ def test_mb_per_leg_is_what_each_step_added_over_the_legs_it_added() -> None:
     steps = step_figures(samples, options.step_ends(), options.window_s)
     assert [(s["legs"], s["rss_mb_floor"], s["rss_mb"]) for s in steps] == [(0, 700.0, 700.0), (10, 760.0, 760.0),
                                                                             (20, 775.0, 775.0)]
-    assert steps[2]["rss_mb_max"] == 900.0
+    assert steps[2]["rss_mb_max"] == 900.0 and not any(s["backlog"] for s in steps)
+    assert all(s["backlog"] for s in step_figures(_samples([1.0] * 3, [0, 10, 20], options, queue=3.0),
+                                                  options.step_ends(), options.window_s))
     per_step = per_leg(steps)
     assert [p["mb_per_leg"] for p in per_step] == [6.0, 1.5]
     # The goal is judged on legs added to a worker already holding legs: the first step pays for first use.
     assert verdict(per_step) == {"mb_per_leg": 1.5, "mb_per_leg_median": 1.5, "goal_mb_per_leg": 2.0, "met": True,
                                  "from_legs": 10, "to_legs": 20}
     assert verdict(per_step[:1])["met"] is None
+    # A step over the worker's capacity (segments queued) holds queued audio: left out of the verdict.
+    backlog = [*per_step, {**per_step[1], "from_legs": 20, "to_legs": 30, "mb_per_leg": 9.0, "backlog": True}]
+    assert verdict(backlog)["mb_per_leg"] == 1.5
 
 
 def test_what_a_leg_costs_when_it_connects_is_measured_before_its_speech() -> None:
