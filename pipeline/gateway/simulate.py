@@ -34,10 +34,9 @@ from urllib.parse import urlsplit
 
 import numpy as np
 import uvloop
+from picows.websockets import ClientConnection, ConnectionClosed, InvalidStatus, connect
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from pipeline.gateway.auth import audiohook_signed_headers, twilio_signature
 from pipeline.ingest.replay import CallRecording, ReplayOptions, load_recording
@@ -199,7 +198,9 @@ class _CallSender:
                                open_timeout=REPLY_TIMEOUT_S, max_size=2**20) as ws:
                 await self.converse(ws)
         except InvalidStatus as exc:
-            body = exc.response.body.decode(errors="replace").strip() if exc.response.body else ""
+            # picows keeps the refusal's body on the error it wraps, not on the response it converts
+            raw = exc.response.body or getattr(exc.__cause__, "raw_body", None) or b""
+            body = bytes(raw).decode(errors="replace").strip()
             raise SimulationError(f"the gateway refused the {self.options.protocol} handshake at {self.url}: "
                                   f"HTTP {exc.response.status_code}{f' ({body})' if body else ''}") from None
         except (OSError, TimeoutError) as exc:
