@@ -123,13 +123,18 @@ def gemm_probe(options: BenchOptions, console: Console) -> dict[str, Any]:
 
 
 def machine_figures(speed: list[dict[str, Any]]) -> dict[str, Any]:
-    """The GEMM probe's figures for the document's ``machine``: the faster of the run's start and end (the
-    cores' speed with the least of others' work on them), and both."""
+    """The GEMM probe's figures for the document's ``machine``: each core at the faster of the run's start
+    and end (its speed with the least of others' work on it; on a shared machine one core may be busy at
+    the start and the other at the end), their mean, and each probe's."""
     if not speed:
         return {}
-    best = max(speed, key=lambda s: s["gemm_gflops_per_core"])
-    return {**best, "gemm_gflops_per_core_at": {"start": speed[0]["gemm_gflops_per_core"],
-                                                "end": speed[-1]["gemm_gflops_per_core"]}}
+    by_core = {core: max(s["gemm_gflops_by_core"][core] for s in speed) for core in speed[0]["gemm_gflops_by_core"]}
+    return {**speed[0], "gemm_gflops_per_core": round(sum(by_core.values()) / len(by_core), 1),
+            "gemm_gflops_by_core": by_core,
+            "gemm_gflops_per_core_at": {"start": speed[0]["gemm_gflops_per_core"],
+                                        "end": speed[-1]["gemm_gflops_per_core"]},
+            "gemm_gflops_by_core_at": {"start": speed[0]["gemm_gflops_by_core"],
+                                       "end": speed[-1]["gemm_gflops_by_core"]}}
 
 
 def variant_figures(base: LevelRun, run: LevelRun, alone: dict[str, Any] | None) -> dict[str, Any]:
