@@ -149,6 +149,21 @@ def bench_accuracy(
     _wrote(paths)
 
 
+@bench_app.command("moonshine")
+def bench_moonshine(
+    threads: Annotated[int, typer.Option(help="Intra-op threads.")] = 1,
+    out: Out = None,
+) -> None:
+    """What Moonshine costs per speech-second, batch 1 and batched, built graphs beside the shipped ones.
+
+    Moonshine tiny-en (fp32, int8) and base-en (fp32, weight casts folded), and each as its package ships it, on the 20 evaluation utterances in 8 kHz mu-law."""
+    from pipeline.bench.moonshine import MoonshineBenchOptions, run_moonshine
+    from pipeline.bench.results import RESULTS
+
+    _, paths = run_moonshine(MoonshineBenchOptions(threads=threads, out=out or RESULTS), console)
+    _wrote(paths)
+
+
 @bench_app.command("asr")
 def bench_asr(
     repeat: Annotated[int, typer.Option(help="Times the 20 evaluation utterances are repeated.")] = 2,

@@ -1,4 +1,4 @@
-"""`python -m pipeline.bench.moonshine`: what Moonshine costs per second of speech, batch 1 and batched, built graphs
+"""`callqa bench moonshine`: what Moonshine costs per second of speech, batch 1 and batched, built graphs
 beside the packages' own.
 
 Segments: the 20 real evaluation utterances (1.1-7.1 s, 51 s of speech) in the 8 kHz μ-law condition,
@@ -93,17 +93,3 @@ def run_moonshine(options: MoonshineBenchOptions, console: Console) -> tuple[dic
         "threads": options.threads, "segments": len(segments), "speech_s": round(speech_s, 1), "rows": rows})
     return doc, write_result("moonshine", doc, options.out)
 
-
-def main() -> None:
-    """``python -m pipeline.bench.moonshine [THREADS]``: the benchmark, written under bench/results/."""
-    import sys
-
-    console = Console()
-    threads = int(sys.argv[1]) if len(sys.argv) > 1 else 1
-    _, paths = run_moonshine(MoonshineBenchOptions(threads=threads), console)
-    for path in paths:
-        console.print(f"wrote {path}")
-
-
-if __name__ == "__main__":
-    main()
