@@ -6,6 +6,7 @@ for this module (a few seconds each)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 from dataclasses import replace
@@ -14,10 +15,14 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+import soundfile as sf
+import typer
 from onnx import numpy_helper
+from typer.testing import CliRunner
 
 from pipeline.asr.build import BuildResult, build_model
 from pipeline.asr.canary import CANARY_TRANSCRIPT, ModelCanaryError, load_checked, run_canary
+from pipeline.asr.cli import models_app, transcribe
 from pipeline.asr.engine import Engine
 from pipeline.asr.manifest import ModelIntegrityError, sha256_of
 from pipeline.asr.moonshine_graphs import all_nodes, find_source, source_sha256
@@ -25,7 +30,7 @@ from pipeline.asr.moonshine_recognizer import MoonshineRecognizer
 from pipeline.asr.moonshine_tokenizer import MoonshineTokenizer
 from pipeline.asr.recognizer import Recognizer, SegmentRejectedError
 from pipeline.asr.results import AudioSegment, TranscriptResult
-from pipeline.config import Settings
+from pipeline.config import Settings, get_settings
 from pipeline.eval.conditions import conditioned
 from pipeline.eval.dataset import EvalUtterance, load_eval_set
 from pipeline.eval.non_speech import emitted_words, non_speech_set
@@ -238,6 +243,32 @@ async def test_engine_loads_by_name_and_the_batcher_hot_reloads(
     assert [(r.text, r.model_version) for r in before] == [(t, 1) for t in expected]
     assert taken.version == 3 and [(r.text, r.model_version) for r in after] == [(t, 3) for t in expected]
     assert word_errors(CANARY_TRANSCRIPT, run_canary(taken, 0.2).text).wer == 0.0
+
+
+def test_cli_builds_if_needed_and_transcribes_with_the_model_option(
+    moonshine_dir: Path, builds: dict[str, BuildResult], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("CALLQA_MODELS_DIR", str(moonshine_dir))
+    get_settings.cache_clear()
+    try:
+        app = typer.Typer()
+        app.add_typer(models_app, name="models")
+        app.command("transcribe")(transcribe)
+        built = CliRunner().invoke(app, ["models", "build", "moonshine-tiny", "--if-needed"])
+        assert built.exit_code == 0 and "moonshine-tiny: version 1 is built" in built.stdout, built.stdout
+        listed = CliRunner().invoke(app, ["models", "list", "--json"])
+        rows = {r["model"]: r for r in json.loads(listed.stdout)}
+        assert rows["moonshine-base"]["source_package"] == "moonshine-cpp" and rows["moonshine-tiny"]["graphs"] == ["fp32", "int8"]
+        cards = next(u for u in load_eval_set() if u.id == "cards/005")
+        path = tmp_path / "cards.wav"
+        sf.write(path, np.concatenate([np.zeros(8000, np.float32), cards.audio, np.zeros(8000, np.float32)]), 16000)
+        done = CliRunner().invoke(app, ["transcribe", "--json", "--model", "moonshine-base", str(path)])
+        assert done.exit_code == 0, done.stdout + done.stderr
+        lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+        assert [line["model"] for line in lines] == ["moonshine-base"]
+        assert word_errors(cards.reference, lines[0]["text"]).wer <= 0.2
+    finally:
+        get_settings.cache_clear()
 
 
 def test_no_words_on_non_speech_and_caps_per_second_of_audio(recognizers: dict[str, Recognizer],
