@@ -4,7 +4,9 @@ The JSON files are what Grafana provisions; this script is their source, so pane
 building queries and stay consistent. Run `python dashboards/generate.py` after editing; the tests fail
 when the committed JSON is not what this script writes.
 
-ClickHouse tables are ReplacingMergeTree (at-least-once inserts): every query reads them with FINAL.
+ClickHouse tables are ReplacingMergeTree (at-least-once inserts): every query reads them with FINAL, and
+calls, call_qa and segments through their ``_deduped`` views, which are FINAL and each call's latest
+revision (the post-call pass's result where there is one, else the live one).
 """
 
 from __future__ import annotations
@@ -119,7 +121,7 @@ def sentiment_and_interaction_panels(y: int) -> list[Json]:
                round(avg({m}['customer_sentiment_start']), 2) AS customer_start,
                round(avg({m}['customer_sentiment_end']), 2) AS customer_end,
                round(avg({m}['agent_sentiment']), 2) AS agent
-        FROM callqa.call_qa FINAL WHERE {SCORED} GROUP BY time ORDER BY time""",
+        FROM callqa.call_qa_deduped WHERE {SCORED} GROUP BY time ORDER BY time""",
                 True,
             )
         ],
@@ -140,7 +142,7 @@ def sentiment_and_interaction_panels(y: int) -> list[Json]:
                      AS steady,
                    countIf({m}['customer_sentiment_end'] - {m}['customer_sentiment_start'] <= -{SENTIMENT_POINTS})
                      AS worsening
-            FROM callqa.call_qa FINAL WHERE {SCORED}""",
+            FROM callqa.call_qa_deduped WHERE {SCORED}""",
                     False,
                 )
             ],
@@ -155,7 +157,7 @@ def sentiment_and_interaction_panels(y: int) -> list[Json]:
                 sql_target(
                     f"""
             SELECT round(100 * avg({m}['customer_sentiment_end'] <= -{SENTIMENT_POINTS}), 1) AS negative_end_pct
-            FROM callqa.call_qa FINAL WHERE {SCORED}""",
+            FROM callqa.call_qa_deduped WHERE {SCORED}""",
                     False,
                 )
             ],
@@ -176,7 +178,7 @@ def sentiment_and_interaction_panels(y: int) -> list[Json]:
                    round(avg({m}['customer_interruptions']), 2) AS customer_interruptions,
                    round(avg({m}['overtalk_ms']) / 1000, 1) AS overtalk_s,
                    round(avg({m}['non_talk_pct']), 1) AS non_talk_pct
-            FROM callqa.call_qa FINAL WHERE {SCORED} GROUP BY agent_id ORDER BY customer_sentiment ASC""",
+            FROM callqa.call_qa_deduped WHERE {SCORED} GROUP BY agent_id ORDER BY customer_sentiment ASC""",
                     False,
                 )
             ],
@@ -188,7 +190,7 @@ def sentiment_and_interaction_panels(y: int) -> list[Json]:
             [
                 sql_target(
                     f"""
-            SELECT {m}['hold_ms'] / 1000 AS hold_s FROM callqa.call_qa FINAL WHERE {SCORED}""",
+            SELECT {m}['hold_ms'] / 1000 AS hold_s FROM callqa.call_qa_deduped WHERE {SCORED}""",
                     False,
                 )
             ],
@@ -202,7 +204,7 @@ def sentiment_and_interaction_panels(y: int) -> list[Json]:
                 sql_target(
                     f"""
             SELECT {m}['longest_monologue_ms'] / 1000 AS longest_monologue_s
-            FROM callqa.call_qa FINAL WHERE {SCORED}""",
+            FROM callqa.call_qa_deduped WHERE {SCORED}""",
                     False,
                 )
             ],
@@ -213,12 +215,12 @@ def sentiment_and_interaction_panels(y: int) -> list[Json]:
 
 
 def qa_supervisor() -> Json:
-    flagged = f"SELECT call_id FROM callqa.call_qa FINAL WHERE {SCORED} AND (auto_failed = 1 OR score_pct < ${{min_score}})"
+    flagged = f"SELECT call_id FROM callqa.call_qa_deduped WHERE {SCORED} AND (auto_failed = 1 OR score_pct < ${{min_score}})"
     panels = [
         panel(
             "Calls scored",
             "stat",
-            [sql_target(f"SELECT count() AS calls FROM callqa.call_qa FINAL WHERE {SCORED}", False)],
+            [sql_target(f"SELECT count() AS calls FROM callqa.call_qa_deduped WHERE {SCORED}", False)],
             (0, 0, 6, 4),
         ),
         panel(
@@ -226,7 +228,7 @@ def qa_supervisor() -> Json:
             "stat",
             [
                 sql_target(
-                    f"SELECT round(avg(score_pct), 1) AS avg_score FROM callqa.call_qa FINAL WHERE {SCORED}",
+                    f"SELECT round(avg(score_pct), 1) AS avg_score FROM callqa.call_qa_deduped WHERE {SCORED}",
                     False,
                 )
             ],
@@ -238,7 +240,7 @@ def qa_supervisor() -> Json:
             "stat",
             [
                 sql_target(
-                    f"SELECT round(100 * avg(auto_failed), 1) AS auto_fail_pct FROM callqa.call_qa FINAL WHERE {SCORED}",
+                    f"SELECT round(100 * avg(auto_failed), 1) AS auto_fail_pct FROM callqa.call_qa_deduped WHERE {SCORED}",
                     False,
                 )
             ],
@@ -253,7 +255,7 @@ def qa_supervisor() -> Json:
                     f"""
             SELECT count() AS alerts FROM callqa.qa_events FINAL
             WHERE $__timeFilter(detected_at) AND kind IN ('violation', 'alert')
-              AND call_id IN (SELECT call_id FROM callqa.calls FINAL WHERE {TENANT} AND {AGENT})""",
+              AND call_id IN (SELECT call_id FROM callqa.calls_deduped WHERE {TENANT} AND {AGENT})""",
                     False,
                 )
             ],
@@ -267,7 +269,7 @@ def qa_supervisor() -> Json:
                     f"""
             SELECT $__timeInterval(computed_at) AS time, avg(score_pct) AS avg_score,
                    quantile(0.1)(score_pct) AS p10_score
-            FROM callqa.call_qa FINAL WHERE {SCORED} GROUP BY time ORDER BY time""",
+            FROM callqa.call_qa_deduped WHERE {SCORED} GROUP BY time ORDER BY time""",
                     True,
                 )
             ],
@@ -280,13 +282,13 @@ def qa_supervisor() -> Json:
             [
                 sql_target(
                     f"""
-            WITH (SELECT count() FROM callqa.call_qa FINAL WHERE {SCORED}) AS scored_calls
+            WITH (SELECT count() FROM callqa.call_qa_deduped WHERE {SCORED}) AS scored_calls
             SELECT rule, any(category) AS category,
                    round(100 * (1 - uniqExactIf(call_id, kind IN ('missing', 'violation')) / greatest(scored_calls, 1)), 1)
                      AS compliance_pct
             FROM callqa.qa_events FINAL
             WHERE kind IN ('match', 'missing', 'violation')
-              AND call_id IN (SELECT call_id FROM callqa.call_qa FINAL WHERE {SCORED})
+              AND call_id IN (SELECT call_id FROM callqa.call_qa_deduped WHERE {SCORED})
             GROUP BY rule ORDER BY compliance_pct ASC""",
                     False,
                 )
@@ -304,7 +306,7 @@ def qa_supervisor() -> Json:
                     f"""
             SELECT items.question AS question, round(100 * avg(items.passed), 1) AS pass_pct, count() AS calls,
                    any(items.weight) AS weight
-            FROM callqa.call_qa FINAL ARRAY JOIN items
+            FROM callqa.call_qa_deduped ARRAY JOIN items
             WHERE {SCORED} GROUP BY question ORDER BY pass_pct ASC""",
                     False,
                 )
@@ -323,7 +325,7 @@ def qa_supervisor() -> Json:
                    round(avg(metrics['non_talk_pct']), 1) AS non_talk_pct,
                    round(avg(metrics['agent_interruptions']), 2) AS interruptions_per_call,
                    round(avg(metrics['agent_wpm']), 0) AS agent_wpm
-            FROM callqa.call_qa FINAL WHERE {SCORED} GROUP BY agent_id ORDER BY avg_score DESC""",
+            FROM callqa.call_qa_deduped WHERE {SCORED} GROUP BY agent_id ORDER BY avg_score DESC""",
                     False,
                 )
             ],
@@ -336,7 +338,7 @@ def qa_supervisor() -> Json:
                 sql_target(
                     f"""
             SELECT metrics['non_talk_pct'] AS non_talk_pct
-            FROM callqa.call_qa FINAL WHERE {SCORED}""",
+            FROM callqa.call_qa_deduped WHERE {SCORED}""",
                     False,
                 )
             ],
@@ -351,7 +353,7 @@ def qa_supervisor() -> Json:
                 sql_target(
                     f"""
             SELECT metrics['longest_silence_ms'] / 1000 AS longest_silence_s
-            FROM callqa.call_qa FINAL WHERE {SCORED}""",
+            FROM callqa.call_qa_deduped WHERE {SCORED}""",
                     False,
                 )
             ],
@@ -365,7 +367,7 @@ def qa_supervisor() -> Json:
                 sql_target(
                     f"""
             SELECT metrics['overtalk_ms'] / 1000 AS overtalk_s, metrics['overtalk_count'] AS overtalk_count
-            FROM callqa.call_qa FINAL WHERE {SCORED}""",
+            FROM callqa.call_qa_deduped WHERE {SCORED}""",
                     False,
                 )
             ],
@@ -381,7 +383,7 @@ def qa_supervisor() -> Json:
                    q.auto_failed AS auto_failed, q.computed_at AS computed_at, e.findings AS findings,
                    t.transcript AS transcript
             FROM (SELECT call_id, agent_id, score_pct, auto_failed, computed_at
-                  FROM callqa.call_qa FINAL WHERE call_id IN ({flagged})) AS q
+                  FROM callqa.call_qa_deduped WHERE call_id IN ({flagged})) AS q
             LEFT JOIN (SELECT call_id,
                          arrayStringConcat(groupArray(concat(toString(rule), ' ', toString(kind), ' at ',
                            toString(round(offset_ms / 1000, 1)), ' s')), '; ') AS findings
@@ -389,7 +391,7 @@ def qa_supervisor() -> Json:
                        WHERE kind IN ('missing', 'violation', 'alert') AND call_id IN ({flagged})
                        GROUP BY call_id) AS e ON e.call_id = q.call_id
             LEFT JOIN (SELECT call_id, {TRANSCRIPT} AS transcript
-                       FROM callqa.segments FINAL WHERE is_final = 1 AND call_id IN ({flagged})
+                       FROM callqa.segments_deduped WHERE is_final = 1 AND call_id IN ({flagged})
                        GROUP BY call_id) AS t ON t.call_id = q.call_id
             ORDER BY q.auto_failed DESC, q.score_pct ASC LIMIT 200""",
                     False,
@@ -408,7 +410,7 @@ def qa_supervisor() -> Json:
                    severity, text
             FROM callqa.qa_events FINAL
             WHERE $__timeFilter(detected_at) AND kind IN ('violation', 'alert')
-              AND call_id IN (SELECT call_id FROM callqa.calls FINAL WHERE {TENANT} AND {AGENT})
+              AND call_id IN (SELECT call_id FROM callqa.calls_deduped WHERE {TENANT} AND {AGENT})
             ORDER BY detected_at DESC LIMIT 200""",
                     False,
                 )
@@ -418,11 +420,11 @@ def qa_supervisor() -> Json:
         *sentiment_and_interaction_panels(46),
     ]
     variables = [
-        query_variable("tenant", "Tenant", "SELECT DISTINCT tenant FROM callqa.calls FINAL ORDER BY tenant"),
+        query_variable("tenant", "Tenant", "SELECT DISTINCT tenant FROM callqa.calls_deduped ORDER BY tenant"),
         query_variable(
             "agent",
             "Agent",
-            f"SELECT DISTINCT agent_id FROM callqa.calls FINAL WHERE {TENANT} ORDER BY agent_id",
+            f"SELECT DISTINCT agent_id FROM callqa.calls_deduped WHERE {TENANT} ORDER BY agent_id",
         ),
         {
             "name": "min_score",
@@ -568,7 +570,7 @@ def operations() -> Json:
                     f"""
             SELECT $__timeInterval(ended_at) AS time, countIf(end_reason = 'end') AS ended,
                    countIf(end_reason != 'end') AS aborted_or_timed_out
-            FROM callqa.calls FINAL WHERE ended_at IS NOT NULL AND $__timeFilter(ended_at) AND {TENANT}
+            FROM callqa.calls_deduped WHERE ended_at IS NOT NULL AND $__timeFilter(ended_at) AND {TENANT}
             GROUP BY time ORDER BY time""",
                     True,
                 )
@@ -580,7 +582,7 @@ def operations() -> Json:
         query_variable(
             "worker", "Worker", "SELECT DISTINCT worker_id FROM callqa.latency FINAL ORDER BY worker_id"
         ),
-        query_variable("tenant", "Tenant", "SELECT DISTINCT tenant FROM callqa.calls FINAL ORDER BY tenant"),
+        query_variable("tenant", "Tenant", "SELECT DISTINCT tenant FROM callqa.calls_deduped ORDER BY tenant"),
     ]
     return dashboard("callqa-operations", "Call QA: operations", ["callqa", "ops"], panels, variables)
 

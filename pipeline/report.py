@@ -131,22 +131,22 @@ SELECT c.call_id AS call_id, c.agent_id AS agent_id, c.started_at AS started_at,
        if(empty(q.call_id), NULL, q.score_pct) AS score_pct, if(empty(q.call_id), NULL, q.auto_failed) AS auto_failed,
        length(arrayFilter(p -> p = 0, q.`items.passed`)) AS failed, length(q.`items.passed`) AS items,
        c.customer_sentiment AS customer_sentiment
-FROM {db}.calls AS c FINAL
-LEFT JOIN (SELECT * FROM {db}.call_qa FINAL) AS q ON q.call_id = c.call_id
+FROM {db}.calls_deduped AS c
+LEFT JOIN (SELECT * FROM {db}.call_qa_deduped) AS q ON q.call_id = c.call_id
 WHERE {where}
 ORDER BY c.started_at DESC
 LIMIT 200
 """
 
 TRANSCRIPT_SQL = """
-SELECT leg, start_ms, end_ms, text, confidence, sentiment FROM {db}.segments FINAL
+SELECT leg, start_ms, end_ms, text, confidence, sentiment FROM {db}.segments_deduped
 WHERE call_id = {{call:String}} AND is_final = 1 ORDER BY start_ms, leg
 """
 
 QA_SQL = """
 SELECT score_pct, auto_failed, metrics, `items.question` AS q, `items.weight` AS w, `items.passed` AS p,
        `items.rationale` AS r
-FROM {db}.call_qa FINAL WHERE call_id = {{call:String}}
+FROM {db}.call_qa_deduped WHERE call_id = {{call:String}}
 """
 
 

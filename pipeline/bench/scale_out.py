@@ -350,12 +350,12 @@ def finished(workers: list[WorkerProcess], call_ids: list[str]) -> Finished:
     expected: dict[str, int] = {}
     for i, worker in enumerate(workers):
         alive(worker, f"#{i}")
-        rows = worker.query(f"SELECT call_id, segments FROM calls FINAL WHERE {IDS} AND end_reason != ''",
+        rows = worker.query(f"SELECT call_id, segments FROM calls_deduped WHERE {IDS} AND end_reason != ''",
                             ids=ids)
         by_worker.append({r["call_id"] for r in rows})
         for r in rows:  # a call finished twice (after a handover) says its segment count each time
             expected[r["call_id"]] = max(expected.get(r["call_id"], 0), int(r["segments"]))
-        segs = worker.query(f"SELECT call_id, segment_id FROM segments FINAL WHERE is_final = 1 AND {IDS}",
+        segs = worker.query(f"SELECT call_id, segment_id FROM segments_deduped WHERE is_final = 1 AND {IDS}",
                             ids=ids)
         segment_ids.append({f"{r['call_id']}/{r['segment_id']}" for r in segs})
     return Finished(by_worker, segment_ids, expected)

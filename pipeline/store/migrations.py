@@ -28,6 +28,14 @@ Keys and versions, and why:
 
 A migration that adds columns must also replace the ``_deduped`` views of those tables: a ClickHouse view
 keeps the column list its ``SELECT *`` had when it was created.
+
+Revisions (migration 5, issue 26): a call may be transcribed more than once, live and after the call by a
+more accurate model (the post-call pass, ``callqa retranscribe``), and each pass's result is kept.
+``calls``, ``call_qa`` and ``segments`` carry ``revision`` in their keys: 0 is the live pass, 1 the first
+post-call pass, one more per retranscribe. (0, not 1, for the live pass: ClickHouse refuses a column with
+a default in a sorting key added by ALTER, and every row written before had no revision.) Their
+``_deduped`` views show each call's latest revision only: readers of the views see the most accurate
+result there is; a reader of the raw tables chooses with ``revision``.
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ from clickhouse_connect.driver.client import Client
 from pipeline.store.client import check_identifier
 
 # Reader-facing dedup keys and version expressions, one place for the views and for queries.py.
+# (calls, call_qa and segments also key on ``revision``, added by migration 5.)
 TABLE_KEYS: dict[str, tuple[str, ...]] = {
     "calls": ("call_id",),
     "segments": ("call_id", "segment_id"),
@@ -196,6 +205,23 @@ _HOLDS_COLUMN = (
     "DEFAULT [] COMMENT 'hold intervals [start_ms, end_ms) on the call clock; empty for rows written before'"
 )
 
+# Issue 26: the revision in the keys of the tables a post-call pass writes again (see the module's doc).
+REVISED_TABLES = ("calls", "call_qa", "segments")
+
+
+def _revision_key(table: str) -> str:
+    key = ", ".join((*TABLE_KEYS[table], "revision"))
+    # Without a default, and in the same ALTER as the key change: ClickHouse allows only a newly added
+    # column without a default expression into a sorting key. Running it again is a no-op.
+    return (f"ALTER TABLE {{db}}.{table} ADD COLUMN IF NOT EXISTS revision UInt8 "
+            f"COMMENT '0: the live pass; 1, 2, ...: post-call passes', MODIFY ORDER BY ({key})")
+
+
+def _latest_revision_view(table: str) -> str:
+    return (f"CREATE OR REPLACE VIEW {{db}}.{table}_deduped AS SELECT * FROM {{db}}.{table} FINAL "
+            f"WHERE (call_id, revision) IN (SELECT call_id, max(revision) FROM {{db}}.{table} GROUP BY call_id)")
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "tables", (_CALLS, _SEGMENTS, _LATENCY, _CALL_QA, _QA_EVENTS)),
     Migration(2, "deduped views", tuple(_deduped_view(t) for t in TABLE_KEYS)),
@@ -204,6 +230,10 @@ MIGRATIONS: tuple[Migration, ...] = (
         *(_deduped_view(table, replace=True) for table in _SENTIMENT_COLUMNS),
     )),
     Migration(4, "hold intervals of a call", (_HOLDS_COLUMN, _deduped_view("calls", replace=True))),
+    Migration(5, "revisions: the live and post-call passes of a call", (
+        *(_revision_key(table) for table in REVISED_TABLES),
+        *(_latest_revision_view(table) for table in REVISED_TABLES),
+    )),
 )
 
 

@@ -228,8 +228,8 @@ SELECT c.*, if(empty(q.call_id), NULL, q.score_pct) AS qa_score_pct,
        if(empty(q.call_id), NULL, q.auto_failed) AS qa_auto_failed,
        arrayFilter((qq, pp) -> pp = 0, q.`items.question`, q.`items.passed`) AS qa_failed,
        length(q.`items.question`) AS qa_items, e.alerts AS qa_alerts, q.metrics AS qa_metrics
-FROM {db}.calls AS c FINAL
-LEFT JOIN (SELECT * FROM {db}.call_qa FINAL) AS q ON q.call_id = c.call_id
+FROM {db}.calls_deduped AS c
+LEFT JOIN (SELECT * FROM {db}.call_qa_deduped) AS q ON q.call_id = c.call_id
 LEFT JOIN (SELECT call_id, count() AS alerts FROM {db}.qa_events FINAL WHERE kind = 'alert' GROUP BY call_id)
     AS e ON e.call_id = c.call_id
 WHERE {where}
@@ -238,20 +238,20 @@ LIMIT {limit}
 """
 OPTIONS_SQL = """
 SELECT arraySort(groupUniqArray(agent_id)) AS agents, arraySort(groupUniqArray(queue)) AS queues
-FROM {db}.calls FINAL
+FROM {db}.calls_deduped
 """
 QUESTIONS_SQL = """
-SELECT DISTINCT arrayJoin(`items.question`) AS question FROM {db}.call_qa FINAL ORDER BY question
+SELECT DISTINCT arrayJoin(`items.question`) AS question FROM {db}.call_qa_deduped ORDER BY question
 """
-CALL_SQL = "SELECT * FROM {db}.calls FINAL WHERE call_id = {{call:String}}"
+CALL_SQL = "SELECT * FROM {db}.calls_deduped WHERE call_id = {{call:String}}"
 TURNS_SQL = """
-SELECT * FROM {db}.segments FINAL WHERE call_id = {{call:String}} AND is_final = 1
+SELECT * FROM {db}.segments_deduped WHERE call_id = {{call:String}} AND is_final = 1
 ORDER BY start_ms, leg, segment_id
 """
 QA_SQL = """
 SELECT score_pct, auto_failed, metrics, `items.question` AS q, `items.weight` AS w, `items.passed` AS p,
        `items.rationale` AS r
-FROM {db}.call_qa FINAL WHERE call_id = {{call:String}}
+FROM {db}.call_qa_deduped WHERE call_id = {{call:String}}
 """
 EVENTS_SQL = """
 SELECT rule, category, leg, kind, offset_ms, text, severity FROM {db}.qa_events FINAL

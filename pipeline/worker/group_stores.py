@@ -17,14 +17,14 @@ if TYPE_CHECKING:
     from pipeline.contracts.messages import CallQA
     from pipeline.qa.scorecard import CallQaResult
 
-_FINISHED_SQL = ("SELECT call_id, end_reason, segments FROM calls FINAL "
+_FINISHED_SQL = ("SELECT call_id, end_reason, segments FROM calls_deduped "
                  "WHERE has(splitByChar(',', {ids:String}), call_id) AND end_reason != ''")
-_FINAL_SEGMENTS_SQL = ("SELECT call_id, segment_id, leg, start_ms, end_ms, text FROM segments FINAL "
+_FINAL_SEGMENTS_SQL = ("SELECT call_id, segment_id, leg, start_ms, end_ms, text FROM segments_deduped "
                        "WHERE is_final = 1 AND has(splitByChar(',', {ids:String}), call_id)")
 
 
 _QA_SQL = ("SELECT call_id, score_pct, auto_failed, metrics, `items.question` AS q, `items.passed` AS p "
-           "FROM call_qa FINAL WHERE has(splitByChar(',', {ids:String}), call_id)")
+           "FROM call_qa_deduped WHERE has(splitByChar(',', {ids:String}), call_id)")
 _QA_EVENTS_SQL = ("SELECT call_id, rule, kind FROM qa_events FINAL "
                   "WHERE has(splitByChar(',', {ids:String}), call_id)")
 

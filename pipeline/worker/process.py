@@ -152,12 +152,12 @@ class WorkerProcess:
         rows: list[dict[str, Any]] = []
         while time.monotonic() < deadline:
             rows = self.query(
-                "SELECT call_id, end_reason, segments FROM calls FINAL "
+                "SELECT call_id, end_reason, segments FROM calls_deduped "
                 "WHERE has(splitByChar(',', {ids:String}), call_id) AND end_reason != ''", ids=ids,
             )
             if len(rows) == len(call_ids):
                 # The call row can land before its segments (separate inserts): wait for those too.
-                stored = self.query("SELECT count() AS n FROM segments FINAL WHERE is_final = 1 AND "
+                stored = self.query("SELECT count() AS n FROM segments_deduped WHERE is_final = 1 AND "
                                     "has(splitByChar(',', {ids:String}), call_id)", ids=ids)[0]["n"]
                 if stored >= sum(int(r["segments"]) for r in rows):
                     return rows

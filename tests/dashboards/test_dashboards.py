@@ -98,7 +98,10 @@ def test_clickhouse_targets_use_the_plugin_fields(name: str) -> None:
     for title, target in _targets(dashboard, "grafana-clickhouse-datasource"):
         assert target["editorType"] == "sql" and target["rawSql"].strip(), title
         assert (target["queryType"], target["format"]) in (("timeSeries", 0), ("table", 1)), title
-        assert " FINAL" in target["rawSql"], f"{title}: ReplacingMergeTree tables must be read with FINAL"
+        sql = target["rawSql"]
+        assert " FINAL" in sql or "_deduped" in sql, f"{title}: ReplacingMergeTree tables must be read with FINAL"
+        for table in ("calls", "call_qa", "segments"):  # their latest revision: only through the views
+            assert f"callqa.{table} FINAL" not in sql, f"{title}: {table} is read through {table}_deduped"
 
 
 def test_prometheus_panels_use_worker_metrics() -> None:

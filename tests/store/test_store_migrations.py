@@ -5,7 +5,7 @@ from __future__ import annotations
 from clickhouse_connect.driver.client import Client
 
 from pipeline.store.client import connect
-from pipeline.store.migrations import MIGRATIONS, TABLE_KEYS, migrate, schema_version
+from pipeline.store.migrations import MIGRATIONS, REVISED_TABLES, TABLE_KEYS, migrate, schema_version
 
 
 def test_migrate_twice_applies_each_version_once(store_url: str, database: str) -> None:
@@ -40,7 +40,7 @@ def test_tables_are_replacing_merge_trees_keyed_for_dedup(store: Client, databas
     for table, key in TABLE_KEYS.items():
         engine, sorting_key = tables[table]
         assert engine == "ReplacingMergeTree"
-        assert sorting_key == ", ".join(key)
+        assert sorting_key == ", ".join((*key, "revision") if table in REVISED_TABLES else key)
         assert tables[f"{table}_deduped"][0] == "View"
 
 
