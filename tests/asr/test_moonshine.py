@@ -17,6 +17,7 @@ import onnx
 import pytest
 import soundfile as sf
 import typer
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from onnx import numpy_helper
 from typer.testing import CliRunner
 
@@ -30,6 +31,7 @@ from pipeline.asr.moonshine_recognizer import MoonshineRecognizer
 from pipeline.asr.moonshine_tokenizer import MoonshineTokenizer
 from pipeline.asr.recognizer import Recognizer, SegmentRejectedError
 from pipeline.asr.results import AudioSegment, TranscriptResult
+from pipeline.asr.signing import ModelSignatureError, public_key_text, sign_model
 from pipeline.config import Settings, get_settings
 from pipeline.eval.conditions import conditioned
 from pipeline.eval.dataset import EvalUtterance, load_eval_set
@@ -205,6 +207,19 @@ def test_canary_passes_and_a_broken_or_corrupted_folder_is_refused(
     replace(tiny.manifest, version=3, files=files).write(broken)
     with pytest.raises(ModelCanaryError, match=rf"^{broken}: refused: canary WER"):
         load_checked(broken, settings)
+
+
+def test_a_signed_build_loads_under_a_trusted_key_and_an_unsigned_one_is_refused(
+    builds: dict[str, BuildResult], settings: Settings, tmp_path: Path
+) -> None:
+    key = Ed25519PrivateKey.generate()
+    trusting = settings.model_copy(update={"model_public_key": public_key_text(key.public_key())})
+    unsigned = _copy_version(builds["moonshine-tiny"], tmp_path, 1)
+    with pytest.raises(ModelSignatureError, match="missing signature"):
+        load_checked(unsigned, trusting)
+    signed = _copy_version(builds["moonshine-tiny"], tmp_path, 2)
+    sign_model(signed, key)
+    assert load_checked(signed, trusting).version == 2
 
 
 def _copy_version(build: BuildResult, models_dir: Path, version: int) -> Path:
