@@ -18,6 +18,7 @@ high-water mark, not the legs').
 
 from __future__ import annotations
 
+import os
 import statistics
 import threading
 import time
@@ -219,6 +220,8 @@ def run_memory(options: MemoryOptions, console: Console) -> tuple[dict[str, Any]
         "options": {"step_calls": options.step_calls, "steps": options.steps, "idle_s": options.idle_s,
                     "step_s": options.step_s, "window_s": options.window_s, "cores": list(options.cores),
                     "seed": options.seed},
+        # The allocator's tuning, where the environment sets it (the worker inherits it): RSS depends on it.
+        "environment": {k: v for k, v in sorted(os.environ.items()) if k.startswith(("MALLOC_", "GLIBC_TUNABLES"))},
         "steps": steps, "per_step": per_step, "result": verdict(per_step),
         "at_connect": at_connect(samples, options.step_starts()),
         "sender": {"frames_sent": report.frames_sent, "tick_late": report.lateness()},
