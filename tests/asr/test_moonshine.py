@@ -185,6 +185,8 @@ def test_canary_passes_and_a_broken_or_corrupted_folder_is_refused(
         recognizer = load_checked(build.folder, settings)
         assert isinstance(recognizer, MoonshineRecognizer)
         assert run_canary(recognizer, 0.0).wer == 0.0, name
+    int8 = Recognizer.load(builds["moonshine-tiny"].folder, settings.model_copy(update={"quantization": "int8"}))
+    assert int8.model.label == "moonshine-tiny@1/int8" and run_canary(int8, 0.0).wer == 0.0
     tiny = builds["moonshine-tiny"]
     # One byte changed in a graph: refused by its sha256, at load.
     corrupted = _copy_version(tiny, tmp_path, 2)
