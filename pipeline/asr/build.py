@@ -23,12 +23,15 @@ from pipeline.asr.manifest import (
     model_versions,
     sha256_of,
 )
+from pipeline.asr.matmul_nbits import quantize_model
 from pipeline.asr.moonshine_graphs import is_moonshine
 from pipeline.asr.signing import sign_model
 
 SAMPLE_RATE = 16000
 VOCABULARY_FILE = "vocabulary.txt"
-QUANTIZATIONS = ("fp32", "int8")
+# int8row: 8-bit weights as MatMulNBits, activations quantized per row (matmul_nbits): text independent
+# of the batch, unlike int8's batch-wide activation scale.
+QUANTIZATIONS = ("fp32", "int8", "int8row")
 
 
 @dataclass(frozen=True)
@@ -57,8 +60,10 @@ def _write_graphs(folder: Path, name: str) -> tuple[dict[str, dict[str, str]], o
         onnx.save(graph, fp32)
         del graph
         _quantize(fp32, folder / f"{part}.int8.onnx")
+        quantize_model(fp32, folder / f"{part}.int8row.onnx")
         graphs["fp32"][part] = fp32.name
         graphs["int8"][part] = f"{part}.int8.onnx"
+        graphs["int8row"][part] = f"{part}.int8row.onnx"
     return graphs, weights.sha256
 
 

@@ -17,8 +17,10 @@ class AsrSettings(BaseModel):
     # segment's text changed with the segments it was batched with; fp32 gives the same text alone or
     # batched (a replay after a crash, or `callqa transcribe`, reproduces the stream), and a lower WER
     # on 8 kHz mu-law (4.3 % vs 6.8 %), for ~19 % less pipeline throughput (callqa bench end-to-end).
-    quantization: Literal["fp32", "int8"] = Field(
-        "fp32", description="ONNX graph variant: fp32 (batch-independent, matches faster-whisper fp32) or int8 (faster).",
+    quantization: Literal["fp32", "int8", "int8row"] = Field(
+        "fp32", description="ONNX graph variant: fp32 (batch-independent, matches faster-whisper fp32), int8 (faster; "
+        "text depends on the batch) or int8row (8-bit weights, per-row int8 activations: batch-independent; "
+        "model folders built since it was added).",
     )
     # 5 s with fp32: same WER as 10 s on the eval set (6.8/4.3/4.3 %), 14.4 vs 12.1 audio s per s.
     window_bucket_s: float = Field(

@@ -30,7 +30,7 @@ def test_manifest_records_source_and_every_file(built: BuildResult) -> None:
     assert m.source_version == source.version
     assert m.source_sha256 == hashlib.sha256(source.read_model_bytes()).hexdigest()
     assert (m.sample_rate, m.n_mels) == (16000, 80)
-    assert set(m.graphs) == {"fp32", "int8"}
+    assert set(m.graphs) == {"fp32", "int8", "int8row"}
     on_disk = {p.name for p in built.folder.iterdir()} - {"manifest.json"}
     assert set(m.files) == on_disk
     assert Manifest.read(built.folder) == m
