@@ -119,6 +119,7 @@ class TranscriptSegment(Message):
     inference_ms: float = 0.0
     produced_at_ms: int = field(default_factory=now_ms)
     sentiment: float = 0.0  # of the redacted text, −5..+5 (pipeline/qa/sentiment.py); 0 for a partial
+    revision: int = 0  # the pass that wrote it: 0 live, 1, 2, ... post-call passes (store migration 5)
 
 
 @dataclass
@@ -187,6 +188,7 @@ class CallQA(Message):
     longest_monologue_ms: int = 0
     hold_ms: int = 0
     holds: list[CallHold] = field(default_factory=list)  # when: the intervals hold_ms is the total of
+    revision: int = 0  # the pass this result is of: 0 live, 1, 2, ... post-call passes (store migration 5)
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> CallQA:

@@ -114,6 +114,7 @@ def call_row(call: CallState, qa: CallQA, start: CallEvent | None, how: str, aud
         "hold_ms": qa.hold_ms,
         # UInt32 columns: a hold's times are on the call's clock, never before its start.
         "holds": [(max(0, h.start_ms), max(0, h.end_ms)) for h in qa.holds],
+        "revision": qa.revision,
     }
 
 
@@ -123,7 +124,7 @@ def segment_row(t: TranscriptSegment) -> dict[str, Any]:
         "end_ms": t.end_ms, "text": t.text, "confidence": t.confidence, "avg_logprob": t.avg_logprob,
         "no_speech_prob": t.no_speech_prob, "is_final": int(t.is_final), "model_name": t.model_name,
         "model_version": t.model_version, "redactions": t.redactions, "produced_at": to_datetime(t.produced_at_ms),
-        "sentiment": t.sentiment,
+        "sentiment": t.sentiment, "revision": t.revision,
     }
 
 
@@ -142,7 +143,7 @@ def call_qa_row(qa: CallQA) -> dict[str, Any]:
         "auto_failed": int(qa.auto_failed), "metrics": qa.metrics,
         "items.question": [i.question for i in qa.items], "items.weight": [i.weight for i in qa.items],
         "items.passed": [int(i.passed) for i in qa.items], "items.rationale": [i.rationale for i in qa.items],
-        "computed_at": to_datetime(qa.computed_at_ms),
+        "computed_at": to_datetime(qa.computed_at_ms), "revision": qa.revision,
     }
 
 

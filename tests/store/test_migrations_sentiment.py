@@ -31,7 +31,8 @@ def test_old_rows_read_zero_and_new_rows_keep_their_figures_through_the_views(st
     try:
         migrate(client, database, MIGRATIONS[:2])  # a store as it was before issue 27, with a call in it
         _insert(client, "calls", _call("old"))
-        assert migrate(client, database, MIGRATIONS[:3]) == [3]
+        # Up to the current schema: the new rows are today's worker's, which always runs on a migrated store.
+        assert migrate(client, database) == [m.version for m in MIGRATIONS[2:]]
 
         figures = dict(zip(NEW_CALL_COLUMNS, [-1.5, -2.0, 1.25, 2.0, 1.5, 38050, 20000], strict=True))
         _insert(client, "calls", _call("new", **figures))
