@@ -25,7 +25,10 @@ any incompatible change)::
      "metrics": {"<metric>": float},
      "live_alerts": [<event>],   # raised while the call runs, as the worker publishes them (QaAlert)
      "events": [<event>],        # the complete evaluation at call end
-     "redactions": {"<marker>": int}}
+     "redactions": {"<marker>": int},
+     "revision": 0|1,            # 1: the post-call pass (--final-model), scored on its own transcript
+     "live": {"model": str, "score_pct": float, "auto_failed": bool,   # only with revision 1: the live
+              "rules_changed": {"<rule>": {"live": verdict, "final": verdict}}, "segments_changed": int}}
 
 with ``<event>`` = ``{"rule", "category", "leg", "kind" (match|missing|violation|alert), "offset_ms",
 "text" (redacted), "severity", "segment_id"}``. Legs a file does not have are absent from ``legs``.
@@ -35,7 +38,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -104,6 +107,8 @@ class CallAnalysis:
     qa: CallQaResult
     rule_set: RuleSet = field(repr=False)
     redactions: dict[str, int] = field(default_factory=dict)
+    revision: int = 0  # 0: the live pass; 1: the post-call pass (``final_model``), scored on its transcript
+    live: CallAnalysis | None = field(default=None, repr=False)  # with revision 1: the live pass it replaces
 
     def leg_segments(self, leg: Leg) -> list[AnalyzedSegment]:
         return [s for s in self.segments if s.leg == leg]
@@ -132,7 +137,21 @@ class CallAnalysis:
             "live_alerts": [_event_json(e) for e in self.live_alerts],
             "events": [_event_json(e) for e in self.qa.events],
             "redactions": dict(self.redactions),
+            "revision": self.revision,
+            **({"live": self.live_summary()} if self.live is not None else {}),
         }
+
+    def live_summary(self) -> dict[str, Any]:
+        """With a post-call pass: the live pass's model, score and verdicts, and what the final pass changed."""
+        assert self.live is not None
+        live_rules, final_rules = self.live.rule_verdicts(), self.rule_verdicts()
+        changed = {name: {"live": live_rules[name]["verdict"], "final": verdict["verdict"]}
+                   for name, verdict in final_rules.items()
+                   if name in live_rules and live_rules[name]["verdict"] != verdict["verdict"]}
+        return {"model": self.live.model, "score_pct": self.live.qa.score_pct,
+                "auto_failed": self.live.qa.auto_failed, "rules_changed": changed,
+                "segments_changed": sum(a.text != b.text for a, b in zip(self.live.segments, self.segments,
+                                                                           strict=False))}
 
 
 def _event_json(e: QaEvent) -> dict[str, Any]:
@@ -162,38 +181,59 @@ def segment_legs(engine: Engine, rec: CallRecording, encoding: str) -> list[tupl
     ]
 
 
+@dataclass(frozen=True)
+class FinalPass:
+    """The post-call pass: the accurate model's engine (its label) and a batcher of it."""
+
+    engine: Engine
+    batcher: SegmentBatcher
+
+
 async def analyze_file(
     path: str | Path, engine: Engine, batcher: SegmentBatcher, config: QaConfig,
     options: AnalyzeOptions | None = None,
     on_segmented: Callable[[int], None] | None = None, on_transcribed: Callable[[], None] | None = None,
+    final: FinalPass | None = None,
 ) -> CallAnalysis:
-    """Analyse one recording (raises AudioFileError naming the file when it cannot be read)."""
+    """Analyse one recording (raises AudioFileError naming the file when it cannot be read). With ``final``,
+    the live pass's segments are decoded again by the accurate model and the analysis returned is that
+    post-call pass (revision 1), scored on its transcript, with the live one in ``live``."""
     options = options or AnalyzeOptions()
     rec, channels = await asyncio.to_thread(telephony_audio, path, options)
     pairs = await asyncio.to_thread(segment_legs, engine, rec, options.encoding)
     if on_segmented is not None:
-        on_segmented(len(pairs))
-
-    async def transcribe(segment: SpeechSegment) -> str | None:
-        result = await batcher.submit(segment)
-        if on_transcribed is not None:
-            on_transcribed()
-        # The worker's rule: a segment judged silence, or with no text, is not a transcript.
-        return None if result.is_silence or not result.text.strip() else result.text.strip()
-
-    texts = await asyncio.gather(*(transcribe(s) for _, s in pairs))
+        on_segmented(len(pairs) * (2 if final else 1))
     call_id = Path(path).stem
     frame_samples = rec.sample_rate * options.frame_ms // 1000
     duration_ms = max((rec.frame_count(leg, frame_samples) for leg in rec.legs), default=0) * options.frame_ms
-    transcripts = [(leg, s, text) for (leg, s), text in zip(pairs, texts, strict=True) if text is not None]
-    analyzer = CallAnalyzer(call_id, config)
-    segments, live = _redact_and_match(analyzer, transcripts)
-    return CallAnalysis(
-        call_id=call_id, file=str(path), duration_ms=duration_ms, encoding=options.encoding,
-        sample_rate=rec.sample_rate, model=engine.model_label, channels=channels, segments=segments,
-        live_alerts=live, qa=analyzer.finalize(duration_ms), rule_set=config.rule_set,
-        redactions=dict(analyzer.redaction_counts),
-    )
+
+    async def one_pass(model: str, of: SegmentBatcher, revision: int) -> CallAnalysis:
+        texts = await asyncio.gather(*(_transcribe(of, s, on_transcribed) for _, s in pairs))
+        transcripts = [(leg, s, text) for (leg, s), text in zip(pairs, texts, strict=True) if text is not None]
+        analyzer = CallAnalyzer(call_id, config)
+        segments, live_alerts = _redact_and_match(analyzer, transcripts)
+        return CallAnalysis(
+            call_id=call_id, file=str(path), duration_ms=duration_ms, encoding=options.encoding,
+            sample_rate=rec.sample_rate, model=model, channels=channels, segments=segments,
+            live_alerts=live_alerts, qa=analyzer.finalize(duration_ms), rule_set=config.rule_set,
+            redactions=dict(analyzer.redaction_counts), revision=revision,
+        )
+
+    live = await one_pass(engine.model_label, batcher, 0)
+    if final is None:
+        return live
+    # The same segments, as the worker's post-call pass will take them: only the words may change.
+    post = await one_pass(final.engine.model_label, final.batcher, 1)
+    return replace(post, live=live)
+
+
+async def _transcribe(batcher: SegmentBatcher, segment: SpeechSegment,
+                      on_transcribed: Callable[[], None] | None) -> str | None:
+    result = await batcher.submit(segment)
+    if on_transcribed is not None:
+        on_transcribed()
+    # The worker's rule: a segment judged silence, or with no text, is not a transcript.
+    return None if result.is_silence or not result.text.strip() else result.text.strip()
 
 
 def _redact_and_match(
@@ -215,12 +255,14 @@ def _redact_and_match(
 
 async def analyze_paths(
     paths: Sequence[Path], engine: Engine, config: QaConfig, options: AnalyzeOptions,
-    emit: Callable[[CallAnalysis], None], err_console: Console,
+    emit: Callable[[CallAnalysis], None], err_console: Console, final_engine: Engine | None = None,
 ) -> int:
-    """Analyse files one after another through one batcher, ``emit`` each report as it is ready, print one
-    line per file that fails (naming file and cause) and go on; returns how many failed."""
+    """Analyse files one after another through one batcher (and one of ``final_engine``: the post-call
+    pass), ``emit`` each report as it is ready, print one line per file that fails (naming file and cause)
+    and go on; returns how many failed."""
     batcher = engine.new_batcher()
     await batcher.start()
+    final = await _start_final(final_engine)
     failures = 0
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     try:
@@ -229,7 +271,7 @@ async def analyze_paths(
                 task = progress.add_task(f"{escape(path.name)}: segmenting", total=None)
                 segmented, transcribed = _progress_callbacks(progress, task, escape(path.name))
                 try:
-                    emit(await analyze_file(path, engine, batcher, config, options, segmented, transcribed))
+                    emit(await analyze_file(path, engine, batcher, config, options, segmented, transcribed, final))
                 except Exception as exc:  # noqa: BLE001 - one line per failed file, then the next file
                     failures += 1
                     err_console.print(f"[red]error:[/red] {escape(describe_failure(path, exc))}")
@@ -237,21 +279,36 @@ async def analyze_paths(
                     progress.remove_task(task)
     finally:
         await batcher.close()
+        if final is not None:
+            await final.batcher.close()
     return failures
 
 
+async def _start_final(final_engine: Engine | None) -> FinalPass | None:
+    if final_engine is None:
+        return None
+    final = FinalPass(final_engine, final_engine.new_batcher())
+    await final.batcher.start()
+    return final
+
+
 def analyze_recordings(
-    paths: Sequence[str | Path], engine: Engine, config: QaConfig, options: AnalyzeOptions | None = None
+    paths: Sequence[str | Path], engine: Engine, config: QaConfig, options: AnalyzeOptions | None = None,
+    final_engine: Engine | None = None,
 ) -> list[CallAnalysis]:
-    """For tests and scripts (no event loop running): every file's analysis; raises the first failure."""
+    """For tests and scripts (no event loop running): every file's analysis (with ``final_engine``, the
+    post-call pass's, the live one in ``live``); raises the first failure."""
 
     async def run() -> list[CallAnalysis]:
         batcher = engine.new_batcher()
         await batcher.start()
+        final = await _start_final(final_engine)
         try:
-            return [await analyze_file(path, engine, batcher, config, options) for path in paths]
+            return [await analyze_file(path, engine, batcher, config, options, final=final) for path in paths]
         finally:
             await batcher.close()
+            if final is not None:
+                await final.batcher.close()
 
     return asyncio.run(run())
 
@@ -284,6 +341,12 @@ def render_analysis(a: CallAnalysis, console: Console) -> None:
     console.print(f"[bold]{escape(a.call_id)}[/bold]  {escape(a.file)}  {a.duration_ms / 1000:.1f} s  "
                   f"({escape(legs)}; {a.encoding} {a.sample_rate} Hz; {escape(a.model)})")
     console.print(f"score: [bold]{score}[/bold]  (scorecard {escape(a.qa.scorecard)})")
+    if a.live is not None:
+        live = a.live_summary()
+        changed = ", ".join(f"{rule} {v['live']} → {v['final']}" for rule, v in live["rules_changed"].items())
+        console.print(f"post-call pass ({escape(a.model)}) over the live pass ({escape(live['model'])}, score "
+                      f"{live['score_pct']:.1f} %): {live['segments_changed']} segments reworded; "
+                      f"{escape(changed) or 'no verdict changed'}")
     print_table(console, _items_table(a))
     print_table(console, _rules_table(a))
     metrics = keep_whole(Table("metric", "value", title="conversation metrics"), "metric", "value")

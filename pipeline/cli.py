@@ -295,6 +295,9 @@ def analyze(
     encoding: Annotated[str, typer.Option(
         help="Telephony encoding the audio goes through first, as `callqa replay` sends it: "
              "mulaw, alaw or pcm16 (16 kHz at most).")] = "mulaw",
+    final_model: Annotated[str | None, typer.Option(
+        help="The post-call pass: decode the segments again with this model (e.g. moonshine-base) and score "
+             "QA on that transcript; default: the final_model setting (CALLQA_FINAL_MODEL), empty = none.")] = None,
 ) -> None:
     """Offline QA of recordings, no Kafka or store: segments, redacted transcript, rules, scorecard, alerts."""
     import asyncio
@@ -322,7 +325,9 @@ def analyze(
             render_analysis(analysis, console)
 
     engine = Engine.load(settings=settings)
-    if asyncio.run(analyze_paths(paths, engine, config, options, emit, err_console)):
+    final_name = settings.final_model if final_model is None else final_model
+    final_engine = Engine.load(final_name, settings=settings) if final_name else None
+    if asyncio.run(analyze_paths(paths, engine, config, options, emit, err_console, final_engine)):
         raise typer.Exit(1)
 
 

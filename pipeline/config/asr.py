@@ -12,6 +12,12 @@ class AsrSettings(BaseModel):
         "tiny.en",
         description="Model to build and load: Whisper tiny.en or base, or Moonshine moonshine-tiny or moonshine-base (greedy only; no previous-text context).",
     )
+    # The post-call pass (issue 26): the call's segments decoded again by a more accurate model, QA scored on
+    # that transcript and kept as the call's revision 1 beside the live result. `callqa analyze` runs it
+    # today; the worker does not yet. Empty: no second pass.
+    final_model: str = Field(
+        "", description="Model of the post-call pass (e.g. moonshine-base); empty: the live transcript is final.",
+    )
     models_dir: str = Field("models", description="Where built ONNX models live (models/<name>/<version>/).")
     # fp32 by default: int8's dynamic quantization scales activations over the whole batch, so a
     # segment's text changed with the segments it was batched with; fp32 gives the same text alone or
