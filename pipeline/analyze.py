@@ -49,6 +49,7 @@ from rich.table import Table
 
 from pipeline.asr.batcher import SegmentBatcher
 from pipeline.asr.engine import Engine
+from pipeline.asr.results import TranscriptResult
 from pipeline.audio import codecs
 from pipeline.audio.files import AudioFileError
 from pipeline.contracts.messages import LEGS, Encoding, Leg
@@ -85,6 +86,8 @@ class AnalyzedSegment:
     text: str
     redactions: int
     sentiment: float = 0.0  # of the redacted text, -5..+5, as the worker stores it (pipeline/qa/sentiment.py)
+    confidence: float = 0.0  # the model's, as the worker stores it (not in --json: the report's shape is fixed)
+    avg_logprob: float = 0.0
 
     def as_json(self) -> dict[str, Any]:
         return {"segment_id": self.segment_id, "start_ms": self.start_ms, "end_ms": self.end_ms,
@@ -208,8 +211,8 @@ async def analyze_file(
     duration_ms = max((rec.frame_count(leg, frame_samples) for leg in rec.legs), default=0) * options.frame_ms
 
     async def one_pass(model: str, of: SegmentBatcher, revision: int) -> CallAnalysis:
-        texts = await asyncio.gather(*(_transcribe(of, s, on_transcribed) for _, s in pairs))
-        transcripts = [(leg, s, text) for (leg, s), text in zip(pairs, texts, strict=True) if text is not None]
+        results = await asyncio.gather(*(_transcribe(of, s, on_transcribed) for _, s in pairs))
+        transcripts = [(leg, s, r) for (leg, s), r in zip(pairs, results, strict=True) if r is not None]
         analyzer = CallAnalyzer(call_id, config)
         segments, live_alerts = _redact_and_match(analyzer, transcripts)
         return CallAnalysis(
@@ -228,27 +231,28 @@ async def analyze_file(
 
 
 async def _transcribe(batcher: SegmentBatcher, segment: SpeechSegment,
-                      on_transcribed: Callable[[], None] | None) -> str | None:
+                      on_transcribed: Callable[[], None] | None) -> TranscriptResult | None:
     result = await batcher.submit(segment)
     if on_transcribed is not None:
         on_transcribed()
     # The worker's rule: a segment judged silence, or with no text, is not a transcript.
-    return None if result.is_silence or not result.text.strip() else result.text.strip()
+    return None if result.is_silence or not result.text.strip() else result
 
 
 def _redact_and_match(
-    analyzer: CallAnalyzer, transcripts: Sequence[tuple[Leg, SpeechSegment, str]]
+    analyzer: CallAnalyzer, transcripts: Sequence[tuple[Leg, SpeechSegment, TranscriptResult]]
 ) -> tuple[list[AnalyzedSegment], list[QaEvent]]:
     """Feed the call's transcripts to its analyzer in time order: the stored segments and the live alerts."""
     call_id = analyzer.call_id
     segments: list[AnalyzedSegment] = []
     live: list[QaEvent] = []
-    for leg, s, text in sorted(transcripts, key=lambda t: (t[1].start_ms, LEGS.index(t[0]))):
+    for leg, s, r in sorted(transcripts, key=lambda t: (t[1].start_ms, LEGS.index(t[0]))):
         analyzed = analyzer.process(Segment(call_id, leg, f"{call_id}/{leg}/{s.start_ms:09d}",
-                                            s.start_ms, s.end_ms, text))
+                                            s.start_ms, s.end_ms, r.text.strip()))
         out = analyzed.redacted.segment
         segments.append(AnalyzedSegment(out.segment_id, leg, out.start_ms, out.end_ms, out.text,
-                                        analyzed.redacted.total, analyzed.sentiment))
+                                        analyzed.redacted.total, analyzed.sentiment, r.confidence,
+                                        r.avg_logprob))
         live.extend(analyzed.events)
     return segments, live
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -329,6 +330,57 @@ def analyze(
     final_engine = Engine.load(final_name, settings=settings) if final_name else None
     if asyncio.run(analyze_paths(paths, engine, config, options, emit, err_console, final_engine)):
         raise typer.Exit(1)
+
+
+@app.command("retranscribe")
+def retranscribe(
+    recordings: Annotated[Path, typer.Option(
+        help="The contact center's recordings: one file per call, named by call ID (<call id>.wav, .flac, ...).")],
+    since: Annotated[datetime | None, typer.Option(
+        help="Calls started at or after this time (ISO 8601, UTC unless it says otherwise).")] = None,
+    call: Annotated[list[str] | None, typer.Option("--call", help="A call ID to redo (repeatable).")] = None,
+    model: Annotated[str | None, typer.Option(
+        help="The accurate model (default: the final_model setting, CALLQA_FINAL_MODEL).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON document: the changes and the calls skipped.")] = False,
+) -> None:
+    """The post-call pass over stored calls: each one's recording transcribed again by the accurate model, QA
+    scored on it and stored as the call's next revision; prints what changed against the previous one."""
+    import json
+
+    from pipeline.asr.engine import Engine
+    from pipeline.qa.call import QaConfig
+    from pipeline.retranscribe import run
+    from pipeline.store.client import connect
+    from pipeline.store.migrations import migrate
+    from pipeline.tables import keep_whole, print_table
+
+    settings = get_settings()
+    name = model or settings.final_model
+    if not name:
+        raise typer.BadParameter("no model: pass --model or set CALLQA_FINAL_MODEL (e.g. moonshine-base)")
+    if not recordings.is_dir():
+        raise typer.BadParameter(f"--recordings {recordings}: not a folder")
+    if since is not None and since.tzinfo is None:
+        since = since.replace(tzinfo=UTC)
+    config = QaConfig.from_settings(settings)
+    client = connect(settings.writer_url, settings.clickhouse_database)
+    migrate(client, settings.clickhouse_database)
+    with err_console.status(f"transcribing again with {name}..."):
+        changes, skipped = run(client, recordings, Engine.load(name, settings=settings), config, since=since,
+                               call_ids=call or ())
+    if as_json:
+        print(json.dumps({"changes": [c.as_json() for c in changes],
+                          "skipped": [{"call_id": s.call_id, "why": s.why} for s in skipped]}))
+        return
+    table = Table("call", "revision", "score", "auto-fail", "items changed", title=f"retranscribed with {name}")
+    for c in changes:
+        before = "-" if c.score_before is None else f"{c.score_before:.1f}"
+        items = "; ".join(f"{q}: {b} → {a}" for q, (b, a) in c.items_changed.items()) or "none"
+        table.add_row(c.call_id, str(c.revision), f"{before} → {c.score_after:.1f}",
+                      f"{c.auto_failed_before} → {c.auto_failed_after}", items)
+    print_table(console, keep_whole(table, "call", "revision", "score", "auto-fail"))
+    for s in skipped:
+        err_console.print(f"skipped {s.call_id}: {s.why}")
 
 
 @app.command("settings")
