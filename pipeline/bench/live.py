@@ -605,7 +605,8 @@ def engine_alone(run: LevelRun, library: TurnLibrary, max_speech_s: float = 600.
     from pipeline.asr.engine import Engine
 
     segments = window_segments(run, library, max_speech_s)
-    settings = run.config.settings()  # the level's own (its variant's) settings
+    # The level's own (its variant's) settings, at the max_batch its figures were measured with.
+    settings = run.config.settings().model_copy(update={"max_batch": run.result["max_batch"]})
     affinity = os.sched_getaffinity(0)
     os.sched_setaffinity(0, set(run.config.cores))  # this thread, and the ONNX Runtime threads it creates
     try:
