@@ -83,6 +83,8 @@ def run_benchmark(options: BenchOptions, console: Console) -> tuple[dict[str, An
             batching = batching_gain(found, single)
             with console.status("the engine alone on the same segments..."):
                 engine = engine_alone(found, library)
+        if found is None and variant_levels:
+            console.print("no level met the criteria: the variants are not run")
         if found is not None:
             for template in variant_levels:  # the same traffic (seed, calls) with the variant's settings
                 run = run_level(replace(template, calls=found.config.calls), library, work, console)
