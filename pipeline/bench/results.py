@@ -41,7 +41,7 @@ SETTINGS_THAT_MATTER = (
     *(name for name in AsrSettings.model_fields if name not in _NOT_BEHAVIOUR),
     *(name for name in SegmentationSettings.model_fields if name not in _NOT_BEHAVIOUR),
     "frame_batch_max", "frame_batch_within_ms", "max_poll_records", "audio_partitions", "partial_interval_ms",
-    "early_decode", "max_inflight_audio_mb", "commit_interval_s",
+    "early_decode", "max_inflight_audio_mb", "commit_interval_s", "malloc_mmap_threshold_bytes",
 )
 
 

@@ -75,6 +75,13 @@ class WorkerSettings(BaseModel):
     commit_interval_s: float = Field(
         2.0, description="How often finished calls are made durable and input offsets committed (s).",
     )
+    # glibc raises its mmap threshold to the largest block freed so far, so the decoder's batch buffers
+    # (MBs, a new shape per batch size) end up on the heap and stay there: RSS per leg followed the batch
+    # shapes seen, not the legs (callqa bench memory: 2.5-3.4 MB per leg; 1.1 with a fixed 128 KB threshold).
+    malloc_mmap_threshold_bytes: int = Field(
+        131072, ge=0, description="glibc's mmap threshold set at worker start (bytes); 0 leaves glibc's dynamic one. "
+        "The MALLOC_MMAP_THRESHOLD_ environment variable, when set, wins.",
+    )
     stream_buffer_maxsize: int = Field(
         1024, description="Faust per-partition buffer; when full, fetching from that partition pauses.",
     )

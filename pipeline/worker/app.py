@@ -33,6 +33,7 @@ from pipeline.qa.call import QaConfig
 from pipeline.store.client import connect
 from pipeline.store.migrations import migrate
 from pipeline.store.sink import ClickHouseSink
+from pipeline.worker.allocator import set_mmap_threshold
 from pipeline.worker.api import ApiAuth, QueryPool, auth_middleware, check_api_settings, register_api_views
 from pipeline.worker.calls import CallProcessor
 from pipeline.worker.checkpoint_topic import KafkaCheckpointStore
@@ -315,6 +316,7 @@ def run_worker(settings: Settings, loglevel: str = "warning") -> None:
     """Run the worker until SIGTERM/SIGINT (faust's worker handles the signals)."""
     from faust.worker import Worker as FaustWorker
 
+    set_mmap_threshold(settings.malloc_mmap_threshold_bytes)  # before the model's buffers are allocated
     worker = build_worker(settings)
     # Before faust sets up logging: it configures the root logger only, so these levels and filters stay.
     quiet_payload_loggers()
