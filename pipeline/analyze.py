@@ -151,10 +151,12 @@ class CallAnalysis:
         changed = {name: {"live": live_rules[name]["verdict"], "final": verdict["verdict"]}
                    for name, verdict in final_rules.items()
                    if name in live_rules and live_rules[name]["verdict"] != verdict["verdict"]}
+        # By segment id, not position: a pass may find no words in a segment the other one transcribed.
+        live_texts = {s.segment_id: s.text for s in self.live.segments}
+        final_texts = {s.segment_id: s.text for s in self.segments}
+        reworded = sum(live_texts.get(k) != final_texts.get(k) for k in live_texts.keys() | final_texts.keys())
         return {"model": self.live.model, "score_pct": self.live.qa.score_pct,
-                "auto_failed": self.live.qa.auto_failed, "rules_changed": changed,
-                "segments_changed": sum(a.text != b.text for a, b in zip(self.live.segments, self.segments,
-                                                                           strict=False))}
+                "auto_failed": self.live.qa.auto_failed, "rules_changed": changed, "segments_changed": reworded}
 
 
 def _event_json(e: QaEvent) -> dict[str, Any]:

@@ -16,6 +16,7 @@ topic are the worker's post-call pass (issue 26), not this command's.
 from __future__ import annotations
 
 import asyncio
+import glob
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -83,12 +84,8 @@ def stored_calls(client: Client, since: datetime | None = None, call_ids: Sequen
 
 def recording_of(folder: Path, call_id: str) -> Path | None:
     """The call's recording in the folder: the file whose name, less its extension, is the call ID."""
-    matches = sorted(p for p in folder.glob(f"{_glob_escape(call_id)}.*") if p.is_file() and p.stem == call_id)
+    matches = sorted(p for p in folder.glob(f"{glob.escape(call_id)}.*") if p.is_file() and p.stem == call_id)
     return matches[0] if matches else None
-
-
-def _glob_escape(text: str) -> str:
-    return "".join(f"[{c}]" if c in "*?[]" else c for c in text)
 
 
 def revision_rows(stored: dict[str, Any], analysis: CallAnalysis, revision: int, model: tuple[str, int],

@@ -77,34 +77,12 @@ def build_model(
     final = models_dir / name / str(version)
     if final.exists():
         raise FileExistsError(f"{final} already exists: choose another version")
-    if is_moonshine(name):
-        return _build_moonshine(name, version, final, sign_key)
-    source = find_source(name)
+    write = _moonshine_folder if is_moonshine(name) else _whisper_folder
     final.parent.mkdir(parents=True, exist_ok=True)
     # Build in a temporary sibling and rename, so a crash never leaves a half-built version behind.
     with tempfile.TemporaryDirectory(dir=final.parent, prefix=".build-") as tmp:
         work = Path(tmp)
-        graphs, source_sha = _write_graphs(work, name)
-        shutil.copyfile(source.folder / VOCABULARY_FILE, work / VOCABULARY_FILE)
-        suppress = load_suppress_config(source)
-        files = {p.name: sha256_of(p) for p in sorted(work.iterdir()) if p.is_file()}
-        manifest = Manifest(
-            name=name,
-            version=version,
-            source_package=source.package,
-            source_version=source.version,
-            source_sha256=str(source_sha),
-            files=files,
-            graphs=graphs,
-            vocabulary_file=VOCABULARY_FILE,
-            sample_rate=SAMPLE_RATE,
-            n_mels=80,
-            suppress_ids=suppress["suppress_ids"],
-            suppress_ids_begin=suppress["suppress_ids_begin"],
-            tools=_tool_versions(),
-            graph_format=GRAPH_FORMAT,
-            graph_revision=GRAPH_REVISION,
-        )
+        manifest = write(name, version, work)
         manifest.write(work)
         if sign_key is not None:
             sign_model(work, sign_key)
@@ -113,38 +91,57 @@ def build_model(
     return BuildResult(final, manifest)
 
 
-def _build_moonshine(name: str, version: int, final: Path, sign_key: Ed25519PrivateKey | None) -> BuildResult:
-    """A Moonshine version: the converted graphs and tokenizer.bin, manifest, signature; staged and renamed
-    into place as a Whisper build is."""
-    from pipeline.asr.moonshine_graphs import TOKENIZER_FILE, find_source, source_sha256, write_graphs
-
+def _whisper_folder(name: str, version: int, work: Path) -> Manifest:
+    """Whisper's graphs and vocabulary written into ``work``; their manifest."""
     source = find_source(name)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=final.parent, prefix=".build-") as tmp:
-        work = Path(tmp)
-        graphs, _ = write_graphs(source, work)
-        files = {p.name: sha256_of(p) for p in sorted(work.iterdir()) if p.is_file()}
-        manifest = Manifest(
-            name=name,
-            version=version,
-            source_package=source.package,
-            source_version=source.version,
-            source_sha256=source_sha256(source),
-            files=files,
-            graphs=graphs,
-            vocabulary_file=TOKENIZER_FILE,
-            sample_rate=SAMPLE_RATE,
-            n_mels=0,  # Moonshine takes the samples themselves
-            suppress_ids=[],
-            suppress_ids_begin=[],
-            tools=_tool_versions(),
-            graph_format=MOONSHINE_GRAPH_FORMAT,
-            graph_revision=MOONSHINE_GRAPH_REVISION,
-            family="moonshine",
-        )
-        manifest.write(work)
-        if sign_key is not None:
-            sign_model(work, sign_key)
-        work.chmod(0o755)
-        work.rename(final)
-    return BuildResult(final, manifest)
+    graphs, source_sha = _write_graphs(work, name)
+    shutil.copyfile(source.folder / VOCABULARY_FILE, work / VOCABULARY_FILE)
+    suppress = load_suppress_config(source)
+    return Manifest(
+        name=name,
+        version=version,
+        source_package=source.package,
+        source_version=source.version,
+        source_sha256=str(source_sha),
+        files=_file_hashes(work),
+        graphs=graphs,
+        vocabulary_file=VOCABULARY_FILE,
+        sample_rate=SAMPLE_RATE,
+        n_mels=80,
+        suppress_ids=suppress["suppress_ids"],
+        suppress_ids_begin=suppress["suppress_ids_begin"],
+        tools=_tool_versions(),
+        graph_format=GRAPH_FORMAT,
+        graph_revision=GRAPH_REVISION,
+    )
+
+
+def _moonshine_folder(name: str, version: int, work: Path) -> Manifest:
+    """A Moonshine version's converted graphs and tokenizer.bin written into ``work``; their manifest."""
+    from pipeline.asr.moonshine_graphs import TOKENIZER_FILE, source_sha256, write_graphs
+    from pipeline.asr.moonshine_graphs import find_source as find_moonshine
+
+    source = find_moonshine(name)
+    graphs, _ = write_graphs(source, work)
+    return Manifest(
+        name=name,
+        version=version,
+        source_package=source.package,
+        source_version=source.version,
+        source_sha256=source_sha256(source),
+        files=_file_hashes(work),
+        graphs=graphs,
+        vocabulary_file=TOKENIZER_FILE,
+        sample_rate=SAMPLE_RATE,
+        n_mels=0,  # Moonshine takes the samples themselves
+        suppress_ids=[],
+        suppress_ids_begin=[],
+        tools=_tool_versions(),
+        graph_format=MOONSHINE_GRAPH_FORMAT,
+        graph_revision=MOONSHINE_GRAPH_REVISION,
+        family="moonshine",
+    )
+
+
+def _file_hashes(work: Path) -> dict[str, str]:
+    return {p.name: sha256_of(p) for p in sorted(work.iterdir()) if p.is_file()}

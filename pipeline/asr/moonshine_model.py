@@ -28,9 +28,9 @@ import onnxruntime as ort
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from pipeline.asr.decoding import NumberTokens, WindowPolicy, compression_ratio, cut_loop, ends_in_loop
-from pipeline.asr.manifest import MANIFEST_FILE, Manifest, ModelIntegrityError, read_manifest_bytes
+from pipeline.asr.manifest import Manifest
 from pipeline.asr.moonshine_tokenizer import END, START, MoonshineTokenizer
-from pipeline.asr.signing import verify_signature
+from pipeline.asr.signing import load_trusted_manifest
 
 CROSS_MASK = "encoder_attention_mask"  # the decoder's [B, S] input, 1 = an encoder frame of audio
 MIN_SAMPLES = 1600  # 0.1 s: the encoder's strided convolutions need it; shorter audio is zero-padded
@@ -87,18 +87,7 @@ class MoonshineOnnx:
         trusted_key: Ed25519PublicKey | None = None,
     ) -> MoonshineOnnx:
         """Load a model folder after checking its files' sha256s (and the signature, given a key)."""
-        data = read_manifest_bytes(folder)
-        if trusted_key is not None:
-            verify_signature(folder, data, trusted_key)
-        manifest = Manifest.parse(data, folder / MANIFEST_FILE)
-        if folder.name.isdigit() and int(folder.name) != manifest.version:
-            raise ModelIntegrityError(
-                f"{folder}: refused: the folder says version {folder.name}, its manifest {manifest.version}"
-            )
-        graphs = manifest.graphs.get(quantization)
-        if graphs is None:
-            raise ModelIntegrityError(f"{folder}: no {quantization!r} graphs (have {sorted(manifest.graphs)})")
-        manifest.verify(folder, [graphs["encoder"], graphs["decoder"], manifest.vocabulary_file])
+        manifest, graphs = load_trusted_manifest(folder, quantization, trusted_key)
         options = ort.SessionOptions()
         options.intra_op_num_threads = intra_op_threads
         options.inter_op_num_threads = 1

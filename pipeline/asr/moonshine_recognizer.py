@@ -10,16 +10,15 @@ the token cap or a loop keeps its text cut to the loop's first copy.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 
 from pipeline.asr.decoding import WindowPolicy
-from pipeline.asr.moonshine_model import MoonshineDecoded, MoonshineDecoder, MoonshineOnnx, MoonshineOptions
-from pipeline.asr.recognizer import Recognizer, SegmentOutcome, checked_audio
-from pipeline.asr.results import SegmentAudio, SegmentTimings, TranscriptResult
+from pipeline.asr.moonshine_model import MoonshineDecoder, MoonshineOnnx, MoonshineOptions
+from pipeline.asr.recognizer import DecodedText, Recognizer, checked_audio
+from pipeline.asr.results import SegmentAudio
 from pipeline.asr.signing import trusted_key
 from pipeline.config.asr import AsrSettings
 
@@ -49,36 +48,14 @@ class MoonshineRecognizer(Recognizer):
     def _features(self, segment: SegmentAudio) -> np.ndarray:
         return checked_audio(segment)
 
-    def _decode(
+    def _decode_rows(
         self,
         mels: list[np.ndarray],
         segments: list[SegmentAudio],
-        wide: bool = False,
-        on_result: SegmentOutcome | None = None,
-        contexts: Sequence[Sequence[int]] | None = None,
-    ) -> list[TranscriptResult]:
+        wide: bool,
+        final: Callable[[int, DecodedText], None],
+        contexts: Sequence[Sequence[int]] | None,
+    ) -> Sequence[DecodedText]:
         # ``mels`` holds each segment's samples here (``_features``); ``wide`` and ``contexts`` are Whisper's.
-        started = time.perf_counter()
-
-        def result(row: int, decoded: MoonshineDecoded) -> TranscriptResult:
-            timings = SegmentTimings(batch_size=len(mels), inference_ms=(time.perf_counter() - started) * 1000)
-            segment = segments[row]
-            return TranscriptResult(
-                start_ms=segment.start_ms,
-                end_ms=segment.end_ms,
-                text=decoded.text,
-                avg_logprob=decoded.avg_logprob,
-                no_speech_prob=decoded.no_speech_prob,
-                model=self.name,
-                model_version=self.version,
-                tokens=tuple(decoded.tokens),
-                timings=timings,
-            )
-
-        def final(row: int, decoded: MoonshineDecoded) -> None:
-            if on_result is not None:
-                on_result(row, result(row, decoded))
-
-        decoded = self.decoder.decode(mels, final)
-        return [result(row, d) for row, d in enumerate(decoded)]
+        return self.decoder.decode(mels, final)
 

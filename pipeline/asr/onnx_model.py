@@ -10,13 +10,10 @@ import onnxruntime as ort
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from pipeline.asr.manifest import (
-    MANIFEST_FILE,
     Manifest,
-    ModelIntegrityError,
     latest_model_folder,
-    read_manifest_bytes,
 )
-from pipeline.asr.signing import verify_signature
+from pipeline.asr.signing import load_trusted_manifest
 from pipeline.asr.vocabulary import Vocabulary
 
 
@@ -50,23 +47,7 @@ class WhisperOnnx:
     ) -> WhisperOnnx:
         """Load a model folder after checking every file it needs against the manifest's sha256, and,
         when `trusted_key` is given, the manifest's signature by that key."""
-        data = read_manifest_bytes(folder)
-        if trusted_key is not None:
-            verify_signature(folder, data, trusted_key)
-        # Parsed from the bytes just verified: re-reading the file would let it change in between.
-        manifest = Manifest.parse(data, folder / MANIFEST_FILE)
-        if folder.name.isdigit() and int(folder.name) != manifest.version:
-            # Versions are found by folder name: an old (even validly signed) version copied under a
-            # newer name would otherwise be loaded as the newest at the next start.
-            raise ModelIntegrityError(
-                f"{folder}: refused: the folder says version {folder.name}, its manifest {manifest.version}"
-            )
-        graphs = manifest.graphs.get(quantization)
-        if graphs is None:
-            raise ModelIntegrityError(
-                f"{folder}: no {quantization!r} graphs (have {sorted(manifest.graphs)})"
-            )
-        manifest.verify(folder, [graphs["encoder"], graphs["decoder"], manifest.vocabulary_file])
+        manifest, graphs = load_trusted_manifest(folder, quantization, trusted_key)
         options = ort.SessionOptions()
         options.intra_op_num_threads = intra_op_threads
         options.inter_op_num_threads = 1

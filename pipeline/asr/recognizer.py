@@ -11,10 +11,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
-from pipeline.asr.decoding import DecodedSegment, DecodeOptions, GreedyDecoder, WindowPolicy
+from pipeline.asr.decoding import DecodeOptions, GreedyDecoder, WindowPolicy
 from pipeline.asr.manifest import Manifest
 from pipeline.asr.onnx_model import WhisperOnnx
 from pipeline.asr.results import SegmentAudio, SegmentTimings, TranscriptResult
@@ -23,6 +24,19 @@ from pipeline.audio.mel import SAMPLE_RATE, log_mel_spectrogram
 from pipeline.config.asr import AsrSettings
 
 MAX_SEGMENT_S = 30.0
+
+class DecodedText(Protocol):
+    """What a model family's decoder gives per row (Whisper's ``DecodedSegment``, Moonshine's ``MoonshineDecoded``)."""
+
+    @property
+    def tokens(self) -> Sequence[int]: ...
+    @property
+    def text(self) -> str: ...
+    @property
+    def avg_logprob(self) -> float: ...
+    @property
+    def no_speech_prob(self) -> float: ...
+
 
 SegmentOutcome = Callable[[int, "TranscriptResult | Exception"], None]
 """Called (in the inference thread) with a segment's index in the batch and its outcome, once final."""
@@ -188,21 +202,33 @@ class Recognizer:
     ) -> list[TranscriptResult]:
         started = time.perf_counter()
 
-        def result(row: int, decoded: DecodedSegment) -> TranscriptResult:
+        def result(row: int, decoded: DecodedText) -> TranscriptResult:
             timings = SegmentTimings(batch_size=len(mels), inference_ms=(time.perf_counter() - started) * 1000)
             return self._result(decoded, segments[row], timings)
 
-        def final(row: int, decoded: DecodedSegment) -> None:
+        def final(row: int, decoded: DecodedText) -> None:
             if on_result is not None:
                 on_result(row, result(row, decoded))
 
+        decoded = self._decode_rows(mels, segments, wide, final, contexts)
+        return [result(row, d) for row, d in enumerate(decoded)]
+
+    def _decode_rows(
+        self,
+        mels: list[np.ndarray],
+        segments: list[SegmentAudio],
+        wide: bool,
+        final: Callable[[int, DecodedText], None],
+        contexts: Sequence[Sequence[int]] | None,
+    ) -> Sequence[DecodedText]:
+        """The model family's decoding of one batch; ``final`` is told each row as soon as it is final."""
         decoded, _ = self.decoder.decode(
             mels, [np.asarray(s.audio).size / SAMPLE_RATE for s in segments], wide, final, contexts
         )
-        return [result(row, d) for row, d in enumerate(decoded)]
+        return decoded
 
     def _result(
-        self, decoded: DecodedSegment, segment: SegmentAudio, timings: SegmentTimings
+        self, decoded: DecodedText, segment: SegmentAudio, timings: SegmentTimings
     ) -> TranscriptResult:
         return TranscriptResult(
             start_ms=segment.start_ms,

@@ -179,3 +179,26 @@ def _pem_public_key(text: str, source: str) -> Ed25519PublicKey:
     if not isinstance(key, Ed25519PublicKey):
         raise ModelSignatureError(f"{source}: a {type(key).__name__}, not an Ed25519 public key")
     return key
+
+
+def load_trusted_manifest(
+    folder: Path, quantization: str, trusted_key: Ed25519PublicKey | None
+) -> tuple[Manifest, dict[str, str]]:
+    """A model folder's manifest and its ``quantization`` graphs, after checking the signature (given a key),
+    that the folder's name is the manifest's version, and the sha256 of every file the graphs need."""
+    data = read_manifest_bytes(folder)
+    if trusted_key is not None:
+        verify_signature(folder, data, trusted_key)
+    # Parsed from the bytes just verified: re-reading the file would let it change in between.
+    manifest = Manifest.parse(data, folder / MANIFEST_FILE)
+    if folder.name.isdigit() and int(folder.name) != manifest.version:
+        # Versions are found by folder name: an old (even validly signed) version copied under a
+        # newer name would otherwise be loaded as the newest at the next start.
+        raise ModelIntegrityError(
+            f"{folder}: refused: the folder says version {folder.name}, its manifest {manifest.version}"
+        )
+    graphs = manifest.graphs.get(quantization)
+    if graphs is None:
+        raise ModelIntegrityError(f"{folder}: no {quantization!r} graphs (have {sorted(manifest.graphs)})")
+    manifest.verify(folder, [graphs["encoder"], graphs["decoder"], manifest.vocabulary_file])
+    return manifest, graphs

@@ -3,37 +3,20 @@ messages of earlier producers read as the live pass (0), and a post-call pass's 
 
 from __future__ import annotations
 
-import io
-import struct
-from typing import Any
-
-from fastavro import parse_schema, schemaless_writer
+from collections.abc import Callable
 
 from pipeline.contracts import CallQA, Serde, TranscriptSegment
-from pipeline.contracts.registry import FileSchemaRegistry
-from pipeline.contracts.serde import SCHEMAS_DIR
 from pipeline.worker.outputs import call_qa_row, segment_row
 
 
-def _previous_version(serde: Serde, subject: str, record: dict[str, Any]) -> bytes:
-    """``record`` encoded under the version before the current one, in the Confluent framing."""
-    registry = FileSchemaRegistry(SCHEMAS_DIR / "registry.json")
-    current = serde.schema_id(subject)
-    previous = max(e["id"] for e in registry._entries if e["subject"] == subject and e["id"] != current)
-    assert "revision" not in {f["name"] for f in registry.schema_for(previous)["fields"]}
-    body = io.BytesIO()
-    schemaless_writer(body, parse_schema(registry.schema_for(previous)), record)
-    return struct.pack(">bI", 0, previous) + body.getvalue()
-
-
-def test_messages_written_before_revisions_are_the_live_pass() -> None:
+def test_messages_written_before_revisions_are_the_live_pass(written_before: Callable[..., bytes]) -> None:
     serde = Serde.from_settings()
-    segment = serde.decode(_previous_version(serde, TranscriptSegment.SCHEMA, {
+    segment = serde.decode(written_before(TranscriptSegment.SCHEMA, "revision", {
         "segment_id": "c/agent/1", "call_id": "c", "leg": "agent", "start_ms": 0, "end_ms": 900, "text": "hi",
         "is_final": True, "confidence": 0.5, "avg_logprob": -0.5, "no_speech_prob": 0.0, "model_name": "m",
         "model_version": 1, "produced_at_ms": 5, "sentiment": 1.5}), TranscriptSegment)
     assert (segment.text, segment.sentiment, segment.revision) == ("hi", 1.5, 0)
-    qa = serde.decode(_previous_version(serde, CallQA.SCHEMA, {
+    qa = serde.decode(written_before(CallQA.SCHEMA, "revision", {
         "call_id": "c", "score_pct": 90.0, "auto_failed": False, "metrics": {}, "items": [], "events": [],
         "computed_at_ms": 5, "hold_ms": 3000, "holds": [{"start_ms": 0, "end_ms": 3000}]}), CallQA)
     assert (qa.score_pct, qa.hold_ms, qa.revision) == (90.0, 3000, 0)

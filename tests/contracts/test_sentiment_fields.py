@@ -3,35 +3,19 @@ Both are optional with defaults, so messages of producers from before read as ze
 
 from __future__ import annotations
 
-import io
-import struct
-from typing import Any
-
-from fastavro import parse_schema, schemaless_writer
+from collections.abc import Callable
 
 from pipeline.contracts import CallQA, Serde, TranscriptSegment
-from pipeline.contracts.registry import FileSchemaRegistry
-from pipeline.contracts.serde import SCHEMAS_DIR
 
 
-def _first_version(serde: Serde, subject: str, record: dict[str, Any]) -> bytes:
-    """``record`` encoded under the subject's first registered schema, in the Confluent framing."""
-    registry = FileSchemaRegistry(SCHEMAS_DIR / "registry.json")
-    v1_id = min(e["id"] for e in registry._entries if e["subject"] == subject)
-    assert v1_id != serde.schema_id(subject)  # the current schema is a later version
-    body = io.BytesIO()
-    schemaless_writer(body, parse_schema(registry.schema_for(v1_id)), record)
-    return struct.pack(">bI", 0, v1_id) + body.getvalue()
-
-
-def test_messages_of_earlier_producers_read_with_zero_sentiment() -> None:
+def test_messages_of_earlier_producers_read_with_zero_sentiment(written_before: Callable[..., bytes]) -> None:
     serde = Serde.from_settings()
-    segment = serde.decode(_first_version(serde, TranscriptSegment.SCHEMA, {
+    segment = serde.decode(written_before(TranscriptSegment.SCHEMA, "sentiment", {
         "segment_id": "c/agent/1", "call_id": "c", "leg": "agent", "start_ms": 0, "end_ms": 900, "text": "hi",
         "is_final": True, "confidence": 0.5, "avg_logprob": -0.5, "no_speech_prob": 0.0, "model_name": "m",
         "model_version": 1, "produced_at_ms": 5}), TranscriptSegment)
     assert segment.text == "hi" and segment.sentiment == 0.0
-    qa = serde.decode(_first_version(serde, CallQA.SCHEMA, {
+    qa = serde.decode(written_before(CallQA.SCHEMA, "customer_sentiment", {
         "call_id": "c", "score_pct": 90.0, "auto_failed": False, "metrics": {"hold_ms": 20000.0}, "items": [],
         "events": [], "computed_at_ms": 5}), CallQA)
     assert (qa.customer_sentiment, qa.customer_sentiment_start, qa.customer_sentiment_end,
