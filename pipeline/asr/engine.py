@@ -143,7 +143,13 @@ class Engine:
         return self.recognizer.model.label
 
     def new_batcher(self) -> SegmentBatcher:
-        """A batcher for the async worker (call `await batcher.start()` inside its event loop)."""
+        """A batcher for the async worker (call `await batcher.start()` inside its event loop). With
+        ``inference_processes`` > 0 its batches are decoded by that many child processes (started here,
+        stopped by ``await batcher.close()``), off this process's GIL."""
+        if self.settings.inference_processes > 0:
+            from pipeline.asr.inference_process import process_batcher
+
+            return process_batcher(self.recognizer, self.settings)
         return SegmentBatcher.from_settings(self.recognizer, self.settings)
 
     def open_front_end(self, sample_rate: int = 8000, encoding: str = "mulaw") -> LegFrontEnd:

@@ -78,6 +78,14 @@ class AsrSettings(BaseModel):
     inference_threads: int = Field(
         1, ge=0, description="Batches decoded at once, one thread each (0 = one per core the process may use).",
     )
+    # Issue 25: the decode loop's Python holds the GIL, so a second inference thread could not run beside
+    # the event loop. N > 0: each batch is decoded by one of N child processes (pipeline/asr/
+    # inference_process.py: audio through shared memory, results back per row over a pipe), and the
+    # batcher runs N batches at once (inference_threads is then N). Figures: pipeline/asr/README.md.
+    inference_processes: int = Field(
+        0, ge=0, le=16,
+        description="Child processes that decode the batcher's batches, one batch each at a time, off the worker's GIL (0 = in the worker's own inference threads).",
+    )
     # A full 30 s window (the last retry of a looping row, a turn of 25-30 s) in a batch that runs while
     # no other segment waits encodes on more threads: bit-identical output, 677 -> 386 ms on 2 cores.
     # Every idle batch doing so was worse (10 calls on 2 cores: P99 6.32 -> 8.42 s: most batches start
