@@ -253,7 +253,7 @@ def qa_supervisor() -> Json:
             [
                 sql_target(
                     f"""
-            SELECT count() AS alerts FROM callqa.qa_events FINAL
+            SELECT count() AS alerts FROM callqa.qa_events_deduped
             WHERE $__timeFilter(detected_at) AND kind IN ('violation', 'alert')
               AND call_id IN (SELECT call_id FROM callqa.calls_deduped WHERE {TENANT} AND {AGENT})""",
                     False,
@@ -286,7 +286,7 @@ def qa_supervisor() -> Json:
             SELECT rule, any(category) AS category,
                    round(100 * (1 - uniqExactIf(call_id, kind IN ('missing', 'violation')) / greatest(scored_calls, 1)), 1)
                      AS compliance_pct
-            FROM callqa.qa_events FINAL
+            FROM callqa.qa_events_deduped
             WHERE kind IN ('match', 'missing', 'violation')
               AND call_id IN (SELECT call_id FROM callqa.call_qa_deduped WHERE {SCORED})
             GROUP BY rule ORDER BY compliance_pct ASC""",
@@ -387,7 +387,7 @@ def qa_supervisor() -> Json:
             LEFT JOIN (SELECT call_id,
                          arrayStringConcat(groupArray(concat(toString(rule), ' ', toString(kind), ' at ',
                            toString(round(offset_ms / 1000, 1)), ' s')), '; ') AS findings
-                       FROM callqa.qa_events FINAL
+                       FROM callqa.qa_events_deduped
                        WHERE kind IN ('missing', 'violation', 'alert') AND call_id IN ({flagged})
                        GROUP BY call_id) AS e ON e.call_id = q.call_id
             LEFT JOIN (SELECT call_id, {TRANSCRIPT} AS transcript
@@ -408,7 +408,7 @@ def qa_supervisor() -> Json:
                     f"""
             SELECT detected_at, call_id, rule, category, leg, kind, round(offset_ms / 1000, 1) AS offset_s,
                    severity, text
-            FROM callqa.qa_events FINAL
+            FROM callqa.qa_events_deduped
             WHERE $__timeFilter(detected_at) AND kind IN ('violation', 'alert')
               AND call_id IN (SELECT call_id FROM callqa.calls_deduped WHERE {TENANT} AND {AGENT})
             ORDER BY detected_at DESC LIMIT 200""",

@@ -213,15 +213,12 @@ async def analyze_file(
     duration_ms = max((rec.frame_count(leg, frame_samples) for leg in rec.legs), default=0) * options.frame_ms
 
     async def one_pass(model: str, of: SegmentBatcher, revision: int) -> CallAnalysis:
-        results = await asyncio.gather(*(_transcribe(of, s, on_transcribed) for _, s in pairs))
-        transcripts = [(leg, s, r) for (leg, s), r in zip(pairs, results, strict=True) if r is not None]
-        analyzer = CallAnalyzer(call_id, config)
-        segments, live_alerts = _redact_and_match(analyzer, transcripts)
+        scored = await score_pass(call_id, pairs, of, config, duration_ms, on_transcribed=on_transcribed)
         return CallAnalysis(
             call_id=call_id, file=str(path), duration_ms=duration_ms, encoding=options.encoding,
-            sample_rate=rec.sample_rate, model=model, channels=channels, segments=segments,
-            live_alerts=live_alerts, qa=analyzer.finalize(duration_ms), rule_set=config.rule_set,
-            redactions=dict(analyzer.redaction_counts), revision=revision,
+            sample_rate=rec.sample_rate, model=model, channels=channels, segments=scored.segments,
+            live_alerts=scored.live_alerts, qa=scored.qa, rule_set=config.rule_set,
+            redactions=scored.redactions, revision=revision,
         )
 
     live = await one_pass(engine.model_label, batcher, 0)
@@ -232,12 +229,44 @@ async def analyze_file(
     return replace(post, live=live)
 
 
+@dataclass(frozen=True)
+class PassScore:
+    """One pass over a call's segments: what it stores (redacted), its live alerts, its QA."""
+
+    segments: list[AnalyzedSegment]
+    live_alerts: list[QaEvent]
+    qa: CallQaResult
+    redactions: dict[str, int]
+
+
+async def score_pass(call_id: str, pairs: Sequence[tuple[Leg, SpeechSegment]], batcher: SegmentBatcher,
+                     config: QaConfig, duration_ms: int, on_transcribed: Callable[[], None] | None = None) -> PassScore:
+    """Transcribe a call's segments with ``batcher`` and score them (``score_transcripts``)."""
+    results = await asyncio.gather(*(_transcribe(batcher, s, on_transcribed) for _, s in pairs))
+    return score_transcripts(call_id, pairs, results, config, duration_ms)
+
+
+def score_transcripts(call_id: str, pairs: Sequence[tuple[Leg, SpeechSegment]],
+                      results: Sequence[TranscriptResult | None], config: QaConfig, duration_ms: int,
+                      holds_ms: Sequence[tuple[int, int]] = ()) -> PassScore:
+    """A call's transcripts (None: silence or no text) through the call analyzer in time order, as the
+    worker releases them: redaction, rules, and the scorecard at the end."""
+    transcripts = [(leg, s, r) for (leg, s), r in zip(pairs, results, strict=True) if r is not None]
+    analyzer = CallAnalyzer(call_id, config)
+    segments, live_alerts = _redact_and_match(analyzer, transcripts)
+    return PassScore(segments, live_alerts, analyzer.finalize(duration_ms, holds_ms), dict(analyzer.redaction_counts))
+
+
 async def _transcribe(batcher: SegmentBatcher, segment: SpeechSegment,
                       on_transcribed: Callable[[], None] | None) -> TranscriptResult | None:
     result = await batcher.submit(segment)
     if on_transcribed is not None:
         on_transcribed()
-    # The worker's rule: a segment judged silence, or with no text, is not a transcript.
+    return transcript_or_none(result)
+
+
+def transcript_or_none(result: TranscriptResult) -> TranscriptResult | None:
+    """The worker's rule: a segment judged silence, or with no text, is not a transcript."""
     return None if result.is_silence or not result.text.strip() else result
 
 

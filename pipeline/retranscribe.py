@@ -27,9 +27,9 @@ from clickhouse_connect.driver.client import Client
 
 from pipeline.analyze import AnalyzeOptions, CallAnalysis, analyze_file
 from pipeline.asr.engine import Engine
-from pipeline.contracts.messages import CallEvent, TranscriptSegment, now_ms
+from pipeline.contracts.messages import now_ms
+from pipeline.postcall.rows import model_of, revision_rows
 from pipeline.qa.call import QaConfig
-from pipeline.worker.outputs import call_qa_message, call_qa_row, segment_row, to_datetime
 
 CALLS_SQL = """
 SELECT c.*, q.score_pct AS score_pct, q.auto_failed AS auto_failed, q.`items.question` AS questions,
@@ -88,27 +88,6 @@ def recording_of(folder: Path, call_id: str) -> Path | None:
     return matches[0] if matches else None
 
 
-def revision_rows(stored: dict[str, Any], analysis: CallAnalysis, revision: int, model: tuple[str, int],
-                  written_ms: int) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
-    """The rows of the call's new revision: calls (its stored row, with the new QA figures), call_qa, segments."""
-    call_id = stored["call_id"]
-    start = CallEvent(call_id, "start", tenant=stored["tenant"], agent_id=stored["agent_id"], queue=stored["queue"])
-    holds = [(int(h["start_ms"]), int(h["end_ms"])) if isinstance(h, dict) else (int(h[0]), int(h[1]))
-             for h in stored.get("holds") or []]
-    qa = replace(call_qa_message(call_id, analysis.qa, start, holds), computed_at_ms=written_ms, revision=revision)
-    calls = {k: v for k, v in stored.items() if k not in ("score_pct", "auto_failed", "questions", "passed")}
-    calls.update(revision=revision, updated_at=to_datetime(written_ms), segments=len(analysis.segments),
-                 customer_sentiment=qa.customer_sentiment, customer_sentiment_start=qa.customer_sentiment_start,
-                 customer_sentiment_end=qa.customer_sentiment_end, agent_sentiment_start=qa.agent_sentiment_start,
-                 agent_sentiment_end=qa.agent_sentiment_end, longest_monologue_ms=qa.longest_monologue_ms)
-    segments = [segment_row(TranscriptSegment(
-        segment_id=s.segment_id, call_id=call_id, leg=s.leg, start_ms=s.start_ms, end_ms=s.end_ms, text=s.text,
-        is_final=True, confidence=s.confidence, avg_logprob=s.avg_logprob, no_speech_prob=0.0, model_name=model[0],
-        model_version=model[1], redactions=s.redactions, produced_at_ms=written_ms, sentiment=s.sentiment,
-        revision=revision)) for s in analysis.segments]
-    return calls, call_qa_row(qa), segments
-
-
 def change_of(stored: dict[str, Any], analysis: CallAnalysis, revision: int) -> RevisionChange:
     before = dict(zip(stored.get("questions") or [], (bool(p) for p in stored.get("passed") or []), strict=False))
     after = {i.question: i.passed for i in analysis.qa.items if i.passed is not None}
@@ -130,8 +109,7 @@ async def retranscribe(client: Client, calls: Sequence[dict[str, Any]], recordin
                        config: QaConfig, options: AnalyzeOptions | None = None
                        ) -> tuple[list[RevisionChange], list[Skipped]]:
     """Redo each call from its recording with ``engine`` and store it as its next revision."""
-    name, _, rest = engine.model_label.partition("@")
-    model = (name, int(rest.split("/", 1)[0]) if rest.split("/", 1)[0].isdigit() else 0)
+    model = model_of(engine.model_label)
     batcher = engine.new_batcher()
     await batcher.start()
     changes: list[RevisionChange] = []
@@ -144,12 +122,8 @@ async def retranscribe(client: Client, calls: Sequence[dict[str, Any]], recordin
                 continue
             analysis = replace(await analyze_file(path, engine, batcher, config, options), call_id=stored["call_id"])
             revision = int(stored.get("revision") or 0) + 1
-            calls_row, qa_row, segment_rows = revision_rows(stored, analysis, revision, model, now_ms())
-            # Segments first, the call's QA and calls row last: a reader of the views sees the new revision
-            # once its calls row is there (the views pick each table's highest revision on its own).
-            _insert(client, "segments", segment_rows)
-            _insert(client, "call_qa", [qa_row])
-            _insert(client, "calls", [calls_row])
+            for table, rows in revision_rows(stored, analysis, revision, model, now_ms()).in_write_order():
+                _insert(client, table, rows)
             changes.append(change_of(stored, analysis, revision))
     finally:
         await batcher.close()

@@ -39,6 +39,7 @@ def topic_specs(s: Settings) -> list[TopicSpec]:
         # One record per open call, replaced as the call moves on: compaction keeps the newest. Same
         # partition count as the audio, so a worker reads just the checkpoints of the partitions it owns.
         TopicSpec(s.topic_checkpoints, s.audio_partitions, -1, "call checkpoints (resume points)", "compact"),
+        TopicSpec(s.topic_postcall, s.audio_partitions, s.postcall_retention_ms, "finished calls for the post-call pass"),
     ]
 
 

@@ -25,6 +25,7 @@ from pydantic_settings import (
 from pipeline.config.asr import AsrSettings
 from pipeline.config.broker import BrokerSettings
 from pipeline.config.gateway import GatewaySettings
+from pipeline.config.postcall import PostCallSettings
 from pipeline.config.qa import QaSettings
 from pipeline.config.segmentation import SegmentationSettings
 from pipeline.config.store import StoreSettings
@@ -43,6 +44,7 @@ class Settings(
     StoreSettings,
     QaSettings,
     GatewaySettings,
+    PostCallSettings,
     BaseSettings,
 ):
     model_config = SettingsConfigDict(

@@ -313,6 +313,50 @@ class CallCheckpoint(Message):
         return super().from_record(record)
 
 
+@dataclass
+class JobHold:
+    start_ms: int
+    end_ms: int
+
+
+@dataclass
+class PostCallJob(Message):
+    """A finished call for the post-call pass (see schemas/PostCallJob.avsc): where its audio is on the
+    audio topic, and what its revision rows keep from the live pass."""
+
+    SCHEMA: ClassVar[str] = "io.callqa.PostCallJob"
+    call_id: str
+    revision: int
+    model: str
+    audio_topic: str
+    audio_partition: int
+    audio_from_ms: int
+    audio_end_offset: int
+    frame_counts: dict[str, int]
+    tenant: str = ""
+    agent_id: str = ""
+    queue: str = ""
+    direction: str = "inbound"
+    started_at_ms: int = 0
+    ended_at_ms: int = 0
+    end_reason: str = ""
+    audio_ms: int = 0
+    holds: list[JobHold] = field(default_factory=list)
+    live_score_pct: float = 0.0
+    live_auto_failed: bool = False
+    requested_at_ms: int = field(default_factory=now_ms)
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> PostCallJob:
+        record = dict(record)
+        record["holds"] = [JobHold(**h) for h in record.get("holds", [])]
+        return super().from_record(record)
+
+    def hold_intervals(self) -> list[tuple[int, int]]:
+        return [(h.start_ms, h.end_ms) for h in self.holds]
+
+
 ALL_MESSAGES: tuple[type[Message], ...] = (
     AudioFrame, CallEvent, TranscriptSegment, LatencyMetric, CallQA, QaAlert, DeadLetter, CallCheckpoint,
+    PostCallJob,
 )

@@ -31,7 +31,7 @@ keeps the column list its ``SELECT *`` had when it was created.
 
 Revisions (migration 5, issue 26): a call may be transcribed more than once, live and after the call by a
 more accurate model (the post-call pass, ``callqa retranscribe``), and each pass's result is kept.
-``calls``, ``call_qa`` and ``segments`` carry ``revision`` in their keys: 0 is the live pass, 1 the first
+``calls``, ``call_qa``, ``segments`` and (migration 6) ``qa_events`` carry ``revision`` in their keys: 0 is the live pass, 1 the first
 post-call pass, one more per retranscribe. (0, not 1, for the live pass: ClickHouse refuses a column with
 a default in a sorting key added by ALTER, and every row written before had no revision.) Their
 ``_deduped`` views show each call's latest revision only: readers of the views see the most accurate
@@ -206,7 +206,8 @@ _HOLDS_COLUMN = (
 )
 
 # Issue 26: the revision in the keys of the tables a post-call pass writes again (see the module's doc).
-REVISED_TABLES = ("calls", "call_qa", "segments")
+_REVISED_IN_5 = ("calls", "call_qa", "segments")
+REVISED_TABLES = (*_REVISED_IN_5, "qa_events")  # qa_events since migration 6
 
 
 def _revision_key(table: str) -> str:
@@ -222,6 +223,14 @@ def _latest_revision_view(table: str) -> str:
             f"WHERE (call_id, revision) IN (SELECT call_id, max(revision) FROM {{db}}.{table} GROUP BY call_id)")
 
 
+# A pass may find no events where the one before it found some: the latest revision of a call's events
+# is its calls row's (written last), not the highest revision that happens to have events.
+_QA_EVENTS_LATEST_VIEW = (
+    "CREATE OR REPLACE VIEW {db}.qa_events_deduped AS SELECT * FROM {db}.qa_events FINAL "
+    "WHERE (call_id, revision) IN (SELECT call_id, max(revision) FROM {db}.calls GROUP BY call_id)"
+)
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "tables", (_CALLS, _SEGMENTS, _LATENCY, _CALL_QA, _QA_EVENTS)),
     Migration(2, "deduped views", tuple(_deduped_view(t) for t in TABLE_KEYS)),
@@ -231,9 +240,12 @@ MIGRATIONS: tuple[Migration, ...] = (
     )),
     Migration(4, "hold intervals of a call", (_HOLDS_COLUMN, _deduped_view("calls", replace=True))),
     Migration(5, "revisions: the live and post-call passes of a call", (
-        *(_revision_key(table) for table in REVISED_TABLES),
-        *(_latest_revision_view(table) for table in REVISED_TABLES),
+        *(_revision_key(table) for table in _REVISED_IN_5),
+        *(_latest_revision_view(table) for table in _REVISED_IN_5),
     )),
+    # The worker's post-call pass stores the rule verdicts of its transcript too (issue 26): without the
+    # revision in their key, the final pass's events would mix with the live pass's in one list.
+    Migration(6, "revisions of a call's QA events", (_revision_key("qa_events"), _QA_EVENTS_LATEST_VIEW)),
 )
 
 

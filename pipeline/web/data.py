@@ -230,7 +230,7 @@ SELECT c.*, if(empty(q.call_id), NULL, q.score_pct) AS qa_score_pct,
        length(q.`items.question`) AS qa_items, e.alerts AS qa_alerts, q.metrics AS qa_metrics
 FROM {db}.calls_deduped AS c
 LEFT JOIN (SELECT * FROM {db}.call_qa_deduped) AS q ON q.call_id = c.call_id
-LEFT JOIN (SELECT call_id, count() AS alerts FROM {db}.qa_events FINAL WHERE kind = 'alert' GROUP BY call_id)
+LEFT JOIN (SELECT call_id, count() AS alerts FROM {db}.qa_events_deduped WHERE kind = 'alert' GROUP BY call_id)
     AS e ON e.call_id = c.call_id
 WHERE {where}
 ORDER BY c.started_at DESC, c.call_id
@@ -254,7 +254,7 @@ SELECT score_pct, auto_failed, metrics, `items.question` AS q, `items.weight` AS
 FROM {db}.call_qa_deduped WHERE call_id = {{call:String}}
 """
 EVENTS_SQL = """
-SELECT rule, category, leg, kind, offset_ms, text, severity FROM {db}.qa_events FINAL
+SELECT rule, category, leg, kind, offset_ms, text, severity FROM {db}.qa_events_deduped
 WHERE call_id = {{call:String}} ORDER BY offset_ms, rule, leg, kind
 """
 

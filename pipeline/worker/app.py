@@ -26,9 +26,11 @@ import faust
 from faust.types import TP
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from pipeline.asr.engine import Engine
 from pipeline.broker.security import faust_credentials
 from pipeline.config import Settings
 from pipeline.contracts import AudioFrame, CallEvent, Message, Serde
+from pipeline.postcall.runner import PostCallRunner
 from pipeline.qa.call import QaConfig
 from pipeline.store.client import connect
 from pipeline.store.migrations import migrate
@@ -38,7 +40,7 @@ from pipeline.worker.api import ApiAuth, QueryPool, auth_middleware, check_api_s
 from pipeline.worker.calls import CallProcessor
 from pipeline.worker.checkpoint_topic import KafkaCheckpointStore
 from pipeline.worker.dead_letters import describe_error
-from pipeline.worker.health import WorkerHealth, exit_after
+from pipeline.worker.health import Component, WorkerHealth, exit_after
 from pipeline.worker.log_repeats import collapse_client_repeats
 from pipeline.worker.metrics import WorkerMetrics
 from pipeline.worker.transcriber import BatcherTranscriber
@@ -250,7 +252,11 @@ def build_worker(settings: Settings) -> Worker:
         # aiohttp wants the charset apart from the content type.
         return web.bytes(generate_latest(metrics.registry), content_type=CONTENT_TYPE_LATEST.split(";")[0])
 
-    health = WorkerHealth({"batcher": transcriber, "store sink": sink}, lambda: processor.failures)
+    postcall = post_call_runner(settings, transcriber, FaustOutput(app, serde), sink, metrics, serde)
+    parts: dict[str, Component] = {"batcher": transcriber, "store sink": sink}
+    if postcall is not None:
+        parts["post-call pass"] = postcall
+    health = WorkerHealth(parts, lambda: processor.failures)
 
     @app.page("/health")
     async def health_view(web: Any, request: Any) -> Any:
@@ -272,6 +278,8 @@ def build_worker(settings: Settings) -> Worker:
     @app.task
     async def start_batcher() -> None:
         await transcriber.start()
+        if postcall is not None:
+            postcall.start()
 
     if settings.debug_raw_audio:
         @app.task
@@ -290,6 +298,8 @@ def build_worker(settings: Settings) -> Worker:
         if not health.reasons():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(processor.drain(), settings.unhealthy_exit_timeout_s / 2)
+        if postcall is not None:  # its job in hand is left uncommitted: the next owner redoes it
+            await postcall.close()
         try:
             await sink.close()
         except Exception as exc:  # noqa: BLE001 - not committed, so replayed: still close the rest
@@ -298,6 +308,16 @@ def build_worker(settings: Settings) -> Worker:
         api_pool.shutdown()
 
     return Worker(app, processor, transcriber, sink)
+
+
+def post_call_runner(settings: Settings, transcriber: BatcherTranscriber, output: FaustOutput, sink: ClickHouseSink,
+                     metrics: WorkerMetrics, serde: Serde) -> PostCallRunner | None:
+    """The post-call pass (``final_model`` set): the accurate model, loaded (and checked) at start."""
+    if not settings.final_model:
+        return None
+    final = Engine.load(settings.final_model, settings=settings)
+    return PostCallRunner(settings, final, transcriber.engine, lambda: transcriber.batcher.queued, output.publish,
+                          sink, metrics, QaConfig.from_settings(settings), serde)
 
 
 # Their debug lines print whole message keys and values (send: ... v=..., Sending (key=... value=...),

@@ -22,6 +22,7 @@ from pipeline.worker.outputs import (
     call_row,
     latency_message,
     latency_row,
+    post_call_job,
     qa_alert,
     qa_event_row,
     segment_row,
@@ -75,12 +76,22 @@ class CallOutputs:
         )
         await self.publish(call, self.settings.topic_dead_letters, letter)
 
-    async def call_result(self, call: CallState, result: CallQaResult, how: str, audio_ms: int) -> None:
-        """The call's QA (message, call row, QA rows), once all its segments are out."""
+    async def call_result(self, call: CallState, result: CallQaResult, how: str, audio_ms: int,
+                          audio_end_offset: int | None = None) -> None:
+        """The call's QA (message, call row, QA rows), once all its segments are out; with a post-call
+        model set, the call's post-call job too (one of its messages: durable before its input is
+        released, so a finished call's pass is never lost; a replay may write it twice, which the pass
+        takes as one, its rows being keyed by call and revision)."""
         start = call.start or call.end
+        ended_ms = now_ms()
         qa = call_qa_message(call.call_id, result, start, call.hold_intervals(audio_ms))
         await self.publish(call, self.settings.topic_qa, qa)
-        await self.sink.write("calls", [call_row(call, qa, start, how, audio_ms, now_ms())])
+        if self.settings.final_model and call.audio_tp is not None and audio_end_offset is not None:
+            job = post_call_job(call, qa, start, how, audio_ms, ended_ms, self.settings.final_model,
+                                audio_end_offset, self.settings.final_pass_read_margin_s)
+            await self.publish(call, self.settings.topic_postcall, job)
+            self.metrics.postcall_jobs.inc()
+        await self.sink.write("calls", [call_row(call, qa, start, how, audio_ms, ended_ms)])
         await self.sink.write("call_qa", [call_qa_row(qa)])
         if result.events:
             await self.sink.write("qa_events", [qa_event_row(call.call_id, e) for e in result.events])

@@ -25,7 +25,7 @@ _FINAL_SEGMENTS_SQL = ("SELECT call_id, segment_id, leg, start_ms, end_ms, text 
 
 _QA_SQL = ("SELECT call_id, score_pct, auto_failed, metrics, `items.question` AS q, `items.passed` AS p "
            "FROM call_qa_deduped WHERE has(splitByChar(',', {ids:String}), call_id)")
-_QA_EVENTS_SQL = ("SELECT call_id, rule, kind FROM qa_events FINAL "
+_QA_EVENTS_SQL = ("SELECT call_id, rule, kind FROM qa_events_deduped "
                   "WHERE has(splitByChar(',', {ids:String}), call_id)")
 
 

@@ -161,6 +161,8 @@ class FrameIntake:
         self.clock.advance(tp, frame.produced_at_ms, consumed_ms)
         call.audio_tp = tp
         call.last_frame_produced_ms = max(call.last_frame_produced_ms, frame.produced_at_ms)
+        if not call.first_frame_produced_ms or frame.produced_at_ms < call.first_frame_produced_ms:
+            call.first_frame_produced_ms = frame.produced_at_ms  # where the post-call pass reads its audio from
         call.last_activity_ms = consumed_ms
         leg = call.legs.get(frame.leg)
         if leg is None:

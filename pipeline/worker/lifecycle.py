@@ -159,5 +159,6 @@ class CallLifecycle:
         await self.gate.flush(call)
         audio_ms = max((leg.frames_released * leg.frame_ms for leg in call.legs.values()), default=0)
         result = call.analyzer.finalize(audio_ms, call.hold_intervals(audio_ms))
-        await self.outputs.call_result(call, result, how, audio_ms)
+        audio_end = self.offsets.consumed_up_to(call.audio_tp) if call.audio_tp else None
+        await self.outputs.call_result(call, result, how, audio_ms, audio_end)
         self.registry.retire(call, how)

@@ -23,6 +23,8 @@ TASK_KINDS = ("segment", "emit", "finish", "partial")
 # What became of early decodes (pipeline/worker/early.py).
 EARLY_DECODE_OUTCOMES = ("started", "used", "overtaken")
 
+POSTCALL_OUTCOMES = ("written", "no_audio", "failed")
+
 # Delays of a few tens of ms up to tens of seconds (a backlog after an overload).
 DELAY_BUCKETS = (0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0)
 
@@ -112,6 +114,39 @@ class WorkerMetrics:
             "Open calls handed over on a rebalance (their new owner resumes them).", registry=r,
         )
         self.rebalances = Counter("callqa_rebalances_total", "Partition assignments received.", registry=r)
+        # The post-call pass (pipeline/postcall): jobs written when calls finish, and the pass's work.
+        self.postcall_jobs = Counter("callqa_postcall_jobs_total", "Post-call jobs written for finished calls.",
+                                     registry=r)
+        self.postcall_backlog = Gauge(
+            "callqa_postcall_backlog", "Post-call jobs on this worker's job partitions not done yet.", registry=r,
+        )
+        self.postcall_calls = Counter(
+            "callqa_postcall_calls_total", "Post-call jobs taken, by outcome (written, no_audio, failed).", ["outcome"],
+            registry=r,
+        )
+        for outcome in POSTCALL_OUTCOMES:
+            self.postcall_calls.labels(outcome)
+        self.postcall_cpu_seconds = Counter(
+            "callqa_postcall_cpu_seconds_total", "CPU time of the post-call pass (its inference thread).", registry=r,
+        )
+        self.postcall_audio_seconds = Counter(
+            "callqa_postcall_audio_seconds_total", "Call audio (both legs) the post-call pass transcribed.", registry=r,
+        )
+        self.postcall_read_bytes = Counter(
+            "callqa_postcall_read_bytes_total",
+            "Audio topic bytes read back for the post-call pass, by whose (call: the call's frames; other).",
+            ["whose"], registry=r,
+        )
+        self.postcall_changes = Counter(
+            "callqa_postcall_changes_total", "Finished calls whose final result differs from the live one, by what.",
+            ["what"], registry=r,
+        )
+        for what in ("score", "auto_fail"):
+            self.postcall_changes.labels(what)
+        self.postcall_delay = Histogram(
+            "callqa_postcall_delay_seconds", "Call finished -> its post-call revision written.",
+            buckets=DELAY_BUCKETS + (120.0, 300.0, 900.0, 3600.0), registry=r,
+        )
         self.model_version = Gauge("callqa_model_version", "Version of the model new segments use.", registry=r)
         self.model_reloads_refused = Counter(
             "callqa_model_reloads_refused_total",

@@ -10,7 +10,9 @@ from pipeline.contracts.messages import (
     CallEvent,
     CallHold,
     CallQA,
+    JobHold,
     LatencyMetric,
+    PostCallJob,
     QaAlert,
     QaItem,
     TranscriptSegment,
@@ -100,6 +102,24 @@ def call_qa_message(call_id: str, result: CallQaResult, start: CallEvent | None,
     )
 
 
+def post_call_job(call: CallState, qa: CallQA, start: CallEvent | None, how: str, audio_ms: int, ended_ms: int,
+                  model: str, audio_end_offset: int, read_margin_s: float) -> PostCallJob:
+    """The finished call's job for the post-call pass: where its audio is, and its calls row's fields."""
+    assert call.audio_tp is not None
+    # Its first frame seen here; a call resumed from a checkpoint knows only its start event's time.
+    first_ms = min((t for t in (call.first_frame_produced_ms, call.started_at_ms) if t > 0), default=0)
+    return PostCallJob(
+        call_id=call.call_id, revision=qa.revision + 1, model=model, audio_topic=call.audio_tp[0],
+        audio_partition=call.audio_tp[1], audio_from_ms=max(0, first_ms - int(read_margin_s * 1000)),
+        audio_end_offset=audio_end_offset,
+        frame_counts={leg.leg: leg.frames_released for leg in call.legs.values()},
+        tenant=qa.tenant, agent_id=qa.agent_id, queue=start.queue if start else "",
+        direction=start.direction if start else "inbound", started_at_ms=call.started_at_ms, ended_at_ms=ended_ms,
+        end_reason=how, audio_ms=audio_ms, holds=[JobHold(h.start_ms, h.end_ms) for h in qa.holds],
+        live_score_pct=qa.score_pct, live_auto_failed=qa.auto_failed, requested_at_ms=ended_ms,
+    )
+
+
 # ---- rows ------------------------------------------------------------------------------------------
 def call_row(call: CallState, qa: CallQA, start: CallEvent | None, how: str, audio_ms: int,
              ended_ms: int) -> dict[str, Any]:
@@ -147,9 +167,9 @@ def call_qa_row(qa: CallQA) -> dict[str, Any]:
     }
 
 
-def qa_event_row(call_id: str, e: QaEvent) -> dict[str, Any]:
+def qa_event_row(call_id: str, e: QaEvent, revision: int = 0, detected_ms: int | None = None) -> dict[str, Any]:
     return {
         "call_id": call_id, "rule": e.rule, "category": e.category, "leg": e.leg, "kind": e.kind,
         "offset_ms": max(0, e.offset_ms), "text": e.text, "severity": e.severity,
-        "detected_at": to_datetime(now_ms()),
+        "detected_at": to_datetime(now_ms() if detected_ms is None else detected_ms), "revision": revision,
     }

@@ -31,6 +31,7 @@ class CallState:
     audio_tp: TopicPartition | None = None
     decoded: dict[str, DecodedSegment] = field(default_factory=dict)
     last_frame_produced_ms: int = 0  # producer time of the newest frame seen (stream time)
+    first_frame_produced_ms: int = 0  # producer time of the oldest frame seen (0: none since it opened here)
     # Stream time of the audio partition when the call last took frames (0: not known): how long a call
     # that sends nothing at all has been quiet, for its legs' watermarks (release.py).
     partition_ms_at_audio: int = 0

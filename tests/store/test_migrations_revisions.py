@@ -1,4 +1,4 @@
-"""Migration 5 (issue 26): calls, call_qa and segments key on the revision of the pass that wrote them, and
+"""Migrations 5 and 6 (issue 26): calls, call_qa, segments and qa_events key on the revision of the pass that wrote them, and
 every reader (the views, the query functions, the call pages, `callqa report`, the dashboards) shows each
 call's latest revision: the post-call pass's result where there is one, else the live one."""
 
@@ -37,6 +37,12 @@ def _qa(call_id: str, score: float, computed_at: datetime, revision: int | None 
     return row if revision is None else dict(row, revision=revision)
 
 
+def _event(call_id: str, rule: str, kind: str, at: datetime, revision: int | None = None) -> dict[str, Any]:
+    row = {"call_id": call_id, "rule": rule, "category": "compliance", "leg": "agent", "kind": kind, "offset_ms": 900,
+           "text": "-", "severity": "high", "detected_at": at}
+    return row if revision is None else dict(row, revision=revision)
+
+
 def test_rows_written_before_are_the_live_pass_and_a_later_revision_replaces_them_for_readers(
         t0: datetime, store_url: str, database: str, insert: Insert, make_call: Callable[..., Any],
         make_segment: Callable[..., Any]) -> None:
@@ -48,13 +54,17 @@ def test_rows_written_before_are_the_live_pass_and_a_later_revision_replaces_the
             insert(client, "segments", [make_segment(call, "agent", 0, "hello there"),
                                         make_segment(call, "customer", 900, "my card is lost")])
             insert(client, "call_qa", [_qa(call, 40.0, t0 + timedelta(minutes=4))])
-        assert migrate(client, database) == [5]
+            insert(client, "qa_events", [_event(call, "disclosure", "missing", t0 + timedelta(minutes=4)),
+                                         _event(call, "abuse", "alert", t0 + timedelta(minutes=2))])
+        assert migrate(client, database) == [5, 6]
         assert client.query("SELECT DISTINCT revision FROM segments").result_rows == [(0,)]
 
         # The post-call pass of c1 (revision 1): other segment boundaries, other words, another score.
         insert(client, "calls", [make_call("c1", ended=True, updated_at=t0 + timedelta(minutes=9)) | {"revision": 1}])
         insert(client, "segments", [make_segment("c1", "agent", 0, "hello there sir") | {"revision": 1}])
         insert(client, "call_qa", [_qa("c1", 90.0, t0 + timedelta(minutes=9), revision=1)])
+        # Its verdicts (migration 6): the disclosure was found this time, and the abuse alert was a misheard word.
+        insert(client, "qa_events", [_event("c1", "disclosure", "match", t0 + timedelta(minutes=9), revision=1)])
         # A replay of the live pass after it (at-least-once) must not bring the live result back.
         insert(client, "call_qa", [_qa("c1", 40.0, t0 + timedelta(minutes=20))])
 
@@ -68,14 +78,18 @@ def test_rows_written_before_are_the_live_pass_and_a_later_revision_replaces_the
         source = ClientRows(client)
         listed = {row.call_id: row for row in read_call_list(source, database)}
         assert set(listed) == {"c1", "c2"} and listed["c1"].score_pct == 90.0 and listed["c2"].score_pct == 40.0
+        assert listed["c1"].alerts == 0 and listed["c2"].alerts == 1  # the live alert is c2's only
         page = read_call_page(source, database, "c1")
         assert page is not None and [turn.text for turn in page.turns] == ["hello there sir"]
+        assert [(f.rule, f.kind) for f in page.findings] == [("disclosure", "match")]
+        assert client.query("SELECT revision, count() FROM qa_events FINAL WHERE call_id = 'c1' GROUP BY revision "
+                            "ORDER BY revision").result_rows == [(0, 2), (1, 1)]
         report = read_report(source, database, call_id="c1")
         assert report.calls[0].score_pct == 90.0 and report.call is not None
         assert report.call.score_pct == 90.0 and [line.text for line in report.call.transcript] == ["hello there sir"]
 
         # Running the migration's statements again changes nothing (two workers may migrate at once).
-        for statement in MIGRATIONS[4].statements:
+        for statement in (*MIGRATIONS[4].statements, *MIGRATIONS[5].statements):
             client.command(statement.format(db=database))
         assert [line.text for line in transcript(client, "c1")] == ["hello there sir"]
     finally:

@@ -20,7 +20,8 @@ from pipeline.asr.engine import Engine
 from pipeline.config import get_settings
 from pipeline.eval.call_library import LIBRARY_DIR
 from pipeline.qa.call import QaConfig
-from pipeline.retranscribe import revision_rows, run
+from pipeline.postcall.rows import revision_rows
+from pipeline.retranscribe import run
 from pipeline.store.queries import call_summary, transcript
 
 REPO = Path(__file__).resolve().parents[2]
@@ -36,8 +37,9 @@ def _store_live_pass(store: Client, call_id: str, make_call: Callable[..., dict[
     """The call as a worker stored it (revision 0: tiny.en), from the same recording; returns its score."""
     (live,) = analyze_recordings([RECORDING], Engine.load(), config)
     stored = make_call(call_id, ended=True)
-    calls, qa, segments = revision_rows(stored, live, 0, ("tiny.en", 1), 1_772_443_800_000)
-    for table, rows in (("segments", segments), ("call_qa", [qa]), ("calls", [calls])):
+    for table, rows in revision_rows(stored, live, 0, ("tiny.en", 1), 1_772_443_800_000).in_write_order():
+        if not rows:
+            continue
         columns = list(rows[0])
         store.insert(table, [[r[c] for c in columns] for r in rows], column_names=columns)
     return live.qa.score_pct

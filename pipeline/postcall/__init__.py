@@ -1,0 +1,1 @@
+"""The post-call pass: a finished call transcribed again by the accurate model, stored as its next revision."""

@@ -1,0 +1,213 @@
+"""PostCallRunner: the worker's post-call pass, beside its live work, at low priority.
+
+Jobs come from ``topic_postcall`` (written by the worker that finished each call, see
+``worker/call_outputs.py``) through a consumer group of their own (``<worker_id>.postcall``), so the
+workers of one group share them and a job of a worker that died is taken by another. One job at a time:
+
+1. read the call's audio back from the audio topic (``audio.py``);
+2. decode its segments with the accurate model on an inference thread of the pass's own, at the OS nice
+   value ``final_pass_nice``, a chunk at a time and only while the live batcher has at most
+   ``final_pass_live_queue_max`` segments queued: live finals go first, and under load the jobs queue
+   (``callqa_postcall_backlog``);
+3. write the revision's rows (segments, QA events, QA result, calls row), flush the store, publish the
+   revision's QA result and transcripts, and only then commit the job.
+
+Exactly once in the store: a worker killed mid-job leaves the job uncommitted, and whoever takes it next
+writes the same rows (same keys and revision, times taken from the job) again, which the tables'
+ReplacingMergeTree keeps once. A job whose audio has expired, or whose pass fails, is logged in one line,
+counted, and committed: the live revision stays the call's record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
+
+from pipeline.asr.engine import Engine
+from pipeline.asr.results import TranscriptResult
+from pipeline.broker.security import kafka_config
+from pipeline.config import Settings
+from pipeline.contracts.messages import Message as ContractMessage
+from pipeline.contracts.messages import PostCallJob, now_ms
+from pipeline.contracts.serde import ContractError, Serde
+from pipeline.postcall.audio import CallAudioError, read_call_audio
+from pipeline.postcall.final_pass import PassOutcome, PostCallError, transcribe_call
+from pipeline.qa.call import QaConfig
+from pipeline.segmentation import SpeechSegment
+from pipeline.store.base import RowSink
+from pipeline.worker.metrics import WorkerMetrics
+
+log = logging.getLogger("callqa.postcall")
+
+Publish = Callable[[str, str, ContractMessage], Awaitable[Awaitable[Any]]]  # topic, key, message -> delivery
+LIVE_CHECK_S = 0.05  # how often a waiting pass looks at the live queue again
+BACKLOG_EVERY_S = 5.0
+
+
+class PostCallRunner:
+    def __init__(self, settings: Settings, final: Engine, front_end: Engine, live_queued: Callable[[], int],
+                 publish: Publish, sink: RowSink, metrics: WorkerMetrics, config: QaConfig,
+                 serde: Serde) -> None:
+        self.settings = settings
+        self.final = final
+        self.front_end = front_end
+        self.live_queued = live_queued
+        self.publish = publish
+        self.sink = sink
+        self.metrics = metrics
+        self.config = config
+        self.serde = serde
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="postcall", initializer=self._low_priority)
+        self._consumer: Consumer | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+        self._backlog_at = 0.0
+
+    @property
+    def error(self) -> BaseException | None:
+        """Why the pass's loop stopped before ``close()`` (a bug: jobs would wait forever), or None."""
+        task = self._task
+        if task is None or not task.done() or self._stopping:
+            return None
+        return task.exception() if not task.cancelled() else RuntimeError("the post-call pass was cancelled")
+
+    def start(self) -> None:
+        conf = kafka_config(self.settings)
+        self._consumer = Consumer({
+            **conf, "group.id": f"{self.settings.worker_id}.postcall", "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            # One job can take minutes when live work keeps the pass waiting: that is not a dead member.
+            "max.poll.interval.ms": 3_600_000,
+        })
+        self._consumer.subscribe([self.settings.topic_postcall])
+        self._task = asyncio.create_task(self._run(), name="postcall-pass")
+
+    async def close(self) -> None:
+        """Stop after the job in hand (its rows written and committed, or left for the next owner)."""
+        self._stopping = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+        if self._consumer is not None:
+            await asyncio.to_thread(self._consumer.close)
+        self._executor.shutdown(wait=True)
+
+    async def _run(self) -> None:
+        assert self._consumer is not None
+        consumer = self._consumer
+        while not self._stopping:
+            message = await asyncio.to_thread(consumer.poll, 0.5)
+            await self._update_backlog(consumer)
+            if message is None:
+                continue
+            if message.error() is not None:
+                log.warning("post-call jobs: %s", message.error())
+                continue
+            await self._take(consumer, message)
+
+    async def _take(self, consumer: Consumer, message: Message) -> None:
+        where = f"{message.topic()}[{message.partition()}]@{message.offset()}"
+        try:
+            job = self.serde.decode(message.value() or b"", PostCallJob)
+        except ContractError as exc:
+            log.warning("post-call job %s does not decode, skipped: %s", where, exc)
+            await asyncio.to_thread(commit, consumer, message)
+            return
+        try:
+            outcome = await self.run_job(job)
+        except (CallAudioError, PostCallError) as exc:
+            log.warning("post-call pass of call %s skipped (%s): %s", job.call_id, where, exc)
+            self.metrics.postcall_calls.labels("no_audio" if isinstance(exc, CallAudioError) else "failed").inc()
+        else:
+            if outcome is not None:
+                await self._store(job, outcome)
+        try:
+            await asyncio.to_thread(commit, consumer, message)
+        except KafkaException as exc:  # the partition moved meanwhile: its next owner redoes the job (same rows)
+            log.info("post-call job %s not committed: %s", where, exc)
+        self._backlog_at = 0.0
+
+    async def run_job(self, job: PostCallJob) -> PassOutcome | None:
+        """The call's next revision (None when its audio holds no frame of it)."""
+        conf = kafka_config(self.settings)
+        audio = await asyncio.to_thread(read_call_audio, conf, self.serde, job)
+        self.metrics.postcall_read_bytes.labels("call").inc(audio.call_bytes)
+        self.metrics.postcall_read_bytes.labels("other").inc(audio.other_bytes)
+        if not audio.legs:
+            raise CallAudioError(f"call {job.call_id}: no frame of it on {job.audio_topic}[{job.audio_partition}]")
+        outcome = await transcribe_call(job, audio, self.front_end, self.final.model_label, self._decode,
+                                        self.config, self.settings.final_pass_max_batch)
+        self.metrics.postcall_audio_seconds.inc(sum(a.samples.size / a.sample_rate for a in audio.legs.values()))
+        return outcome
+
+    async def _decode(self, segments: Sequence[SpeechSegment]) -> list[TranscriptResult | Exception]:
+        """A chunk of the call's segments, once live work leaves room, on the pass's own niced thread."""
+        while self.live_queued() > self.settings.final_pass_live_queue_max and not self._stopping:
+            await asyncio.sleep(LIVE_CHECK_S)
+        loop = asyncio.get_running_loop()
+        results, cpu_s = await loop.run_in_executor(self._executor, self._recognize, list(segments))
+        self.metrics.postcall_cpu_seconds.inc(cpu_s)
+        return results
+
+    def _recognize(self, segments: list[SpeechSegment]) -> tuple[list[TranscriptResult | Exception], float]:
+        started = time.thread_time()
+        results = self.final.recognizer.recognize(segments)
+        return results, time.thread_time() - started
+
+    def _low_priority(self) -> None:
+        """The pass's inference thread: named for the OS, and niced so live inference gets the cores first."""
+        with contextlib.suppress(OSError), open("/proc/thread-self/comm", "w") as comm:
+            comm.write("postcall")
+        with contextlib.suppress(OSError, AttributeError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.settings.final_pass_nice)
+
+    async def _store(self, job: PostCallJob, outcome: PassOutcome) -> None:
+        rows = outcome.rows
+        for table, table_rows in rows.in_write_order():
+            if table_rows:
+                await self.sink.write(table, table_rows)
+        await self.sink.flush()
+        deliveries = [await self.publish(self.settings.topic_transcripts, job.call_id, t) for t in rows.transcripts]
+        deliveries.append(await self.publish(self.settings.topic_qa, job.call_id, rows.qa))
+        await asyncio.gather(*deliveries)
+        self.metrics.postcall_calls.labels("written").inc()
+        self.metrics.postcall_delay.observe(max(0, now_ms() - job.requested_at_ms) / 1000)
+        if rows.qa.score_pct != job.live_score_pct:
+            self.metrics.postcall_changes.labels("score").inc()
+        if rows.qa.auto_failed != job.live_auto_failed:
+            self.metrics.postcall_changes.labels("auto_fail").inc()
+        log.info("call %s: revision %d written by %s (score %.1f, live %.1f)", job.call_id, job.revision,
+                 self.final.model_label, rows.qa.score_pct, job.live_score_pct)
+
+    async def _update_backlog(self, consumer: Consumer) -> None:
+        """Jobs on this worker's job partitions not committed yet (every few seconds: a broker round trip)."""
+        if time.monotonic() - self._backlog_at < BACKLOG_EVERY_S:
+            return
+        self._backlog_at = time.monotonic()
+        self.metrics.postcall_backlog.set(await asyncio.to_thread(backlog, consumer))
+
+
+def commit(consumer: Consumer, message: Message) -> None:
+    """Commit the job: the position after it, synchronously (the caller has made its rows durable)."""
+    consumer.commit(message=message, asynchronous=False)
+
+
+def backlog(consumer: Consumer) -> int:
+    assigned = consumer.assignment()
+    if not assigned:
+        return 0
+    total = 0
+    for tp in consumer.committed(assigned, timeout=5.0):
+        low, high = consumer.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=5.0)
+        total += max(0, high - (tp.offset if tp.offset >= 0 else low))  # nothing committed: from the oldest
+    return total
