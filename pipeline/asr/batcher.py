@@ -7,6 +7,14 @@ segment's window bucket first (so one batch pads little), and hands the batch to
 GIL while it runs): one batch spread over intra-op threads left a core idle in its serial parts and
 contended with the event loop. While every thread is busy, segments queue, so batches grow with the
 load. The queue is bounded: when it is full, `submit` waits (back-pressure up to the stream consumers).
+
+Which waiting segments a batch takes (`batch_order`, issue 25): "oldest" takes the oldest segment's
+window bucket first, then the others by age; "shortest" takes the shortest windows first (a short reply
+does not wait behind a long turn that arrived before it), except that a segment that has waited
+`batch_age_limit_ms` goes before any younger one, so a long turn is not starved under load. To choose,
+"shortest" takes everything queued when a thread frees (not only the first `max_batch`) and holds what
+the batch leaves for the next one (`queued` counts them). The order only matters when more than
+`max_batch` wait; a batch's rows are released one by one as each ends (``on_result``) either way.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal, Protocol, TypeVar
 
 import numpy as np
 
@@ -62,10 +71,14 @@ class SegmentBatcher:
         queue_size: int = 256,
         window: WindowPolicy | None = None,
         inference_threads: int = 1,
+        order: Literal["oldest", "shortest"] = "oldest",
+        age_limit_ms: float = 1000.0,
     ) -> None:
         self._recognizer = recognizer
         self.max_batch = max_batch
         self.max_wait_s = max_wait_ms / 1000.0
+        self.order = order
+        self.age_limit_s = age_limit_ms / 1000.0
         self._window = window or recognizer.decoder.options.window
         self._queue: asyncio.Queue[_Pending | None] = asyncio.Queue(maxsize=queue_size)
         self.inference_threads = max(1, inference_threads)
@@ -74,6 +87,7 @@ class SegmentBatcher:
         )
         self._free_threads = asyncio.Semaphore(self.inference_threads)
         self._running: set[asyncio.Task[None]] = set()
+        self._held = 0  # segments taken off the queue that wait for a later batch (batch_order)
         self._failure: BaseException | None = None  # a batch task's bug: the batcher is dead
         self._task: asyncio.Task[None] | None = None
         self._closed = False
@@ -86,6 +100,8 @@ class SegmentBatcher:
             max_wait_ms=settings.max_wait_ms,
             queue_size=settings.batcher_queue_size,
             inference_threads=inference_threads(settings.inference_threads),
+            order=settings.batch_order,
+            age_limit_ms=settings.batch_age_limit_ms,
         )
 
     @property
@@ -94,13 +110,14 @@ class SegmentBatcher:
 
     @property
     def queued(self) -> int:
-        return self._queue.qsize()
+        """Segments waiting for a batch: in the queue, and held back by the ordering for a later one."""
+        return self._queue.qsize() + self._held
 
     @property
     def idle(self) -> bool:
         """No segment queued and no batch running (a segment the collector is gathering others for is
         neither: it may be joined)."""
-        return self._queue.qsize() == 0 and not self._running
+        return self.queued == 0 and not self._running
 
     @property
     def error(self) -> BaseException | None:
@@ -170,7 +187,12 @@ class SegmentBatcher:
                 # arriving, and the next batch holds all of them (up to max_batch).
                 await self._free_threads.acquire()
                 closing = await self._gather(pending) or closing
+                if self.order != "oldest" and not closing:
+                    # Ordering can only choose among what it sees: everything queued now, not just the
+                    # first max_batch (the rest is held here, in arrival order, for the next batch).
+                    closing = self._drain(pending)
                 batch, pending = self._take_batch(pending)
+                self._held = len(pending)
                 task = asyncio.create_task(self._run_and_release(batch), name="segment-batch")
                 self._running.add(task)
                 task.add_done_callback(self._running.discard)
@@ -191,6 +213,23 @@ class SegmentBatcher:
         finally:
             self._free_threads.release()
 
+    def _take_batch(self, pending: list[_Pending]) -> tuple[list[_Pending], list[_Pending]]:
+        """The next batch and what waits for a later one, in `order` (see ``take_batch``)."""
+        return take_batch(pending, self.max_batch, self.order, self.age_limit_s, time.perf_counter())
+
+    def _drain(self, pending: list[_Pending]) -> bool:
+        """Add every segment queued now to `pending` (up to the queue's size more than a batch, so held
+        segments stay bounded and submit's back-pressure still holds); True on close."""
+        while len(pending) < self._queue.maxsize + self.max_batch:
+            try:
+                item = self._queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return False
+            if item is None:
+                return True
+            pending.append(item)
+        return False
+
     async def _gather(self, pending: list[_Pending]) -> bool:
         """Add queued segments to `pending` until max_batch or the oldest's deadline; True on close."""
         deadline = pending[0].enqueued + self.max_wait_s
@@ -209,12 +248,6 @@ class SegmentBatcher:
             pending.append(item)
         return False
 
-    def _take_batch(self, pending: list[_Pending]) -> tuple[list[_Pending], list[_Pending]]:
-        """Up to max_batch: the oldest segment's bucket first, then the others by age."""
-        first = pending[0].bucket
-        ordered = [p for p in pending if p.bucket == first] + [p for p in pending if p.bucket != first]
-        return ordered[: self.max_batch], ordered[self.max_batch :]
-
     async def _run(self, batch: list[_Pending]) -> None:
         live = [p for p in batch if not p.future.done()]  # a cancelled submit needs no decode
         if not live:
@@ -225,7 +258,7 @@ class SegmentBatcher:
         loop = asyncio.get_running_loop()
         # Nothing else waits for the cores (no segment queued, no other batch running): this batch may
         # encode on all of them (Recognizer.recognize's ``wide``; the same text either way).
-        wide = self._queue.qsize() == 0 and len(self._running) <= 1
+        wide = self.queued == 0 and len(self._running) <= 1
 
         def settle(p: _Pending, outcome: TranscriptResult | Exception) -> None:
             if p.future.done():
@@ -248,6 +281,44 @@ class SegmentBatcher:
             results = [exc] * len(live)
         for p, result in zip(live, results, strict=True):
             settle(p, result)
+
+
+class Queued(Protocol):
+    """What batch ordering reads of a waiting segment (``_Pending``)."""
+
+    @property
+    def enqueued(self) -> float: ...
+    @property
+    def bucket(self) -> int: ...
+
+
+Q = TypeVar("Q", bound=Queued)
+
+
+def take_batch(
+    pending: list[Q], max_batch: int, order: str = "oldest", age_limit_s: float = 1.0, now: float = 0.0
+) -> tuple[list[Q], list[Q]]:
+    """The next batch (up to ``max_batch`` of ``pending``, which is in arrival order) and what waits.
+
+    "oldest": the oldest segment's window bucket first, then the others by age (the order before issue
+    25). "shortest": the segments that have waited ``age_limit_s`` or more (at ``now``, the clock of
+    ``enqueued``) first, oldest first, then the rest by window bucket, shortest first, and by age within
+    a bucket; what waits stays in arrival order."""
+    if order == "oldest":
+        first = pending[0].bucket
+        ordered = [p for p in pending if p.bucket == first] + [p for p in pending if p.bucket != first]
+        return ordered[:max_batch], ordered[max_batch:]
+    if order != "shortest":
+        raise ValueError(f"unknown batch order {order!r}: oldest or shortest")
+    aged = [i for i, p in enumerate(pending) if now - p.enqueued >= age_limit_s]
+    aged.sort(key=lambda i: pending[i].enqueued)
+    rest = sorted(
+        (i for i in range(len(pending)) if now - pending[i].enqueued < age_limit_s),
+        key=lambda i: (pending[i].bucket, pending[i].enqueued),
+    )
+    chosen = (aged + rest)[:max_batch]
+    taken = set(chosen)
+    return [pending[i] for i in chosen], [p for i, p in enumerate(pending) if i not in taken]
 
 
 def _name_os_thread() -> None:

@@ -68,6 +68,19 @@ class AsrSettings(BaseModel):
     )
     max_batch: int = Field(16, description="Most segments decoded together in one batch.")
     max_wait_ms: float = Field(30.0, description="Longest a segment waits in the batcher for others to join it (ms).")
+    # Issue 25 item 3 (pipeline/asr/batcher.py's take_batch): which waiting segments the next batch takes
+    # when more than max_batch wait. "oldest" is the order before it.
+    batch_order: Literal["oldest", "shortest"] = Field(
+        "shortest",
+        description="Segments a batch takes first when more than max_batch wait: shortest (shortest window first, "
+        "a short reply not held behind a long turn; see batch_age_limit_ms) or oldest (the oldest's window bucket "
+        "first, then by age: the order before issue 25).",
+    )
+    batch_age_limit_ms: float = Field(
+        1000.0, ge=0.0,
+        description="With batch_order=shortest: a segment that has waited this long (ms) goes before any younger "
+        "one, so long turns are not starved under load (0 = oldest first, like a FIFO).",
+    )
     batcher_queue_size: int = Field(256, description="Segments queued in the batcher before submit() waits.")
     intra_op_threads: int = Field(
         1, description="ONNX Runtime intra-op threads per session (0 = all cores); 1 leaves a core to the agents.",
