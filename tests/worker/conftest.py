@@ -26,6 +26,7 @@ def start_worker(kafka_settings: Settings, tmp_path: Path) -> Iterator[Callable[
         "topic_qa": kafka_settings.topic_qa,
         "topic_dead_letters": kafka_settings.topic_dead_letters,
         "topic_checkpoints": kafka_settings.topic_checkpoints,
+        "topic_postcall": kafka_settings.topic_postcall,
         "worker_id": kafka_settings.worker_id,
         "clickhouse_url": f"chdb://{(tmp_path / 'chdb').resolve()}",
         "commit_interval_s": "1.0",
