@@ -328,8 +328,8 @@ class ProcessRecognizer(Recognizer):
 
 def serve(conn: Connection, folder: str, settings: AsrSettings, number: int) -> None:
     """The child: load the folder, then decode batches until told to stop or the parent goes away."""
-    with contextlib.suppress(OSError):  # the name top, ps and /proc show
-        Path("/proc/self/comm").write_text(f"asr-process-{number}"[:15])
+    with contextlib.suppress(OSError):  # the name top, ps and /proc show (and `callqa bench live` counts as
+        Path("/proc/self/comm").write_text("asr-batch-proc")  # inference, as the asr-batch threads)
     try:
         recognizer = Recognizer.load(Path(folder), settings)
     except Exception as exc:  # noqa: BLE001 - sent to the parent, which raises it

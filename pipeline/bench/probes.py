@@ -52,15 +52,27 @@ class CpuSnapshot:
 
 
 def cpu_snapshot(pid: int) -> CpuSnapshot:
+    """The process's CPU and its threads', its live child processes' included (the decoding children of
+    ``CALLQA_INFERENCE_PROCESSES``, named asr-batch-proc, count as inference threads)."""
     proc = Path(f"/proc/{pid}")
     threads: dict[int, tuple[str, float]] = {}
+    children: list[int] = []
     for task in (proc / "task").iterdir():
         try:
             name = (task / "comm").read_text().strip()
             threads[int(task.name)] = (name, _cpu_seconds((task / "stat").read_text()))
+            children.extend(int(c) for c in (task / "children").read_text().split())
         except (OSError, ValueError, IndexError):
             continue  # the thread exited while we looked
-    return CpuSnapshot(_cpu_seconds((proc / "stat").read_text()), threads)
+    process_s = _cpu_seconds((proc / "stat").read_text())
+    for child in children:
+        try:
+            below = cpu_snapshot(child)
+        except (OSError, ValueError, IndexError):
+            continue  # the child exited while we looked
+        process_s += below.process_s
+        threads.update(below.threads)
+    return CpuSnapshot(process_s, threads)
 
 
 def python_thread_names(pid: int) -> dict[int, str]:
