@@ -354,9 +354,43 @@ def run_level(config: LevelConfig, library: TurnLibrary, work: Path, console: Co
                                   settings.topic_call_events, library, NoiseBed(config.traffic.max_call_s))
             report, watch = drive(config, workers, sender, plans, tap, settings.topic_audio, console)
             finals = tap.finals()
+            passed = postcall_figures(workers, console) if config.settings().final_model else None
         finally:
             tap.stop()
-        return measure(config, plans, finals, report, watch)
+        run = measure(config, plans, finals, report, watch)
+        if passed is not None:
+            run.result["postcall"] = passed
+        return run
+
+
+POSTCALL_DRAIN_S = 300.0
+
+
+def postcall_figures(workers: list[WorkerProcess], console: Console) -> dict[str, Any]:
+    """The post-call pass over the level's finished calls (after the drain, waiting up to POSTCALL_DRAIN_S for
+    its jobs): calls done, the pass's CPU, and calls per core-hour (calls of this traffic's length)."""
+    def total(name: str, **labels: str) -> float:
+        return sum(w.metric(name, **labels) for w in workers)
+
+    began = time.monotonic()
+    with console.status("post-call pass: waiting for its jobs..."):
+        while (total("callqa_postcall_calls_total") < total("callqa_postcall_jobs_total")
+               and time.monotonic() - began < POSTCALL_DRAIN_S):
+            time.sleep(1.0)
+    cpu_s, written = total("callqa_postcall_cpu_seconds_total"), total("callqa_postcall_calls_total", outcome="written")
+    audio_s = total("callqa_postcall_audio_seconds_total")
+    read = {whose: total("callqa_postcall_read_bytes_total", whose=whose) for whose in ("call", "other")}
+    return {
+        "jobs": int(total("callqa_postcall_jobs_total")), "written": int(written),
+        "no_audio": int(total("callqa_postcall_calls_total", outcome="no_audio")),
+        "failed": int(total("callqa_postcall_calls_total", outcome="failed")),
+        "waited_after_drain_s": round(time.monotonic() - began, 1),
+        "cpu_s": round(cpu_s, 2), "leg_audio_s": round(audio_s, 1),
+        "cpu_s_per_leg_audio_s": round(cpu_s / audio_s, 4) if audio_s else None,
+        "calls_per_core_hour": round(written * 3600 / cpu_s, 1) if cpu_s else None,
+        "read_bytes": {k: int(v) for k, v in read.items()},
+        "read_amplification": round((read["call"] + read["other"]) / read["call"], 2) if read["call"] else None,
+    }
 
 
 def drive(config: LevelConfig, workers: list[WorkerProcess], traffic: LiveSender, plans: list[CallPlan],

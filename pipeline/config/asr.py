@@ -13,8 +13,9 @@ class AsrSettings(BaseModel):
         description="Model to build and load: Whisper tiny.en or base, or Moonshine moonshine-tiny or moonshine-base (greedy only; no previous-text context).",
     )
     # The post-call pass (issue 26): the call's segments decoded again by a more accurate model, QA scored on
-    # that transcript and kept as the call's revision 1 beside the live result. `callqa analyze` runs it
-    # today; the worker does not yet. Empty: no second pass.
+    # that transcript and kept as the call's revision 1 beside the live result: the worker's pass
+    # (pipeline/postcall, settings in config/postcall.py), `callqa analyze` and `callqa retranscribe`.
+    # Empty: no second pass.
     final_model: str = Field(
         "", description="Model of the post-call pass (e.g. moonshine-base); empty: the live transcript is final.",
     )

@@ -10,8 +10,10 @@ pass takes are the caller's (``Decode``).
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from pipeline.analyze import CallAnalysis, score_transcripts, transcript_or_none
 from pipeline.asr.engine import Engine
@@ -21,6 +23,8 @@ from pipeline.postcall.audio import CallAudio
 from pipeline.postcall.rows import RevisionRows, job_calls_row, model_of, revision_rows
 from pipeline.qa.call import QaConfig
 from pipeline.segmentation import SpeechSegment
+
+T = TypeVar("T")
 
 # Decodes a chunk of a call's segments with the accurate model: one result (or exception) per segment.
 Decode = Callable[[Sequence[SpeechSegment]], Awaitable[list[TranscriptResult | Exception]]]
@@ -34,6 +38,7 @@ class PostCallError(RuntimeError):
 class PassOutcome:
     analysis: CallAnalysis
     rows: RevisionRows
+    segmenting_cpu_s: float = 0.0  # the front end's (VAD) CPU time over the call's legs
 
 
 def leg_segments(front_end: Engine, audio: CallAudio) -> list[tuple[Leg, SpeechSegment]]:
@@ -46,7 +51,7 @@ def leg_segments(front_end: Engine, audio: CallAudio) -> list[tuple[Leg, SpeechS
 async def transcribe_call(job: PostCallJob, audio: CallAudio, front_end: Engine, model_label: str, decode: Decode,
                           config: QaConfig, chunk: int = 8) -> PassOutcome:
     """The call's next revision: its segments decoded by ``decode`` in chunks of similar length, scored."""
-    pairs = await asyncio.to_thread(leg_segments, front_end, audio)
+    pairs, segmenting_cpu_s = await asyncio.to_thread(timed, leg_segments, front_end, audio)
     # Longest first and similar lengths together: a batch pads little, and the call's last chunk is short.
     order = sorted(range(len(pairs)), key=lambda i: -(pairs[i][1].end_ms - pairs[i][1].start_ms))
     results: list[TranscriptResult | None] = [None] * len(pairs)
@@ -68,4 +73,11 @@ async def transcribe_call(job: PostCallJob, audio: CallAudio, front_end: Engine,
         revision=job.revision,
     )
     rows = revision_rows(job_calls_row(job), analysis, job.revision, model_of(model_label), job.requested_at_ms)
-    return PassOutcome(analysis, rows)
+    return PassOutcome(analysis, rows, segmenting_cpu_s)
+
+
+def timed(work: Callable[..., T], *args: Any) -> tuple[T, float]:
+    """``work(*args)`` and the CPU time its thread spent on it."""
+    started = time.thread_time()
+    result = work(*args)
+    return result, time.thread_time() - started

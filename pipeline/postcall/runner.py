@@ -40,7 +40,7 @@ from pipeline.contracts.messages import Message as ContractMessage
 from pipeline.contracts.messages import PostCallJob, now_ms
 from pipeline.contracts.serde import ContractError, Serde
 from pipeline.postcall.audio import CallAudioError, read_call_audio
-from pipeline.postcall.final_pass import PassOutcome, PostCallError, transcribe_call
+from pipeline.postcall.final_pass import PassOutcome, PostCallError, timed, transcribe_call
 from pipeline.qa.call import QaConfig
 from pipeline.segmentation import SpeechSegment
 from pipeline.store.base import RowSink
@@ -140,7 +140,7 @@ class PostCallRunner:
     async def run_job(self, job: PostCallJob) -> PassOutcome | None:
         """The call's next revision (None when its audio holds no frame of it)."""
         conf = kafka_config(self.settings)
-        audio = await asyncio.to_thread(read_call_audio, conf, self.serde, job)
+        audio, read_cpu_s = await asyncio.to_thread(timed, read_call_audio, conf, self.serde, job)
         self.metrics.postcall_read_bytes.labels("call").inc(audio.call_bytes)
         self.metrics.postcall_read_bytes.labels("other").inc(audio.other_bytes)
         if not audio.legs:
@@ -148,6 +148,7 @@ class PostCallRunner:
         outcome = await transcribe_call(job, audio, self.front_end, self.final.model_label, self._decode,
                                         self.config, self.settings.final_pass_max_batch)
         self.metrics.postcall_audio_seconds.inc(sum(a.samples.size / a.sample_rate for a in audio.legs.values()))
+        self.metrics.postcall_cpu_seconds.inc(read_cpu_s + outcome.segmenting_cpu_s)
         return outcome
 
     async def _decode(self, segments: Sequence[SpeechSegment]) -> list[TranscriptResult | Exception]:
