@@ -127,7 +127,7 @@ class WorkerMetrics:
         for outcome in POSTCALL_OUTCOMES:
             self.postcall_calls.labels(outcome)
         self.postcall_cpu_seconds = Counter(
-            "callqa_postcall_cpu_seconds_total", "CPU time of the post-call pass (its inference thread).", registry=r,
+            "callqa_postcall_cpu_seconds_total", "CPU time of the post-call pass: reading the audio back, its VAD, its inference thread.", registry=r,
         )
         self.postcall_audio_seconds = Counter(
             "callqa_postcall_audio_seconds_total", "Call audio (both legs) the post-call pass transcribed.", registry=r,
