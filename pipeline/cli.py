@@ -334,8 +334,10 @@ def analyze(
 
 @app.command("retranscribe")
 def retranscribe(
-    recordings: Annotated[Path, typer.Option(
-        help="The contact center's recordings: one file per call, named by call ID (<call id>.wav, .flac, ...).")],
+    recordings: Annotated[Path | None, typer.Option(
+        help="The contact center's recordings: one file per call, named by call ID (<call id>.wav, .flac, ...).")] = None,
+    audio_topic: Annotated[bool, typer.Option(
+        "--audio-topic", help="Take each call's audio from the audio topic instead (it keeps 6 h).")] = False,
     since: Annotated[datetime | None, typer.Option(
         help="Calls started at or after this time (ISO 8601, UTC unless it says otherwise).")] = None,
     call: Annotated[list[str] | None, typer.Option("--call", help="A call ID to redo (repeatable).")] = None,
@@ -348,8 +350,9 @@ def retranscribe(
     import json
 
     from pipeline.asr.engine import Engine
+    from pipeline.contracts import Serde
     from pipeline.qa.call import QaConfig
-    from pipeline.retranscribe import run
+    from pipeline.retranscribe import AudioTopic, run
     from pipeline.store.client import connect
     from pipeline.store.migrations import migrate
     from pipeline.tables import keep_whole, print_table
@@ -358,7 +361,9 @@ def retranscribe(
     name = model or settings.final_model
     if not name:
         raise typer.BadParameter("no model: pass --model or set CALLQA_FINAL_MODEL (e.g. moonshine-base)")
-    if not recordings.is_dir():
+    if (recordings is None) == (not audio_topic):
+        raise typer.BadParameter("say where the audio is: --recordings DIR or --audio-topic (one of them)")
+    if recordings is not None and not recordings.is_dir():
         raise typer.BadParameter(f"--recordings {recordings}: not a folder")
     if since is not None and since.tzinfo is None:
         since = since.replace(tzinfo=UTC)
@@ -366,7 +371,9 @@ def retranscribe(
     client = connect(settings.writer_url, settings.clickhouse_database)
     migrate(client, settings.clickhouse_database)
     with err_console.status(f"transcribing again with {name}..."):
-        changes, skipped = run(client, recordings, Engine.load(name, settings=settings), config, since=since,
+        source = recordings if recordings is not None else AudioTopic(settings, Serde.from_settings(
+            settings.schema_registry_url))
+        changes, skipped = run(client, source, Engine.load(name, settings=settings), config, since=since,
                                call_ids=call or ())
     if as_json:
         print(json.dumps({"changes": [c.as_json() for c in changes],

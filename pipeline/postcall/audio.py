@@ -86,38 +86,59 @@ def read_call_frames(consumer_config: dict[str, object], serde: Serde, job: Post
     ``consumer_config``: librdkafka settings (bootstrap, security); the consumer is assigned the one
     partition (no group, nothing committed). Raises CallAudioError when the audio has expired or the
     partition does not answer."""
-    consumer = Consumer({**consumer_config, "group.id": f"callqa-postcall-reader-{job.call_id}",
+    return read_keyed_frames(consumer_config, serde, job.call_id, TopicPartition(job.audio_topic, job.audio_partition),
+                             job.audio_from_ms, job.audio_end_offset, poll_timeout_s, max_idle_polls)
+
+
+def read_keyed_frames(consumer_config: dict[str, object], serde: Serde, call_id: str, tp: TopicPartition,
+                      from_ms: int, end_offset: int, poll_timeout_s: float = 1.0,
+                      max_idle_polls: int = 30) -> tuple[list[AudioFrame], CallAudio]:
+    """The frames keyed ``call_id`` on ``tp`` from its first message at or after ``from_ms`` up to
+    ``end_offset`` (exclusive), and what was read on the way."""
+    consumer = Consumer({**consumer_config, "group.id": f"callqa-postcall-reader-{call_id}",
                          "enable.auto.commit": False, "enable.partition.eof": True,
                          "auto.offset.reset": "earliest"})
     try:
-        tp = TopicPartition(job.audio_topic, job.audio_partition, job.audio_from_ms)
-        (start,) = consumer.offsets_for_times([tp], timeout=10.0)
-        low, _ = consumer.get_watermark_offsets(TopicPartition(job.audio_topic, job.audio_partition), timeout=10.0)
-        begin = start.offset if start.offset >= 0 else job.audio_end_offset
-        if begin >= job.audio_end_offset:
-            return [], CallAudio(job.call_id, {})
+        (start,) = consumer.offsets_for_times([TopicPartition(tp.topic, tp.partition, from_ms)], timeout=10.0)
+        low, _ = consumer.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=10.0)
+        begin = start.offset if start.offset >= 0 else end_offset
+        if begin >= end_offset:
+            return [], CallAudio(call_id, {})
         if low > begin:
-            raise CallAudioError(f"call {job.call_id}: its audio on {job.audio_topic}[{job.audio_partition}] "
-                                 f"has expired (offsets from {low}, the call's from {begin})")
-        consumer.assign([TopicPartition(job.audio_topic, job.audio_partition, begin)])
-        return _read_until(consumer, serde, job, poll_timeout_s, max_idle_polls)
+            raise CallAudioError(f"call {call_id}: its audio on {tp.topic}[{tp.partition}] has expired "
+                                 f"(offsets from {low}, the call's from {begin})")
+        consumer.assign([TopicPartition(tp.topic, tp.partition, begin)])
+        return _read_until(consumer, serde, call_id, tp, end_offset, poll_timeout_s, max_idle_polls)
     finally:
         consumer.close()
 
 
-def _read_until(consumer: Consumer, serde: Serde, job: PostCallJob, poll_timeout_s: float,
-                max_idle_polls: int) -> tuple[list[AudioFrame], CallAudio]:
+def partition_span(consumer_config: dict[str, object], tp: TopicPartition, from_ms: int, to_ms: int) -> tuple[int, int]:
+    """The offsets of ``tp`` whose messages were written between ``from_ms`` and ``to_ms``: [begin, end)."""
+    consumer = Consumer({**consumer_config, "group.id": "callqa-postcall-span", "enable.auto.commit": False})
+    try:
+        low, high = consumer.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=10.0)
+        # One lookup per time: librdkafka answers a request naming a partition twice with one of the times.
+        (begin,) = consumer.offsets_for_times([TopicPartition(tp.topic, tp.partition, from_ms)], timeout=10.0)
+        (end,) = consumer.offsets_for_times([TopicPartition(tp.topic, tp.partition, to_ms)], timeout=10.0)
+        return max(low, begin.offset if begin.offset >= 0 else high), end.offset if end.offset >= 0 else high
+    finally:
+        consumer.close()
+
+
+def _read_until(consumer: Consumer, serde: Serde, call_id: str, tp: TopicPartition, end_offset: int,
+                poll_timeout_s: float, max_idle_polls: int) -> tuple[list[AudioFrame], CallAudio]:
     frames: list[AudioFrame] = []
-    tally = CallAudio(job.call_id, {})
-    key = job.call_id.encode()
+    tally = CallAudio(call_id, {})
+    key = call_id.encode()
     idle = 0
     while True:
         messages = consumer.consume(500, timeout=poll_timeout_s)
         if not messages:
             idle += 1
             if idle >= max_idle_polls:
-                raise CallAudioError(f"call {job.call_id}: {job.audio_topic}[{job.audio_partition}] gave nothing "
-                                     f"for {idle * poll_timeout_s:.0f} s before offset {job.audio_end_offset}")
+                raise CallAudioError(f"call {call_id}: {tp.topic}[{tp.partition}] gave nothing "
+                                     f"for {idle * poll_timeout_s:.0f} s before offset {end_offset}")
             continue
         idle = 0
         for message in messages:
@@ -125,9 +146,9 @@ def _read_until(consumer: Consumer, serde: Serde, job: PostCallJob, poll_timeout
             if error is not None:
                 if error.code() == KafkaError._PARTITION_EOF:
                     return frames, tally
-                raise CallAudioError(f"call {job.call_id}: reading its audio: {error.str()}")
+                raise CallAudioError(f"call {call_id}: reading its audio: {error.str()}")
             offset = message.offset()
-            if offset is not None and offset >= job.audio_end_offset:
+            if offset is not None and offset >= end_offset:
                 return frames, tally
             value = message.value() or b""
             if message.key() != key:

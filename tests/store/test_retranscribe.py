@@ -1,5 +1,5 @@
 """`callqa retranscribe` (issue 26 item 4): stored calls transcribed again from the contact center's
-recordings by the accurate model, stored as each call's next revision beside the earlier ones, and what
+recordings or the audio topic by the accurate model, stored as each call's next revision beside the earlier ones, and what
 changed reported. Real model, real embedded ClickHouse."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +17,14 @@ from clickhouse_connect.driver.client import Client
 
 from pipeline.analyze import analyze_recordings
 from pipeline.asr.engine import Engine
-from pipeline.config import get_settings
+from pipeline.broker.producer import ContractProducer
+from pipeline.config import Settings, get_settings
+from pipeline.contracts import Serde
 from pipeline.eval.call_library import LIBRARY_DIR
-from pipeline.qa.call import QaConfig
+from pipeline.ingest.replay import ReplayOptions, TelephonyReplay, load_recording
 from pipeline.postcall.rows import revision_rows
-from pipeline.retranscribe import run
+from pipeline.qa.call import QaConfig
+from pipeline.retranscribe import AudioTopic, run
 from pipeline.store.queries import call_summary, transcript
 
 REPO = Path(__file__).resolve().parents[2]
@@ -76,6 +79,28 @@ def test_each_call_gets_its_next_revision_and_readers_show_it(
     assert store.query("SELECT max(revision) FROM calls_deduped WHERE call_id = 'CA-1'").result_rows == [(2,)]
 
 
+def test_a_calls_audio_comes_from_the_audio_topic_while_it_keeps_it(
+        store: Client, make_call: Callable[..., dict[str, Any]], config: QaConfig, kafka_settings: Settings) -> None:
+    began = datetime.now(UTC)
+    player = TelephonyReplay(ContractProducer(kafka_settings.bootstrap, Serde.from_settings()),
+                             kafka_settings.topic_audio, kafka_settings.topic_call_events)
+    (call_id,) = player.run([load_recording(RECORDING, ReplayOptions())], ReplayOptions()).call_ids
+    final = Engine.load("moonshine-tiny")
+    (offline,) = analyze_recordings([RECORDING], Engine.load(), config, final_engine=final)
+    # As the worker stored it: the live pass, started and ended around the frames' times.
+    for call, audio_ms in ((call_id, offline.duration_ms), ("CA-gone", 60_000)):
+        row = make_call(call, ended=True) | {"started_at": began, "ended_at": datetime.now(UTC), "audio_ms": audio_ms}
+        store.insert("calls", [list(row.values())], column_names=list(row))
+
+    source = AudioTopic(kafka_settings, Serde.from_settings())
+    changes, skipped = run(store, source, final, config, call_ids=[call_id, "CA-gone"])
+    assert [(s.call_id, "no frame of it" in s.why) for s in skipped] == [("CA-gone", True)]
+    (change,) = changes
+    assert (change.call_id, change.revision, change.score_after) == (call_id, 1, offline.qa.score_pct)
+    assert [(line.leg, line.text) for line in transcript(store, call_id)] == [
+        (s.leg, s.text) for s in offline.segments]
+
+
 def test_the_command_refuses_without_a_model_or_a_folder(tmp_path: Path) -> None:
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "pipeline.cli", "retranscribe", *args], cwd=REPO,
@@ -86,4 +111,6 @@ def test_the_command_refuses_without_a_model_or_a_folder(tmp_path: Path) -> None
     assert no_model.returncode == 1 and "no model" in no_model.stderr and "Traceback" not in no_model.stderr
     no_folder = cli("--recordings", str(tmp_path / "missing"), "--model", "moonshine-tiny")
     assert no_folder.returncode == 1 and "not a folder" in no_folder.stderr
+    no_source = cli("--model", "moonshine-tiny")
+    assert no_source.returncode == 1 and "--recordings DIR or --audio-topic" in no_source.stderr
 
