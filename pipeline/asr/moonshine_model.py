@@ -47,6 +47,10 @@ class MoonshineOptions:
     max_new_tokens: int = 224
     loop_copies: int = 3  # three back-to-back copies of a 2+ token block stop the row (cut to one copy)
     compression_ratio_max: float = 2.4  # 0 = off: text above it is cut to its loop's first copy
+    # Silence appended to every segment before the encoder: Moonshine drops or garbles the last word of
+    # audio that stops right after it (a VAD segment keeps 150 ms after speech). The token cap follows
+    # the segment's own length, not the padded one.
+    tail_pad_s: float = 0.0
 
     def token_cap(self, duration_s: float) -> int:
         return min(self.max_new_tokens, self.token_allowance + math.ceil(self.max_tokens_per_second * duration_s))
@@ -166,7 +170,8 @@ class MoonshineDecoder:
             return []
         if not self._masked and len(audios) > 1:
             return [d for row, a in enumerate(audios) for d in self.decode([a], _renumbered(on_final, row))]
-        states = [self.model.encode(a) for a in audios]
+        pad = np.zeros(round(self.options.tail_pad_s * 16000), np.float32)
+        states = [self.model.encode(np.concatenate([a, pad]) if pad.size else a) for a in audios]
         durations = [a.size / 16000 for a in audios]
         longest = max(s.shape[0] for s in states)
         hidden = np.zeros((len(states), longest, states[0].shape[1]), np.float32)

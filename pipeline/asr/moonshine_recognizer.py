@@ -27,6 +27,7 @@ def moonshine_options(settings: AsrSettings) -> MoonshineOptions:
     return MoonshineOptions(
         window=WindowPolicy(settings.window_bucket_s),
         compression_ratio_max=settings.compression_ratio_max,
+        tail_pad_s=settings.moonshine_tail_pad_ms / 1000,
     )
 
 
