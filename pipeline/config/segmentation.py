@@ -10,7 +10,11 @@ from pydantic import BaseModel, Field
 
 
 class SegmentationSettings(BaseModel):
-    endpoint_silence_ms: int = Field(500, description="Trailing silence that closes a speech segment (ms).")
+    # 400 since issue 25 (was 500): the same WER (library-legs 5.3 %, eval 4.3 %, asterisk 8.5 against 8.6 %,
+    # 8 kHz mu-law), 2 % more segments, and each segment closed 100 ms sooner (bench live at 6 calls: P50 0.65 against
+    # 0.86 s, P99 1.19 against 1.53 s); 300 split 25 % more segments and cost eval one word
+    # (bench/results/scheduling/, pipeline/bench/README.md).
+    endpoint_silence_ms: int = Field(400, description="Trailing silence that closes a speech segment (ms).")
     vad_model_path: str = Field(
         "", description="Silero VAD ONNX file; empty means the one shipped in the silero-vad package."
     )
@@ -28,8 +32,8 @@ class SegmentationSettings(BaseModel):
     )
     # A hold sends no frames: its gap, filled with digital silence, could be 20 minutes of samples.
     # Past this much digital silence the VAD is reset and the rest is skipped, not scored (the leg's
-    # clock still moves: later segments keep their call time). 2000 ms is 4x the endpoint silence
-    # (500 ms, plus one VAD window to decay after speech): a segment open when the silence starts has
+    # clock still moves: later segments keep their call time). 2000 ms is 5x the endpoint silence
+    # (400 ms, plus one VAD window to decay after speech): a segment open when the silence starts has
     # closed as silence closes it long before. Shorter runs, e.g. network gaps, are scored as before.
     gap_boundary_ms: int = Field(
         2000, ge=0,
