@@ -577,6 +577,36 @@ def operations() -> Json:
             ],
             (12, 32, 12, 8),
         ),
+        panel(
+            "Post-call pass: backlog and calls done",
+            "timeseries",
+            [
+                prom_target("sum(callqa_postcall_backlog)", "calls waiting"),
+                prom_target('sum(rate(callqa_postcall_calls_total{outcome="written"}[$__rate_interval])) * 60',
+                            "calls revised per minute", "B"),
+                prom_target("sum(rate(callqa_postcall_changes_total[$__rate_interval])) * 60",
+                            "revisions that changed score or auto-fail per minute", "C"),
+            ],
+            (0, 40, 12, 8),
+        ),
+        panel(
+            "Post-call revisions (final vs live score)",
+            "table",
+            [
+                sql_target(
+                    f"""
+            SELECT count() AS calls, countIf(f.revision > 0) AS revised,
+                   round(avgIf(f.score_pct - l.score_pct, f.revision > 0), 2) AS mean_score_change,
+                   countIf(f.revision > 0 AND f.auto_failed != l.auto_failed) AS auto_fail_changed
+            FROM callqa.call_qa_deduped AS f
+            INNER JOIN (SELECT call_id, score_pct, auto_failed FROM callqa.call_qa FINAL WHERE revision = 0) AS l
+                ON l.call_id = f.call_id
+            WHERE $__timeFilter(f.computed_at) AND ('${{tenant}}' = '{ALL}' OR f.tenant = '${{tenant}}')""",
+                    False,
+                )
+            ],
+            (12, 40, 12, 8),
+        ),
     ]
     variables = [
         query_variable(
