@@ -40,10 +40,11 @@ from pipeline.contracts.messages import Message as ContractMessage
 from pipeline.contracts.messages import PostCallJob, now_ms
 from pipeline.contracts.serde import ContractError, Serde
 from pipeline.postcall.audio import CallAudioError, read_call_audio
-from pipeline.postcall.final_pass import PassOutcome, PostCallError, timed, transcribe_call
+from pipeline.postcall.final_pass import PassOutcome, timed, transcribe_call
 from pipeline.qa.call import QaConfig
 from pipeline.segmentation import SpeechSegment
 from pipeline.store.base import RowSink
+from pipeline.worker.dead_letters import describe_error
 from pipeline.worker.metrics import WorkerMetrics
 
 log = logging.getLogger("callqa.postcall")
@@ -91,13 +92,20 @@ class PostCallRunner:
         self._consumer.subscribe([self.settings.topic_postcall])
         self._task = asyncio.create_task(self._run(), name="postcall-pass")
 
-    async def close(self) -> None:
-        """Stop after the job in hand (its rows written and committed, or left for the next owner)."""
+    async def close(self, timeout_s: float = 10.0) -> None:
+        """Stop after the job in hand (its rows written and committed, or left uncommitted for the next
+        owner). The loop is let run out rather than cancelled, so no thread is still in the consumer's
+        poll when it is closed; past ``timeout_s`` it is cancelled all the same."""
         self._stopping = True
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+            try:
+                await asyncio.wait_for(asyncio.shield(self._task), timeout_s)
+            except TimeoutError:
+                self._task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await self._task
+            except Exception:  # noqa: BLE001, S110 - the loop's own failure was reported through ``error``
+                pass
         if self._consumer is not None:
             await asyncio.to_thread(self._consumer.close)
         self._executor.shutdown(wait=True)
@@ -125,20 +133,24 @@ class PostCallRunner:
             return
         try:
             outcome = await self.run_job(job)
-        except (CallAudioError, PostCallError) as exc:
-            log.warning("post-call pass of call %s skipped (%s): %s", job.call_id, where, exc)
+        except Exception as exc:  # noqa: BLE001 - one job's failure is that job's: the live revision stays
+            # A job that cannot be done (audio expired, a segment the model fails on, a job that makes no
+            # sense) is skipped, not retried: retrying one that crashes would stop every worker in turn.
+            log.warning("post-call pass of call %s skipped (%s): %s", job.call_id, where, describe_error(exc))
             self.metrics.postcall_calls.labels("no_audio" if isinstance(exc, CallAudioError) else "failed").inc()
         else:
-            if outcome is not None:
-                await self._store(job, outcome)
+            if self._stopping:
+                return  # shutting down: not stored, not committed; the partition's next owner redoes it
+            # Storing is not skipped on failure: a store that refuses fails the worker, and the job is redone.
+            await self._store(job, outcome)
         try:
             await asyncio.to_thread(commit, consumer, message)
         except KafkaException as exc:  # the partition moved meanwhile: its next owner redoes the job (same rows)
             log.info("post-call job %s not committed: %s", where, exc)
         self._backlog_at = 0.0
 
-    async def run_job(self, job: PostCallJob) -> PassOutcome | None:
-        """The call's next revision (None when its audio holds no frame of it)."""
+    async def run_job(self, job: PostCallJob) -> PassOutcome:
+        """The call's next revision (CallAudioError when the topic no longer holds its frames)."""
         conf = kafka_config(self.settings)
         audio, read_cpu_s = await asyncio.to_thread(timed, read_call_audio, conf, self.serde, job)
         self.metrics.postcall_read_bytes.labels("call").inc(audio.call_bytes)

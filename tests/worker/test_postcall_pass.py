@@ -16,6 +16,7 @@ from pipeline.asr.engine import Engine
 from pipeline.broker.producer import ContractProducer
 from pipeline.config import Settings
 from pipeline.contracts import CallQA, Serde
+from pipeline.contracts.messages import PostCallJob
 from pipeline.ingest.replay import ReplayOptions, TelephonyReplay, load_recording
 from pipeline.qa.call import QaConfig
 from pipeline.worker.process import WorkerProcess
@@ -53,9 +54,9 @@ def _wait_revision(worker: WorkerProcess, call_id: str, timeout_s: float = 240.0
     raise TimeoutError(f"no revision 1 of {call_id} in {timeout_s:.0f} s: {worker.log_tail()}")
 
 
-def _wait_metric(worker: WorkerProcess, name: str, at_least: float, timeout_s: float = 240.0) -> None:
+def _wait_metric(worker: WorkerProcess, name: str, at_least: float, timeout_s: float = 240.0, **labels: str) -> None:
     deadline = time.monotonic() + timeout_s
-    while worker.metric(name) < at_least:
+    while worker.metric(name, **labels) < at_least:
         if time.monotonic() > deadline:
             raise TimeoutError(f"{name} stayed below {at_least}: {worker.log_tail()}")
         time.sleep(0.2)
@@ -83,8 +84,15 @@ def _assert_is_the_final_pass(stored: dict[str, Any], offline: CallAnalysis) -> 
 def test_a_finished_call_gets_revision_1_from_the_final_model_and_readers_show_it(
         kafka_settings: Settings, start_worker: Callable[..., WorkerProcess], offline: CallAnalysis) -> None:
     worker = start_worker(final_model=FINAL_MODEL)
+    # A job whose call has no audio on the topic (expired, or never there): skipped, counted, the worker goes on.
+    producer = ContractProducer(kafka_settings.bootstrap, Serde.from_settings())
+    producer.send(kafka_settings.topic_postcall, "CA-gone", PostCallJob(
+        call_id="CA-gone", revision=1, model=FINAL_MODEL, audio_topic=kafka_settings.topic_audio, audio_partition=0,
+        audio_from_ms=0, audio_end_offset=1_000, frame_counts={"agent": 10}, end_reason="end"))
+    producer.flush()
     call_id = _replay(kafka_settings)
     _wait_revision(worker, call_id)
+    _wait_metric(worker, "callqa_postcall_calls_total", 1, outcome="no_audio")
 
     _assert_is_the_final_pass(_stored_final(worker, call_id), offline)
     # The live pass is kept beside it, by the live model.
