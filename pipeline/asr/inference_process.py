@@ -42,7 +42,7 @@ import numpy as np
 
 from pipeline.asr.batcher import SegmentBatcher, check_newer
 from pipeline.asr.canary import load_checked
-from pipeline.asr.manifest import Manifest
+from pipeline.asr.manifest import Manifest, ModelIntegrityError
 from pipeline.asr.recognizer import Recognizer, SegmentOutcome, checked_audio
 from pipeline.asr.results import AudioSegment, SegmentAudio, TranscriptResult
 from pipeline.config.asr import AsrSettings
@@ -274,17 +274,26 @@ class ProcessRecognizer(Recognizer):
                 tell(i, exc)
         if rows:
             child = self._take()
-            try:
-                child.run(rows, waits, wide, tell, contexts)
-            finally:
-                self._give_back(child)
+            if child is None:  # retired before this batch reached a child (a reload raced it): same version
+                usable = [i for i, _, _ in rows]
+                local = self.local.recognize([segments[i] for i in usable], [waits[i] for i in usable], wide,
+                                             lambda row, outcome: tell(usable[row], outcome),
+                                             [contexts[i] for i in usable] if contexts is not None else None)
+                for i, outcome in zip(usable, local, strict=True):
+                    tell(i, outcome)
+            else:
+                try:
+                    child.run(rows, waits, wide, tell, contexts)
+                finally:
+                    self._give_back(child)
         missing = InferenceProcessError("the inference process gave no outcome for this segment")
         return [slot if slot is not None else missing for slot in slots]
 
-    def _take(self) -> _Child:
+    def _take(self) -> _Child | None:
+        """A free child (waiting for one), or None once the children are closed."""
         with self._lock:
             if self._closed:
-                raise InferenceProcessError("the inference processes are closed")
+                return None
             self._running += 1
         child = self._idle.get()
         if child.dead is None and not child.process.is_alive():  # died while idle: not this batch's fault
@@ -317,7 +326,8 @@ class ProcessRecognizer(Recognizer):
             self.close()
 
     def close(self) -> None:
-        """Stop every child (a running batch's rows then fail with InferenceProcessError). Idempotent."""
+        """Stop every child (a running batch's rows then fail with InferenceProcessError; a batch that had
+        not reached a child is decoded in this process, by ``local``). Idempotent."""
         with self._lock:
             if self._closed:
                 return
@@ -403,7 +413,10 @@ class ProcessBatcher(SegmentBatcher):
         local = await asyncio.to_thread(load_checked, folder, settings)
         running = self.recognizer
         processes = running.processes if isinstance(running, ProcessRecognizer) else self.inference_threads
-        recognizer = await asyncio.to_thread(ProcessRecognizer, local, settings, processes)
+        try:
+            recognizer = await asyncio.to_thread(ProcessRecognizer, local, settings, processes)
+        except InferenceProcessError as exc:  # e.g. a child killed while loading: refused, the running one stays
+            raise ModelIntegrityError(f"{folder}: refused: {exc}") from exc
         try:
             self.swap(recognizer)
         except BaseException:

@@ -148,3 +148,18 @@ def test_a_child_that_cannot_load_the_folder_says_why(
     (folder / "decoder.fp32.onnx").unlink()
     with pytest.raises(ModelIntegrityError, match="decoder.fp32.onnx"):
         ProcessRecognizer(local, asr_settings, 1)
+
+
+def test_a_batch_that_reaches_closed_children_is_decoded_here(
+    recognizer: Recognizer, asr_settings: Settings, eval_sets: dict[str, list[EvalUtterance]]
+) -> None:
+    """A reload retires the old children while a batch formed on them is on its way: it is not lost."""
+    segments = _segments(eval_sets["16k"][3:5])
+    remote = ProcessRecognizer(recognizer, asr_settings, 1)
+    remote.retire()  # no batch running: closes at once
+    told: list[int] = []
+    late = remote.recognize(segments, on_result=lambda i, _: told.append(i))
+    assert sorted(told) == [0, 1]
+    for here, there in zip(recognizer.recognize(segments), late, strict=True):
+        assert isinstance(here, TranscriptResult) and isinstance(there, TranscriptResult)
+        assert there.tokens == here.tokens
