@@ -3,8 +3,9 @@
 Starts a worker and a `callqa gateway` beside it, sends four library calls (samples/calls/library/)
 through the gateway as Twilio Media Streams, concurrently in real time, as a contact center would (a
 compliant card payment, a call without identity check, a rude agent, an escalation), prints redacted
-transcripts and live QA alerts as they arrive on their topics, then each call's QA report read back from
-ClickHouse (through the worker's API), writes the call pages as static files (`callqa report --html`:
+transcripts and live QA alerts as they arrive on their topics, waits for the post-call pass (the worker
+runs it with ``CALLQA_FINAL_MODEL``, moonshine-base unless set) and prints each call's live and final
+score, then each call's QA report (its final revision) read back from ClickHouse (through the worker's API), writes the call pages as static files (`callqa report --html`:
 ``.callqa/demo/pages/index.html``, a timeline, the coloured transcript and the scorecard per call) and prints
 their path, and stops the gateway and the worker it started. Run with the broker up and the library built
 (the Makefile does both).
@@ -16,9 +17,11 @@ import os
 import sys
 import threading
 import time
+from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
 from rich.console import Console
+from rich.table import Table
 
 from pipeline.broker.security import kafka_config
 from pipeline.broker.topics import ensure_topics
@@ -29,10 +32,12 @@ from pipeline.gateway.process import GatewayProcess
 from pipeline.gateway.simulate import SimulateOptions, new_call_id, run_with_progress
 from pipeline.ingest.replay import CallRecording, ReplayOptions, load_recording
 from pipeline.report import render_report, write_html
+from pipeline.tables import print_table
 from pipeline.worker.process import WorkerProcess, worker_env
 
 # Short library calls (about a minute each) whose scores differ: 100, 85, 0 (auto-fail), 90.
 DEMO_CALLS = ("02_card_payment", "04_no_identity_check", "05_rude_agent", "07_escalation_manager")
+DEMO_FINAL_MODEL = "moonshine-base"
 console = Console()
 
 
@@ -48,12 +53,44 @@ def demo_recordings(options: ReplayOptions) -> list[CallRecording]:
 
 
 def start_worker(settings: Settings) -> WorkerProcess:
-    worker = WorkerProcess(worker_env({}), settings.web_port, settings.state_dir / "demo" / "worker.log")
+    # The post-call pass on (the setting's model, else the measured choice): the pages show its revision.
+    env = worker_env({"final_model": settings.final_model or DEMO_FINAL_MODEL})
+    worker = WorkerProcess(env, settings.web_port, settings.state_dir / "demo" / "worker.log")
     with console.status("starting the worker (model, VAD, ClickHouse, Kafka group)..."):
         worker.start()
     assert worker.proc is not None
     console.print(f"worker up (pid {worker.proc.pid}), log in {worker.log_path}")
     return worker
+
+
+REVISIONS_SQL = """
+SELECT call_id, revision, score_pct, auto_failed, computed_at FROM call_qa FINAL
+WHERE has(splitByChar(',', {ids:String}), call_id) ORDER BY call_id, revision
+"""
+
+
+def show_revisions(worker: WorkerProcess, call_ids: list[str], timeout_s: float = 180.0) -> None:
+    """Wait for each call's post-call revision and print its score beside the live one."""
+    ids = ",".join(call_ids)
+    deadline = time.monotonic() + timeout_s
+    rows: list[dict[str, Any]] = []
+    while time.monotonic() < deadline:
+        rows = worker.query(REVISIONS_SQL, ids=ids)
+        if sum(1 for r in rows if r["revision"] >= 1) >= len(call_ids):
+            break
+        time.sleep(1.0)
+    table = Table("call", "live score", "final score (post-call pass)", title="live and final revisions")
+    for call_id in call_ids:
+        scores = {r["revision"]: r for r in rows if r["call_id"] == call_id}
+        live, final = scores.get(0), scores.get(max(scores, default=0)) if len(scores) > 1 else None
+        table.add_row(call_id, _score(live), _score(final) if final else "not yet")
+    print_table(console, table)
+
+
+def _score(row: dict[str, Any] | None) -> str:
+    if row is None:
+        return "-"
+    return f"{float(row['score_pct']):.1f}" + (" AUTO-FAIL" if row["auto_failed"] else "")
 
 
 def start_gateway(settings: Settings) -> GatewayProcess:
@@ -125,6 +162,8 @@ def main() -> int:
         with console.status("waiting for the calls to be finalised..."):
             worker.wait_for_calls(report.call_ids, timeout_s=120)
             time.sleep(2)  # let the tail print the last QA messages
+        with console.status("post-call pass: the calls transcribed again by the accurate model..."):
+            show_revisions(worker, report.call_ids)
         stop.set()
         tail.join(timeout=5)
         for call_id in report.call_ids:

@@ -251,7 +251,7 @@ def test_models_list_json_holds_every_version(models_env: dict[str, str]) -> Non
 def topics_env(broker: str, unique_name: str) -> dict[str, str]:
     """Topic names of this test only (about 40 characters), on the real broker."""
     prefix = f"test.{unique_name}.cli-tables"
-    names = ("audio", "call_events", "transcripts", "latency", "qa", "dead_letters", "checkpoints")
+    names = ("audio", "call_events", "transcripts", "latency", "qa", "dead_letters", "checkpoints", "postcall")
     return {"CALLQA_BOOTSTRAP_SERVERS": broker, **{f"CALLQA_TOPIC_{n.upper()}": f"{prefix}.{n}" for n in names}}
 
 

@@ -30,9 +30,10 @@ TENS = {
     "ninety": 90,
 }
 REPEATS = {"double": 2, "triple": 3}
-# Tokens that may sit between the groups of one number ("4111-1111", "555.123.4567", "12/25", "four dash two").
+# Tokens that may sit between the groups of one number ("4111-1111", "555.123.4567", "12/25", "four dash two";
+# "9:28": an expiry "oh nine twenty-eight" that a model wrote as a time).
 # Fillers too: "four one one one, um, one one one one" is one number read with a pause.
-SEPARATORS = {"-", ".", ",", "/", "(", ")", "dash", "hyphen", "um", "uh", "er", "erm", "ah", "hmm"}
+SEPARATORS = {"-", ".", ",", "/", ":", "(", ")", "dash", "hyphen", "um", "uh", "er", "erm", "ah", "hmm"}
 
 _TOKEN = re.compile(r"\d+|[A-Za-z]+(?:'[A-Za-z]+)?|[^\sA-Za-z\d]")
 

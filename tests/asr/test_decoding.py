@@ -161,7 +161,8 @@ def test_a_long_row_that_ends_far_too_early_is_decoded_again_at_30_s(
 
     leg = next(u for u in leg_utterances() if u.id == "library/03_missing_disclosure/agent")
     received = conditioned([leg], "8k-mulaw")[0]  # as the gateway sends it
-    engine = Engine(recognizer_fp32, asr_settings)
+    # The turn as 500 ms of endpoint silence cuts it (400, the default since, cuts it at another pause).
+    engine = Engine(recognizer_fp32, asr_settings.model_copy(update={"endpoint_silence_ms": 500}))
     turn = next(s for s in engine.leg_segments(received.audio, 16000) if 19_000 < s.start_ms < 20_000)
     windows: list[int] = []
 

@@ -24,7 +24,14 @@ from pipeline.contracts import (
     Serde,
     TranscriptSegment,
 )
-from pipeline.contracts.messages import ALL_MESSAGES, CallCheckpoint, CheckpointSegment, LegCheckpoint
+from pipeline.contracts.messages import (
+    ALL_MESSAGES,
+    CallCheckpoint,
+    CheckpointSegment,
+    JobHold,
+    LegCheckpoint,
+    PostCallJob,
+)
 from pipeline.contracts.registry import FileSchemaRegistry
 from pipeline.contracts.serde import SCHEMAS_DIR, load_schema_files
 
@@ -48,6 +55,10 @@ EXAMPLES = [
                    legs=[LegCheckpoint("agent", 8000, "mulaw", 20, 120, 120, 19200, 37800, b"\x00" * 8, b"\x00" * 1024,
                                        b"\x00" * 256, b"", 75, 36000, 1, 33000, b"\x00" * 64)]),
     CallCheckpoint("c2", "finished"),
+    PostCallJob("c1", 1, "moonshine-base", "callqa.audio-frames", 3, 1_772_443_770_000, 9_812,
+                {"agent": 3000, "customer": 2990}, tenant="t", agent_id="a7", queue="billing", started_at_ms=5,
+                ended_at_ms=60_005, end_reason="end", audio_ms=60_000, holds=[JobHold(10_000, 25_000)],
+                live_score_pct=85.0, live_auto_failed=False, requested_at_ms=60_010),
 ]
 
 

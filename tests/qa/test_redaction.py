@@ -131,6 +131,7 @@ def test_cvv_and_expiry_only_after_agent_asks() -> None:
         Segment("c", "agent", "s3", 8500, 11000, "Thanks: April twenty twenty six, 731, 12/25.")
     )
     assert readback.text == "Thanks: [EXPIRY], [CVV], [EXPIRY]."
+
     assert (out.segment.start_ms, out.segment.end_ms, out.segment.segment_id) == (3500, 8000, "s2")
 
 
@@ -202,3 +203,12 @@ def test_without_card_or_code_context_a_three_digit_answer_stays() -> None:
 def test_no_digit_of_a_garbled_card_read_out_stays_readable(heard: str) -> None:
     texts = _call([("agent", 1_000, "can I have the card number please?"), ("customer", 3_000, heard)])
     assert "[PAN]" in texts[1] and not any(ch.isdigit() for ch in texts[1]), texts[1]
+
+
+def test_an_expiry_a_model_wrote_as_a_time_is_redacted_but_a_time_elsewhere_is_not() -> None:
+    # "oh nine twenty-eight" came out of Moonshine as "Oh, 9:28."; a time said without the question stays.
+    assert _one("call me back at 9:28 please")[1] == {}
+    redactor = CallRedactor()
+    redactor.redact(Segment("c", "agent", "s1", 0, 3000, "And the expiry date?"))
+    out = redactor.redact(Segment("c", "customer", "s2", 3500, 5000, "Oh, 9:28."))
+    assert (out.text, out.counts) == ("[EXPIRY].", {"EXPIRY": 1})
