@@ -120,7 +120,7 @@ def tail_outputs(settings: Settings, serde: Serde, call_ids: set[str], stop: thr
         if not value:
             continue
         m = serde.decode_any(value)
-        if isinstance(m, TranscriptSegment) and m.call_id in call_ids:
+        if isinstance(m, TranscriptSegment) and m.call_id in call_ids and m.revision == 0:  # live finals
             colour = "cyan" if m.leg == "agent" else "magenta"
             # The segment's last frame was produced about (end - start) after its first one.
             delay = m.produced_at_ms - m.first_frame_produced_at_ms - (m.end_ms - m.start_ms)

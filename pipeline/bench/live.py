@@ -166,7 +166,7 @@ class TranscriptTap(threading.Thread):
     def _keep(self, msg: Any) -> None:
         received = time.time()
         segment = self.serde.decode(msg.value(), TranscriptSegment)
-        if not segment.is_final:
+        if not segment.is_final or segment.revision > 0:  # a post-call revision is not a live final
             return
         kind, stamp_ms = msg.timestamp()
         written = stamp_ms / 1000 if kind != 0 and stamp_ms > 0 else received  # 0: no timestamp
