@@ -207,7 +207,10 @@ class PostCallRunner:
         if time.monotonic() - self._backlog_at < BACKLOG_EVERY_S:
             return
         self._backlog_at = time.monotonic()
-        self.metrics.postcall_backlog.set(await asyncio.to_thread(backlog, consumer))
+        try:
+            self.metrics.postcall_backlog.set(await asyncio.to_thread(backlog, consumer))
+        except KafkaException as exc:  # a gauge: keep the last value; a broker hiccup must not stop the pass
+            log.info("post-call backlog not read this time: %s", exc)
 
 
 def commit(consumer: Consumer, message: Message) -> None:
