@@ -129,7 +129,7 @@ class PostCallRunner:
             job = self.serde.decode(message.value() or b"", PostCallJob)
         except ContractError as exc:
             log.warning("post-call job %s does not decode, skipped: %s", where, exc)
-            await asyncio.to_thread(commit, consumer, message)
+            await self._commit(consumer, message, where)
             return
         try:
             outcome = await self.run_job(job)
@@ -143,11 +143,15 @@ class PostCallRunner:
                 return  # shutting down: not stored, not committed; the partition's next owner redoes it
             # Storing is not skipped on failure: a store that refuses fails the worker, and the job is redone.
             await self._store(job, outcome)
+        await self._commit(consumer, message, where)
+        self._backlog_at = 0.0
+
+    @staticmethod
+    async def _commit(consumer: Consumer, message: Message, where: str) -> None:
         try:
             await asyncio.to_thread(commit, consumer, message)
         except KafkaException as exc:  # the partition moved meanwhile: its next owner redoes the job (same rows)
             log.info("post-call job %s not committed: %s", where, exc)
-        self._backlog_at = 0.0
 
     async def run_job(self, job: PostCallJob) -> PassOutcome:
         """The call's next revision (CallAudioError when the topic no longer holds its frames)."""
