@@ -38,7 +38,7 @@ from pipeline.contracts.messages import AudioFrame, JobHold, PostCallJob, now_ms
 from pipeline.contracts.serde import Serde
 from pipeline.postcall.audio import assemble, partition_span, read_keyed_frames
 from pipeline.postcall.final_pass import Decode, transcribe_call
-from pipeline.postcall.rows import model_of, revision_rows
+from pipeline.postcall.rows import model_of, revision_rows, stored_holds
 from pipeline.qa.call import QaConfig
 from pipeline.segmentation import SpeechSegment
 
@@ -178,8 +178,7 @@ def _job_of(stored: dict[str, Any], frames: list[AudioFrame], model: str, tp: To
     counts: dict[str, int] = {}
     for f in frames:
         counts[f.leg] = max(counts.get(f.leg, 0), f.seq + 1)
-    holds = [JobHold(int(h["start_ms"]), int(h["end_ms"])) if isinstance(h, dict) else JobHold(int(h[0]), int(h[1]))
-             for h in stored.get("holds") or []]
+    holds = [JobHold(start, end) for start, end in stored_holds(stored)]
     return PostCallJob(call_id=stored["call_id"], revision=int(stored.get("revision") or 0) + 1, model=model,
                        audio_topic=tp.topic, audio_partition=tp.partition, audio_from_ms=from_ms, audio_end_offset=end,
                        frame_counts=counts, audio_ms=int(stored.get("audio_ms") or 0), holds=holds)

@@ -54,9 +54,7 @@ def revision_rows(stored: dict[str, Any], analysis: CallAnalysis, revision: int,
     """The rows of the call's new revision, from its stored (or job's) calls row and the pass's analysis."""
     call_id = stored["call_id"]
     start = CallEvent(call_id, "start", tenant=stored["tenant"], agent_id=stored["agent_id"], queue=stored["queue"])
-    holds = [(int(h["start_ms"]), int(h["end_ms"])) if isinstance(h, dict) else (int(h[0]), int(h[1]))
-             for h in stored.get("holds") or []]
-    qa = replace(call_qa_message(call_id, analysis.qa, start, holds), computed_at_ms=written_ms, revision=revision)
+    qa = replace(call_qa_message(call_id, analysis.qa, start, stored_holds(stored)), computed_at_ms=written_ms, revision=revision)
     calls = {k: v for k, v in stored.items() if k not in ("score_pct", "auto_failed", "questions", "passed")}
     calls.update(revision=revision, updated_at=to_datetime(written_ms), segments=len(analysis.segments),
                  customer_sentiment=qa.customer_sentiment, customer_sentiment_start=qa.customer_sentiment_start,
@@ -69,6 +67,12 @@ def revision_rows(stored: dict[str, Any], analysis: CallAnalysis, revision: int,
         revision=revision) for s in analysis.segments]
     events = [qa_event_row(call_id, e, revision, written_ms) for e in analysis.qa.events]
     return RevisionRows(calls, call_qa_row(qa), [segment_row(t) for t in transcripts], events, qa, transcripts)
+
+
+def stored_holds(stored: dict[str, Any]) -> list[tuple[int, int]]:
+    """A calls row's hold intervals, whether the store gave them as tuples or (through the API) as objects."""
+    return [(int(h["start_ms"]), int(h["end_ms"])) if isinstance(h, dict) else (int(h[0]), int(h[1]))
+            for h in stored.get("holds") or []]
 
 
 def model_of(label: str) -> tuple[str, int]:

@@ -67,6 +67,7 @@ class PostCallRunner:
         self.metrics = metrics
         self.config = config
         self.serde = serde
+        self._kafka = kafka_config(settings)  # librdkafka settings of the job consumer and the audio reads
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="postcall", initializer=self._low_priority)
         self._consumer: Consumer | None = None
         self._task: asyncio.Task[None] | None = None
@@ -82,9 +83,8 @@ class PostCallRunner:
         return task.exception() if not task.cancelled() else RuntimeError("the post-call pass was cancelled")
 
     def start(self) -> None:
-        conf = kafka_config(self.settings)
         self._consumer = Consumer({
-            **conf, "group.id": f"{self.settings.worker_id}.postcall", "enable.auto.commit": False,
+            **self._kafka, "group.id": f"{self.settings.worker_id}.postcall", "enable.auto.commit": False,
             "auto.offset.reset": "earliest",
             # One job can take minutes when live work keeps the pass waiting: that is not a dead member.
             "max.poll.interval.ms": 3_600_000,
@@ -155,8 +155,7 @@ class PostCallRunner:
 
     async def run_job(self, job: PostCallJob) -> PassOutcome:
         """The call's next revision (CallAudioError when the topic no longer holds its frames)."""
-        conf = kafka_config(self.settings)
-        audio, read_cpu_s = await asyncio.to_thread(timed, read_call_audio, conf, self.serde, job)
+        audio, read_cpu_s = await asyncio.to_thread(timed, read_call_audio, self._kafka, self.serde, job)
         self.metrics.postcall_read_bytes.labels("call").inc(audio.call_bytes)
         self.metrics.postcall_read_bytes.labels("other").inc(audio.other_bytes)
         if not audio.legs:
