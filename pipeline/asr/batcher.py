@@ -15,32 +15,24 @@ does not wait behind a long turn that arrived before it), except that a segment 
 "shortest" takes everything queued when a thread frees (not only the first `max_batch`) and holds what
 the batch leaves for the next one (`queued` counts them). The order only matters when more than
 `max_batch` wait; a batch's rows are released one by one as each ends (``on_result``) either way.
-
-Retries behind first passes (`retries_behind`, issue 25): a row a guard stopped in a short window is
-decoded again in a 10 s or 30 s window, which costs several short first passes. When first passes are
-waiting once a batch's first pass is done, its rows' retries leave the batch (``RetryLater``) and wait
-in a list of their own; a batch of retries forms only when no first pass waits, or once a retry has
-waited `batch_age_limit_ms` (so retries are not starved under load). After ``close()`` a batch's
-retries run at once, in its own thread.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol, TypeVar
 
 import numpy as np
 
 from pipeline.asr.canary import load_checked
-from pipeline.asr.decoding import RetryLater, WindowPolicy
+from pipeline.asr.decoding import WindowPolicy
 from pipeline.asr.manifest import Manifest
 from pipeline.asr.recognizer import Recognizer
 from pipeline.asr.results import SegmentAudio, TranscriptResult
@@ -67,7 +59,6 @@ class _Pending:
     enqueued: float
     bucket: int
     context: tuple[int, ...] = ()  # tokens of the leg's previous text (see LegContext)
-    retry: RetryLater | None = None  # its first pass's outcome: this entry waits for its retries
 
 
 class SegmentBatcher:
@@ -82,14 +73,12 @@ class SegmentBatcher:
         inference_threads: int = 1,
         order: Literal["oldest", "shortest"] = "oldest",
         age_limit_ms: float = 1000.0,
-        retries_behind: bool = False,
     ) -> None:
         self._recognizer = recognizer
         self.max_batch = max_batch
         self.max_wait_s = max_wait_ms / 1000.0
         self.order = order
         self.age_limit_s = age_limit_ms / 1000.0
-        self.retries_behind = retries_behind
         self._window = window or recognizer.decoder.options.window
         self._queue: asyncio.Queue[_Pending | None] = asyncio.Queue(maxsize=queue_size)
         self.inference_threads = max(1, inference_threads)
@@ -99,9 +88,6 @@ class SegmentBatcher:
         self._free_threads = asyncio.Semaphore(self.inference_threads)
         self._running: set[asyncio.Task[None]] = set()
         self._held = 0  # segments taken off the queue that wait for a later batch (batch_order)
-        self._pending: list[_Pending] = []  # first passes the collector holds (gathering, or for later)
-        self._retries: list[_Pending] = []  # rows whose retries wait behind first passes
-        self._retry_ready = asyncio.Event()
         self._failure: BaseException | None = None  # a batch task's bug: the batcher is dead
         self._task: asyncio.Task[None] | None = None
         self._closed = False
@@ -116,7 +102,6 @@ class SegmentBatcher:
             inference_threads=inference_threads(settings.inference_threads),
             order=settings.batch_order,
             age_limit_ms=settings.batch_age_limit_ms,
-            retries_behind=settings.retries_behind_first_passes,
         )
 
     @property
@@ -125,9 +110,8 @@ class SegmentBatcher:
 
     @property
     def queued(self) -> int:
-        """Segments waiting for a batch: in the queue, held back by the ordering for a later one, and
-        rows waiting for their retries."""
-        return self._queue.qsize() + self._held + len(self._retries)
+        """Segments waiting for a batch: in the queue, and held back by the ordering for a later one."""
+        return self._queue.qsize() + self._held
 
     @property
     def idle(self) -> bool:
@@ -190,32 +174,25 @@ class SegmentBatcher:
         return recognizer
 
     async def _collect(self) -> None:
-        pending = self._pending
+        pending: list[_Pending] = []
         closing = False
         try:
-            while not (closing and not pending and not self._retries):
-                if not pending and not self._retries:
-                    item = await self._next_item()
+            while not (closing and not pending):
+                if not pending:
+                    item = await self._queue.get()
                     if item is None:
                         break
-                    if isinstance(item, _Pending):
-                        pending.append(item)
+                    pending.append(item)
                 # A batch forms only once a thread can take it: while all are busy, segments keep
                 # arriving, and the next batch holds all of them (up to max_batch).
                 await self._free_threads.acquire()
-                if not pending and not closing:
-                    closing = self._drain(pending)  # first passes that came while retries waited go first
-                if pending and not self._retry_aged():
-                    closing = await self._gather(pending) or closing
-                    if self.order != "oldest" and not closing:
-                        # Ordering can only choose among what it sees: everything queued now, not just the
-                        # first max_batch (the rest is held here, in arrival order, for the next batch).
-                        closing = self._drain(pending)
-                    batch, pending = self._take_batch(pending)
-                    self._pending = pending
-                    self._held = len(pending)
-                else:
-                    batch, self._retries = self._retries[: self.max_batch], self._retries[self.max_batch :]
+                closing = await self._gather(pending) or closing
+                if self.order != "oldest" and not closing:
+                    # Ordering can only choose among what it sees: everything queued now, not just the
+                    # first max_batch (the rest is held here, in arrival order, for the next batch).
+                    closing = self._drain(pending)
+                batch, pending = self._take_batch(pending)
+                self._held = len(pending)
                 task = asyncio.create_task(self._run_and_release(batch), name="segment-batch")
                 self._running.add(task)
                 task.add_done_callback(self._running.discard)
@@ -235,33 +212,6 @@ class SegmentBatcher:
             raise
         finally:
             self._free_threads.release()
-
-    async def _next_item(self) -> _Pending | RetryLater | None:
-        """The next queued segment (None: the batcher is closing), or a ``RetryLater`` as soon as a retry
-        waits (the list of retries, not the queue, holds it)."""
-        self._retry_ready.clear()
-        if self._retries:
-            return self._retries[0].retry
-        get = asyncio.ensure_future(self._queue.get())
-        ready = asyncio.ensure_future(self._retry_ready.wait())
-        try:
-            await asyncio.wait({get, ready}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            ready.cancel()
-            if not get.done():
-                get.cancel()  # a woken getter's item stays in the queue for the next get
-        if get.done() and not get.cancelled():
-            return get.result()
-        return self._retries[0].retry if self._retries else await self._next_item()
-
-    def _retry_aged(self) -> bool:
-        """Whether the oldest waiting retry has waited the age limit: it goes before first passes."""
-        return bool(self._retries) and time.perf_counter() - self._retries[0].enqueued >= self.age_limit_s
-
-    def _first_passes_waiting(self) -> bool:
-        """Whether first passes wait for the cores (asked from the inference thread: a racy read is fine,
-        it only chooses when a retry runs)."""
-        return self._queue.qsize() > 0 or len(self._pending) > 0
 
     def _take_batch(self, pending: list[_Pending]) -> tuple[list[_Pending], list[_Pending]]:
         """The next batch and what waits for a later one, in `order` (see ``take_batch``)."""
@@ -323,36 +273,14 @@ class SegmentBatcher:
             loop.call_soon_threadsafe(settle, live[i], outcome)
 
         contexts = [p.context for p in live] if any(p.context for p in live) else None
-        segments = [p.segment for p in live]
-        resumed = [p.retry for p in live if p.retry is not None]
-        recognize: Callable[[], Sequence[TranscriptResult | Exception | RetryLater]]
-        if resumed:  # a batch is all first passes or all retries (see _collect)
-            recognize = functools.partial(
-                recognizer.recognize_deferring, segments, waits, wide, settle_soon, resumed=resumed
-            )
-        elif self.retries_behind and getattr(recognizer, "retries_later", False):
-            recognize = functools.partial(
-                recognizer.recognize_deferring, segments, waits, wide, settle_soon, contexts,
-                defer=self._first_passes_waiting,
-            )
-        else:
-            recognize = functools.partial(recognizer.recognize, segments, waits, wide, settle_soon, contexts)
-        results: Sequence[TranscriptResult | Exception | RetryLater]
         try:
-            results = await loop.run_in_executor(self._executor, recognize)
+            results = await loop.run_in_executor(
+                self._executor, recognizer.recognize, [p.segment for p in live], waits, wide, settle_soon, contexts
+            )
         except Exception as exc:  # noqa: BLE001 - recognize isolates per segment; this is a last resort
             results = [exc] * len(live)
-        later: list[_Pending] = []
         for p, result in zip(live, results, strict=True):
-            if isinstance(result, RetryLater):
-                later.append(replace(p, retry=result, enqueued=time.perf_counter()))
-            else:
-                settle(p, result)
-        if later and self._closed:
-            await self._run(later)  # the collector may be gone: this thread does them now
-        elif later:
-            self._retries.extend(later)
-            self._retry_ready.set()
+            settle(p, result)
 
 
 class Queued(Protocol):

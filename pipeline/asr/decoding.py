@@ -157,16 +157,6 @@ FinalRow = Callable[[int, DecodedSegment], None]
 """Called (in the decoding thread) with a row's index and result as soon as that row is final."""
 
 
-@dataclass(frozen=True)
-class RetryLater:
-    """A row whose first pass a guard stopped (or doubted), its retries in longer windows left to a later
-    batch because first passes were waiting for the cores (``GreedyDecoder.decode``'s ``defer``): what
-    the retries start from. A retry costs a 10 s or 30 s encoder window, several short first passes' worth."""
-
-    first: DecodedSegment
-    context: tuple[int, ...] = ()  # the context its retries decode after (none after an echo)
-
-
 DIGIT_WORDS = {word: str(digit) for word, digit in UNITS.items()}  # "oh" -> "0", "one" -> "1", ...
 NUMBER_WORDS = frozenset([*DIGIT_WORDS, "double", "triple"])
 _DIGITS = re.compile(r"\d+")
@@ -288,12 +278,6 @@ def cut_loop(tokens: list[int], max_block: int = 16, numbers: NumberTokens = Num
     return tokens
 
 
-def _released(release: FinalRow, row: int, result: DecodedSegment) -> DecodedSegment:
-    """``result``, after telling ``release`` that row ``row`` is final."""
-    release(row, result)
-    return result
-
-
 def _renumbered(on_final: FinalRow, rows: list[int]) -> FinalRow:
     """``on_final`` for a sub-batch whose row i is the batch's row rows[i]."""
     return lambda i, result: on_final(rows[i], result)
@@ -351,19 +335,14 @@ class GreedyDecoder:
 
     def decode(
         self, mels: list[np.ndarray], durations_s: list[float], wide: bool = False, on_final: FinalRow | None = None,
-        contexts: Sequence[Sequence[int]] | None = None, defer: Callable[[], bool] | None = None,
-        resumed: Sequence[DecodedSegment] | None = None,
-    ) -> tuple[list[DecodedSegment | RetryLater], BatchTimings]:
+        contexts: Sequence[Sequence[int]] | None = None,
+    ) -> tuple[list[DecodedSegment], BatchTimings]:
         """Decode a batch; rows a guard stopped in a short window are retried in longer ones.
         ``wide``: encode on the model's wide encoder (nothing else is waiting for the cores).
         ``on_final``: told of each row once its result is final, while the rest of the batch still
         decodes: a short reply need not wait for a long turn (or a retry) that shares its batch.
         ``contexts``: per row, the tokens of its leg's previous text to condition on (Whisper's
-        <|startofprev|> prompt, the last `DecodeOptions.context_tokens` of them), or none.
-        ``defer``: asked once the first pass is done, if a row needs a retry: True (first passes wait for
-        the cores) makes each such row's result a ``RetryLater`` instead, for a later batch.
-        ``resumed``: per row, the first pass a ``RetryLater`` carried: this batch is those rows' retries
-        (``contexts`` then the ones they carried); the text is what one batch doing both would give."""
+        <|startofprev|> prompt, the last `DecodeOptions.context_tokens` of them), or none."""
         released: set[int] = set()
 
         def release(row: int, result: DecodedSegment) -> None:
@@ -371,17 +350,18 @@ class GreedyDecoder:
                 released.add(row)
                 on_final(row, result)
 
-        if resumed is None:
-            results, timings, contexts = self._first_pass(mels, durations_s, wide, release, contexts)
-            later = [r for r, result in enumerate(results) if self._retried(result)]
-            if later and defer is not None and defer():
-                return [
-                    RetryLater(result, tuple(contexts[r]) if contexts is not None else ())
-                    if r in later else _released(release, r, result)
-                    for r, result in enumerate(results)
-                ], timings
-        else:
-            results, timings = list(resumed), BatchTimings(0.0, 0.0, 0)
+        results, timings = self._decode_once(mels, durations_s, self.options.window, wide, release, contexts)
+        echo = [r for r, result in enumerate(results) if result.echo]
+        if echo and contexts is not None:
+            # Decoded again without context, in the same window; their retries go without it too.
+            again, more = self._decode_once(
+                [mels[r] for r in echo], [durations_s[r] for r in echo], self.options.window, wide,
+                _renumbered(release, echo),
+            )
+            for r, result in zip(echo, again, strict=True):
+                results[r] = result
+            contexts = [() if r in echo else c for r, c in enumerate(contexts)]
+            timings += more
         if self.options.full_window_retry:
             for window in (WindowPolicy(self.options.retry_bucket_s), WindowPolicy(0)):
                 retry = [
@@ -402,31 +382,7 @@ class GreedyDecoder:
                 timings += more
         for row, result in enumerate(results):
             release(row, result)  # rows a guard stopped with no longer window left
-        return list(results), timings
-
-    def _first_pass(
-        self, mels: list[np.ndarray], durations_s: list[float], wide: bool, release: FinalRow,
-        contexts: Sequence[Sequence[int]] | None,
-    ) -> tuple[list[DecodedSegment], BatchTimings, Sequence[Sequence[int]] | None]:
-        """The batch in the configured window, echoes decoded again without context; returns the
-        results, timings and the contexts the rows' retries take (none for an echo)."""
-        results, timings = self._decode_once(mels, durations_s, self.options.window, wide, release, contexts)
-        echo = [r for r, result in enumerate(results) if result.echo]
-        if echo and contexts is not None:
-            # Decoded again without context, in the same window; their retries go without it too.
-            again, more = self._decode_once(
-                [mels[r] for r in echo], [durations_s[r] for r in echo], self.options.window, wide,
-                _renumbered(release, echo),
-            )
-            for r, result in zip(echo, again, strict=True):
-                results[r] = result
-            contexts = [() if r in echo else c for r, c in enumerate(contexts)]
-            timings += more
-        return results, timings, contexts
-
-    def _retried(self, result: DecodedSegment) -> bool:
-        """Whether a first pass has a retry ahead: a guard stopped or doubted it short of 30 s."""
-        return self.options.full_window_retry and result.stopped_by_guard and result.window_frames < MAX_WINDOW_FRAMES
+        return results, timings
 
     def _decode_once(
         self,

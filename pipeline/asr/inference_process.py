@@ -237,11 +237,6 @@ class ProcessRecognizer(Recognizer):
             self._idle.put(child)
 
     @property
-    def retries_later(self) -> bool:
-        # Its children retry inline (``recognize``): a retry batch would send each row's first pass back.
-        return False
-
-    @property
     def pids(self) -> list[int | None]:
         """The children's process ids (a replaced child's successor after it died)."""
         return [child.pid for child in self._children]

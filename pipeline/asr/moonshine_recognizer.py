@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.asr.decoding import DecodedSegment, RetryLater, WindowPolicy
+from pipeline.asr.decoding import WindowPolicy
 from pipeline.asr.moonshine_model import MoonshineDecoder, MoonshineOnnx, MoonshineOptions
 from pipeline.asr.recognizer import DecodedText, Recognizer, checked_audio
 from pipeline.asr.results import SegmentAudio
@@ -46,10 +46,6 @@ class MoonshineRecognizer(Recognizer):
         model = MoonshineOnnx.load(folder, settings.quantization, settings.intra_op_threads, trusted_key(settings))
         return cls(model, moonshine_options(settings))
 
-    @property
-    def retries_later(self) -> bool:
-        return False
-
     def _features(self, segment: SegmentAudio) -> np.ndarray:
         return checked_audio(segment)
 
@@ -60,10 +56,7 @@ class MoonshineRecognizer(Recognizer):
         wide: bool,
         final: Callable[[int, DecodedText], None],
         contexts: Sequence[Sequence[int]] | None,
-        defer: Callable[[], bool] | None = None,
-        resumed: Sequence[DecodedSegment] | None = None,
-    ) -> Sequence[DecodedText | RetryLater]:
-        # ``mels`` holds each segment's samples here (``_features``); ``wide``, ``contexts``, ``defer`` and
-        # ``resumed`` are Whisper's (Moonshine has no window retries to leave for later).
+    ) -> Sequence[DecodedText]:
+        # ``mels`` holds each segment's samples here (``_features``); ``wide`` and ``contexts`` are Whisper's.
         return self.decoder.decode(mels, final)
 

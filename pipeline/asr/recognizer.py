@@ -15,7 +15,7 @@ from typing import Protocol
 
 import numpy as np
 
-from pipeline.asr.decoding import DecodedSegment, DecodeOptions, GreedyDecoder, RetryLater, WindowPolicy
+from pipeline.asr.decoding import DecodeOptions, GreedyDecoder, WindowPolicy
 from pipeline.asr.manifest import Manifest
 from pipeline.asr.onnx_model import WhisperOnnx
 from pipeline.asr.results import SegmentAudio, SegmentTimings, TranscriptResult
@@ -111,12 +111,6 @@ class Recognizer:
         return cls(model, decode_options(settings, model))
 
     @property
-    def retries_later(self) -> bool:
-        """Whether ``recognize`` can leave rows' retries to a later batch (``defer``): Whisper's
-        window retries; a family without retries (Moonshine) cannot."""
-        return self.decoder.options.full_window_retry
-
-    @property
     def name(self) -> str:
         return self.model.manifest.name
 
@@ -137,36 +131,10 @@ class Recognizer:
         ``on_result``: hears of each slot as soon as it is final (at most once per slot), so a caller
         can hand a short segment's text on while a long one in the same batch still decodes.
         ``contexts``: per segment, the tokens of its leg's previous text (see ``LegContext``), or none."""
-        slots: list[TranscriptResult | Exception] = []
-        for slot in self.recognize_deferring(segments, queue_waits_ms, wide, on_result, contexts):
-            assert not isinstance(slot, RetryLater), "nothing is left for later without defer"
-            slots.append(slot)
-        return slots
-
-    def recognize_deferring(
-        self,
-        segments: Sequence[SegmentAudio],
-        queue_waits_ms: Sequence[float] | None = None,
-        wide: bool = False,
-        on_result: SegmentOutcome | None = None,
-        contexts: Sequence[Sequence[int]] | None = None,
-        defer: Callable[[], bool] | None = None,
-        resumed: Sequence[RetryLater] | None = None,
-    ) -> list[TranscriptResult | Exception | RetryLater]:
-        """``recognize``, whose rows' window retries may be left for a later batch (``retries_later``).
-        ``defer``: asked once the first pass is done (see ``GreedyDecoder.decode``); True leaves the slots
-        of rows that need a retry as ``RetryLater`` (not told to ``on_result``), for a later call with
-        ``resumed``: per segment, its ``RetryLater`` (whose context replaces ``contexts``)."""
-        if resumed is not None:
-            contexts = [r.context for r in resumed]
         waits = list(queue_waits_ms) if queue_waits_ms is not None else [0.0] * len(segments)
         told: set[int] = set()
 
-        def tell(
-            i: int, outcome: TranscriptResult | Exception | RetryLater
-        ) -> TranscriptResult | Exception | RetryLater:
-            if isinstance(outcome, RetryLater):
-                return outcome
+        def tell(i: int, outcome: TranscriptResult | Exception) -> TranscriptResult | Exception:
             if isinstance(outcome, TranscriptResult):
                 outcome = replace(outcome, timings=replace(outcome.timings, queue_wait_ms=waits[i]))
             if on_result is not None and i not in told:
@@ -177,7 +145,7 @@ class Recognizer:
         def tell_row(row: int, outcome: TranscriptResult | Exception) -> None:
             tell(usable[row], outcome)
 
-        slots: list[TranscriptResult | Exception | RetryLater] = []
+        slots: list[TranscriptResult | Exception] = []
         usable: list[int] = []
         mels: list[np.ndarray] = []
         for i, segment in enumerate(segments):
@@ -189,8 +157,7 @@ class Recognizer:
                 slots.append(tell(i, exc))
         decoded = self._decode_isolating(
             mels, [segments[i] for i in usable], wide, tell_row if on_result is not None else None,
-            [contexts[i] for i in usable] if contexts is not None else None, defer,
-            [resumed[i].first for i in usable] if resumed is not None else None,
+            [contexts[i] for i in usable] if contexts is not None else None,
         )
         for i, result in zip(usable, decoded, strict=True):
             slots[i] = tell(i, result)
@@ -207,24 +174,21 @@ class Recognizer:
         wide: bool = False,
         on_result: SegmentOutcome | None = None,
         contexts: Sequence[Sequence[int]] | None = None,
-        defer: Callable[[], bool] | None = None,
-        resumed: Sequence[DecodedSegment] | None = None,
-    ) -> list[TranscriptResult | Exception | RetryLater]:
+    ) -> list[TranscriptResult | Exception]:
         """Decode together; if the batch fails, decode each alone so only the culprit fails. (A row told
         final before the failure keeps that result: its decoding had ended.)"""
         if not mels:
             return []
         try:
-            return list(self._decode(mels, segments, wide, on_result, contexts, defer, resumed))
+            return list(self._decode(mels, segments, wide, on_result, contexts))
         except Exception as exc:  # noqa: BLE001
             if len(mels) == 1:
                 return [exc]
-        out: list[TranscriptResult | Exception | RetryLater] = []
+        out: list[TranscriptResult | Exception] = []
         for row, (mel, segment) in enumerate(zip(mels, segments, strict=True)):
             alone = _renumbered(on_result, row)
             out.extend(self._decode_isolating(
-                [mel], [segment], wide, alone, [contexts[row]] if contexts is not None else None, defer,
-                [resumed[row]] if resumed is not None else None,
+                [mel], [segment], wide, alone, [contexts[row]] if contexts is not None else None
             ))
         return out
 
@@ -235,9 +199,7 @@ class Recognizer:
         wide: bool = False,
         on_result: SegmentOutcome | None = None,
         contexts: Sequence[Sequence[int]] | None = None,
-        defer: Callable[[], bool] | None = None,
-        resumed: Sequence[DecodedSegment] | None = None,
-    ) -> list[TranscriptResult | RetryLater]:
+    ) -> list[TranscriptResult]:
         started = time.perf_counter()
 
         def result(row: int, decoded: DecodedText) -> TranscriptResult:
@@ -248,8 +210,8 @@ class Recognizer:
             if on_result is not None:
                 on_result(row, result(row, decoded))
 
-        decoded = self._decode_rows(mels, segments, wide, final, contexts, defer, resumed)
-        return [d if isinstance(d, RetryLater) else result(row, d) for row, d in enumerate(decoded)]
+        decoded = self._decode_rows(mels, segments, wide, final, contexts)
+        return [result(row, d) for row, d in enumerate(decoded)]
 
     def _decode_rows(
         self,
@@ -258,13 +220,10 @@ class Recognizer:
         wide: bool,
         final: Callable[[int, DecodedText], None],
         contexts: Sequence[Sequence[int]] | None,
-        defer: Callable[[], bool] | None = None,
-        resumed: Sequence[DecodedSegment] | None = None,
-    ) -> Sequence[DecodedText | RetryLater]:
-        """The model family's decoding of one batch; ``final`` is told each row as soon as it is final.
-        ``defer`` and ``resumed``: see ``recognize`` (a family without retries ignores them)."""
+    ) -> Sequence[DecodedText]:
+        """The model family's decoding of one batch; ``final`` is told each row as soon as it is final."""
         decoded, _ = self.decoder.decode(
-            mels, [np.asarray(s.audio).size / SAMPLE_RATE for s in segments], wide, final, contexts, defer, resumed
+            mels, [np.asarray(s.audio).size / SAMPLE_RATE for s in segments], wide, final, contexts
         )
         return decoded
 

@@ -88,14 +88,6 @@ class AsrSettings(BaseModel):
         description="With batch_order=shortest: a segment that has waited this long (ms) goes before any younger "
         "one, so long turns are not starved under load (0 = oldest first, like a FIFO).",
     )
-    # Issue 25 item 3 (pipeline/asr/batcher.py): a retry (10 s or 30 s window) costs several short first
-    # passes; behind them, a reply's final does not wait for another row's retry.
-    retries_behind_first_passes: bool = Field(
-        True,
-        description="Rows a guard stopped in a short window are retried in a later batch when first passes wait "
-        "for the cores (after batch_age_limit_ms they go first); false: in their own batch, before anything else. "
-        "The same text either way.",
-    )
     batcher_queue_size: int = Field(256, description="Segments queued in the batcher before submit() waits.")
     intra_op_threads: int = Field(
         1, description="ONNX Runtime intra-op threads per session (0 = all cores); 1 leaves a core to the agents.",

@@ -75,10 +75,10 @@ def test_decode_failure_is_isolated_to_its_segment(
     poison = segments[2].audio.size // 160
     real_decode = recognizer.decoder.decode
 
-    def decode(mels, durations, wide=False, on_final=None, contexts=None, defer=None, resumed=None):  # type: ignore[no-untyped-def]
+    def decode(mels, durations, wide=False, on_final=None, contexts=None):  # type: ignore[no-untyped-def]
         if any(m.shape[1] == poison for m in mels):
             raise RuntimeError("onnxruntime failed")
-        return real_decode(mels, durations, wide, on_final, contexts, defer, resumed)
+        return real_decode(mels, durations, wide, on_final)
 
     monkeypatch.setattr(recognizer.decoder, "decode", decode)
     slots = recognizer.recognize(segments)
