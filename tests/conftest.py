@@ -19,6 +19,13 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.pop("COLUMNS", None)
 
 
+# Workers and engines the tests start decode in-process (CALLQA_INFERENCE_PROCESSES=0): the default (auto)
+# gives every worker on 2+ cores two child processes that each hold the model, ~1 GB more for each of the
+# up to a dozen workers the suite runs at once. The default path has tests of its own, which say so
+# (tests/asr/test_inference_process.py, tests/worker/test_inference_processes.py).
+os.environ.setdefault("CALLQA_INFERENCE_PROCESSES", "0")
+
+
 # Fixtures that load faster-whisper: a test comparing with it costs a second decode of its audio.
 REFERENCE_FIXTURES = {"faster_whisper_int8", "faster_whisper_fp32"}
 

@@ -333,6 +333,14 @@ def inference_threads(setting: int) -> int:
     return setting if setting > 0 else max(1, len(os.sched_getaffinity(0)))
 
 
+def inference_processes(setting: int) -> int:
+    """Child processes to decode in: ``setting``, or with -1 (auto) two when this process may use two or
+    more cores, else none (in-process): two measured best on 2 cores; one core has none to spare."""
+    if setting >= 0:
+        return setting
+    return 2 if len(os.sched_getaffinity(0)) >= 2 else 0
+
+
 def check_newer(offered: int, running: int, name: str) -> None:
     if offered <= running:
         raise ModelVersionError(

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.asr.batcher import SegmentBatcher
+from pipeline.asr.batcher import SegmentBatcher, inference_processes
 from pipeline.asr.build import build_model
 from pipeline.asr.canary import load_checked
 from pipeline.asr.manifest import Manifest, ModelNotBuiltError, latest_model_folder
@@ -144,12 +144,13 @@ class Engine:
 
     def new_batcher(self) -> SegmentBatcher:
         """A batcher for the async worker (call `await batcher.start()` inside its event loop). With
-        ``inference_processes`` > 0 its batches are decoded by that many child processes (started here,
-        stopped by ``await batcher.close()``), off this process's GIL."""
-        if self.settings.inference_processes > 0:
+        ``inference_processes`` > 0 (or auto, on 2+ cores) its batches are decoded by that many child
+        processes (started here, stopped by ``await batcher.close()``), off this process's GIL."""
+        processes = inference_processes(self.settings.inference_processes)
+        if processes > 0:
             from pipeline.asr.inference_process import process_batcher
 
-            return process_batcher(self.recognizer, self.settings)
+            return process_batcher(self.recognizer, self.settings.model_copy(update={"inference_processes": processes}))
         return SegmentBatcher.from_settings(self.recognizer, self.settings)
 
     def open_front_end(self, sample_rate: int = 8000, encoding: str = "mulaw") -> LegFrontEnd:

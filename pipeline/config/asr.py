@@ -102,9 +102,13 @@ class AsrSettings(BaseModel):
     # the event loop. N > 0: each batch is decoded by one of N child processes (pipeline/asr/
     # inference_process.py: audio through shared memory, results back per row over a pipe), and the
     # batcher runs N batches at once (inference_threads is then N). Figures: pipeline/asr/README.md.
+    # Auto = 2 on 2+ cores (issue 25 item 1): bench live --search on 2 pinned cores (bench/results/capacity) held
+    # 10 calls in-process and 20+ with two children (P99 1.27 s at 20); at 10 calls P99 1.12 against 1.37 s and
+    # CPU per speech second 0.89x. Each child holds its own model (~500 MB for tiny.en fp32).
     inference_processes: int = Field(
-        0, ge=0, le=16,
-        description="Child processes that decode the batcher's batches, one batch each at a time, off the worker's GIL (0 = in the worker's own inference threads).",
+        -1, ge=-1, le=16,
+        description="Child processes that decode the batcher's batches, one batch each at a time, off the worker's GIL: "
+        "-1 = auto (2 when the worker may use 2 or more cores, else 0), 0 = in the worker's own inference threads.",
     )
     # A full 30 s window (the last retry of a looping row, a turn of 25-30 s) in a batch that runs while
     # no other segment waits encodes on more threads: bit-identical output, 677 -> 386 ms on 2 cores.

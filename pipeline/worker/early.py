@@ -1,9 +1,9 @@
 """Early decoding: a leg's open segment is transcribed before its endpoint, while the batcher is idle.
 
-A segment closes after ``endpoint_silence_ms`` of silence (500 ms), but its audio ends at the last speech
+A segment closes after ``endpoint_silence_ms`` of silence (400 ms), but its audio ends at the last speech
 plus ``post_roll_ms`` (150 ms): from then on, the segment it will be if no speech resumes is known sample
 for sample (``Segmenter.provisional_end``). Decoding it then, instead of at the endpoint, takes about
-the endpoint's remaining 350 ms off the final's latency. Decoding is deterministic and independent of
+the endpoint's remaining 250 ms off the final's latency. Decoding is deterministic and independent of
 the batch, so the early text is the text the closed segment would get; when speech resumes first, or
 the segment is cut another way, the early decode is dropped (cancelled if its batch has not run).
 

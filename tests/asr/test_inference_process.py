@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.asr.batcher import BatcherClosedError, SegmentBatcher
+from pipeline.asr.batcher import BatcherClosedError, SegmentBatcher, inference_processes
 from pipeline.asr.engine import Engine
 from pipeline.asr.inference_process import InferenceProcessError, ProcessBatcher, ProcessRecognizer
 from pipeline.asr.manifest import ModelIntegrityError
@@ -21,6 +21,20 @@ from pipeline.asr.recognizer import Recognizer, SegmentRejectedError
 from pipeline.asr.results import AudioSegment, TranscriptResult
 from pipeline.config import Settings
 from pipeline.eval.dataset import EvalUtterance
+
+
+@pytest.mark.parametrize(("setting", "cores", "processes"), [(-1, 1, 0), (-1, 2, 2), (-1, 16, 2), (0, 16, 0), (3, 1, 3)])
+def test_auto_is_two_processes_on_two_or_more_cores_and_none_on_one(
+    monkeypatch: pytest.MonkeyPatch, setting: int, cores: int, processes: int
+) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _: set(range(cores)))
+    assert inference_processes(setting) == processes
+
+
+def test_the_default_is_auto_and_the_suite_runs_in_process() -> None:
+    """The suite's workers decode in-process (tests/conftest.py sets 0); a fresh environment gets auto."""
+    assert Settings.model_fields["inference_processes"].default == -1
+    assert Settings().inference_processes == 0
 
 
 def _segments(utterances: list[EvalUtterance]) -> list[AudioSegment]:

@@ -257,3 +257,30 @@ def test_hot_model_reload_takes_a_higher_signed_version_and_refuses_equal_or_uns
     log = worker.log_path.read_text()
     assert log.count("model reload refused") == 2  # each refused version said once, not at every look
     assert f"{unsigned}: refused: missing signature" in log
+
+
+def _decoding_children(pid: int) -> list[int]:
+    """Process ids of ``pid``'s multiprocessing children that decode (not its resource tracker)."""
+    children = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+            if b"spawn_main" in cmdline:
+                children.append(int(child))
+    return children
+
+
+def test_the_default_on_two_cores_decodes_in_two_child_processes_with_the_offline_text(
+    kafka_settings, start_worker, recordings, offline  # type: ignore[no-untyped-def]
+) -> None:
+    """CALLQA_INFERENCE_PROCESSES's default (-1, auto), which the rest of the suite sets to 0 (conftest): on
+    2+ cores a worker decodes in two child processes, and stores what offline transcription gives."""
+    import os
+
+    assert len(os.sched_getaffinity(0)) >= 2, "this test needs the 2 cores the project's machines have"
+    worker = start_worker(inference_processes="-1")
+    assert worker.proc is not None and len(_decoding_children(worker.proc.pid)) == 2
+    call_ids = replay(kafka_settings, recordings[:1])
+    worker.wait_for_calls(call_ids)
+    stored = by_call(worker.query(SEGMENTS_SQL, ids=",".join(call_ids)))
+    assert stored[call_ids[0]] == offline[recordings[0].source]
