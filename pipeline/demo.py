@@ -5,7 +5,8 @@ through the gateway as Twilio Media Streams, concurrently in real time, as a con
 compliant card payment, a call without identity check, a rude agent, an escalation), prints redacted
 transcripts and live QA alerts as they arrive on their topics, waits for the post-call pass (the worker
 runs it with ``CALLQA_FINAL_MODEL``, moonshine-base unless set) and prints each call's live and final
-score, then each call's QA report (its final revision) read back from ClickHouse (through the worker's API), writes the call pages as static files (`callqa report --html`:
+score, then each call's QA report (its final revision) read back from ClickHouse (through the worker's
+API), writes the call pages as static files (`callqa report --html`:
 ``.callqa/demo/pages/index.html``, a timeline, the coloured transcript and the scorecard per call) and prints
 their path, and stops the gateway and the worker it started. Run with the broker up and the library built
 (the Makefile does both).
@@ -82,8 +83,8 @@ def show_revisions(worker: WorkerProcess, call_ids: list[str], timeout_s: float 
     table = Table("call", "live score", "final score (post-call pass)", title="live and final revisions")
     for call_id in call_ids:
         scores = {r["revision"]: r for r in rows if r["call_id"] == call_id}
-        live, final = scores.get(0), scores.get(max(scores, default=0)) if len(scores) > 1 else None
-        table.add_row(call_id, _score(live), _score(final) if final else "not yet")
+        final = scores[max(scores)] if len(scores) > 1 else None
+        table.add_row(call_id, _score(scores.get(0)), _score(final) if final else "not yet")
     print_table(console, table)
 
 

@@ -131,7 +131,6 @@ def test_cvv_and_expiry_only_after_agent_asks() -> None:
         Segment("c", "agent", "s3", 8500, 11000, "Thanks: April twenty twenty six, 731, 12/25.")
     )
     assert readback.text == "Thanks: [EXPIRY], [CVV], [EXPIRY]."
-
     assert (out.segment.start_ms, out.segment.end_ms, out.segment.segment_id) == (3500, 8000, "s2")
 
 
