@@ -19,11 +19,13 @@ class WorkerSettings(BaseModel):
     )
     # An end event announces each leg's frame count: a call closes once its legs have them (or a later
     # seq showed a gap to be missing). Frames still in flight when the audio partition is caught up look
-    # like lost ones; this bounds the wait (wall time after the end event, and the stream time above).
-    # CALLQA_END_WAIT_MAX_S, default 30.
+    # like lost ones; this bounds the wait (wall time after the end event read; while the partition is
+    # behind, its stream time past the end: other producers' later frames can come before this call's
+    # last ones, clock.end_due). CALLQA_END_WAIT_MAX_S, default 30.
     end_wait_max_s: float = Field(
-        30.0, ge=0, description="Longest a caught-up call waits after its end event for frames it announced (s); "
-                                "a close without them is counted (callqa_calls_closed_incomplete_total).",
+        30.0, ge=0, description="Longest a call waits after its end event for frames it announced (s; wall time "
+                                "when caught up, the audio partition's stream time when behind); a close without "
+                                "them is counted (callqa_calls_closed_incomplete_total).",
     )
     # A leg that sends nothing (one-way media, silence suppression) would hold the other legs' finals and
     # live alerts until it speaks again (finals are released in time order across legs: release.py).

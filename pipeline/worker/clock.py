@@ -67,16 +67,21 @@ def end_due(call: CallState, lag: int, caught_up: bool, stream_now: int, wall_ms
     """Whether a call whose end event came may close now (``stream_now`` as in ``close_reason``).
 
     With every frame the end event announced, after its grace (where they came after the event, the
-    call closed at once: lifecycle.py). Without them: while messages are still unread, once the
-    partition's stream time passed the end and its grace (the frames, produced before the end event,
-    come before those produced a grace after it). With none unread, a frame not yet in Kafka, or not
-    yet fetched, looks the same as a lost one: the call also waits ``end_wait_ms`` of wall time after
-    its end event, for frames still in flight (a call lost its last seconds so, 2 s after its end event).
+    call closed at once: lifecycle.py). Without them, the call waits ``end_wait_ms`` for them: while
+    messages are still unread, of the partition's stream time past the end; with none unread (a frame
+    not yet in Kafka, or not yet fetched, looks the same as a lost one), of wall time after the end
+    event was read (a call lost its last seconds so, 2 s after its end event).
+
+    Behind, the grace alone is not enough: Kafka keeps a partition in order per producer only. After a
+    broker restart, producers that reconnected sooner (other calls, another gateway) append frames
+    produced after this call's end while its last frames, produced before it, still wait in their own
+    producer's queue; closing at end + grace of such stream time lost a call's last two finals so.
     """
     assert call.end is not None
     past_end = stream_now >= call.end.at_ms + grace_ms
     if call.frames_complete():
         return past_end or (caught_up and wall_ms - call.end_consumed_ms >= grace_ms)
+    wait_ms = max(grace_ms, end_wait_ms)
     if lag != 0:
-        return past_end
-    return past_end and wall_ms - call.end_consumed_ms >= max(grace_ms, end_wait_ms)
+        return stream_now >= call.end.at_ms + wait_ms
+    return past_end and wall_ms - call.end_consumed_ms >= wait_ms

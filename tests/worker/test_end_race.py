@@ -149,6 +149,33 @@ async def test_frames_that_never_come_keep_the_call_open_only_up_to_the_bound(
     assert call.finals()[:-1] == expected[:-1]
 
 
+async def test_behind_another_producers_newer_frames_do_not_close_a_call_whose_last_frames_are_still_coming(
+    legs: dict[str, bytes], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Kafka orders a partition per producer only. After a broker restart, a producer that reconnected
+    sooner (another call's, another gateway's) appends frames produced after this call's end event, while
+    this call's last frames, produced before it, still wait in their own producer's queue. The chaos test
+    lost a call's last two finals so (CI of stop 32): the call closed at end + grace of that stream time."""
+    expected = await reference(legs)
+    wall = WallClock(monkeypatch)
+    call = Call(legs)
+    await call.frames(0, call.n - TAIL)
+    await call.end()  # its last 2 s of frames are still in its producer's queue
+    newer = AudioFrame("c2", "agent", 0, 0, 8000, "mulaw", legs["agent"][:FRAME_BYTES],  # type: ignore[arg-type]
+                       produced_at_ms=now_ms() + 3 * SETTINGS.end_grace_ms)
+    await call.processor.on_frames([(AUDIO_TP, call.offset, newer)])
+    call.offset += 1
+    call.processor.lag = lambda tp: 400  # the reconnected producers' backlog is still being read
+    wall.shift_ms = 3 * SETTINGS.end_grace_ms
+    await call.processor.tick()
+    assert not call.processor.calls["c1"].finishing
+    await call.frames(call.n - TAIL, call.n)  # the late producer's frames: the call closes with them
+    await call.processor.on_event(EVENTS_TP, 1, CallEvent("c2", "end", frame_counts={"agent": 1}))
+    await call.finished()
+    assert call.finals() == expected and expected[-1][:2] == ("customer", 17_140)  # c2's 20 ms holds no speech
+    assert call.closed_incomplete() == 0
+
+
 T0 = 1_000_000
 GRACE_MS, TIMEOUT_MS, WAIT_MS = 2_000, 1_200_000.0, 30_000.0
 
@@ -186,7 +213,11 @@ def test_a_busy_partition_at_lag_zero_past_the_end_still_waits_the_bound_for_mis
     busy, past = 40, T0 + 10 * GRACE_MS
     assert close_reason(call, 0, past, T0 + 5_000, TIMEOUT_MS, GRACE_MS, busy, WAIT_MS) is None
     assert close_reason(call, 0, past, T0 + int(WAIT_MS), TIMEOUT_MS, GRACE_MS, busy, WAIT_MS) == "end"
-    # Behind (messages unread), the partition's stream time past the end and its grace decides: the
-    # missing frames, produced before the end event, would have been read before what was read.
-    assert close_reason(call, 50, past, T0 + 5_000, TIMEOUT_MS, GRACE_MS, busy, WAIT_MS) == "end"
-    assert close_reason(call, 50, T0 + GRACE_MS - 1, T0 + 5_000, TIMEOUT_MS, GRACE_MS, busy, WAIT_MS) is None
+    # Behind (messages unread), the partition's stream time decides, but past the end by the bound, not
+    # the grace: another producer's frames can carry it past the end before this call's last ones come.
+    assert close_reason(call, 50, past, T0 + 5_000, TIMEOUT_MS, GRACE_MS, busy, WAIT_MS) is None
+    assert close_reason(call, 50, T0 + int(WAIT_MS) - 1, T0 + 5_000, TIMEOUT_MS, GRACE_MS, busy, WAIT_MS) is None
+    assert close_reason(call, 50, T0 + int(WAIT_MS), T0 + 5_000, TIMEOUT_MS, GRACE_MS, busy, WAIT_MS) == "end"
+    # With all its frames, behind, the grace of stream time is enough (as before).
+    complete = _ended_call({"agent": 500}, {"agent": 500})
+    assert close_reason(complete, 50, T0 + GRACE_MS, T0 + 5_000, TIMEOUT_MS, GRACE_MS, busy, WAIT_MS) == "end"
