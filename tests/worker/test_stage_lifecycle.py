@@ -91,14 +91,18 @@ async def test_an_abort_closes_the_call_at_once_with_frames_missing() -> None:
     assert stage.call_rows() == [("c1", "abort")]
 
 
-async def test_with_frames_missing_the_call_closes_once_stream_time_passed_the_end_and_its_grace() -> None:
+async def test_behind_with_frames_missing_the_call_closes_once_stream_time_passed_the_end_by_the_wait_bound() -> None:
     stage = Stage()
     stage.lifecycle.lag = lambda tp: 50  # behind: stream time is the partition's newest producer time
     await stage.lifecycle.on_event(EVENTS, 0, CallEvent("c1", "end", at_ms=10_000, frame_counts={"agent": 100}))
-    stage.clock.advance(AUDIO, 10_000 + SETTINGS.end_grace_ms - 1)
+    # Past the grace is not enough: another producer's newer frames may come before this call's last ones.
+    wait_ms = int(SETTINGS.end_wait_max_s * 1000)
+    stage.clock.advance(AUDIO, 10_000 + SETTINGS.end_grace_ms)
+    await stage.lifecycle.close_due()
+    stage.clock.advance(AUDIO, 10_000 + wait_ms - 1)
     await stage.lifecycle.close_due()
     assert "c1" in stage.registry.calls and stage.call_rows() == []
-    stage.clock.advance(AUDIO, 10_000 + SETTINGS.end_grace_ms)
+    stage.clock.advance(AUDIO, 10_000 + wait_ms)
     await stage.lifecycle.close_due()
     await stage.completed()
     assert stage.call_rows() == [("c1", "end")]
