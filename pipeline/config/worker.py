@@ -94,6 +94,16 @@ class WorkerSettings(BaseModel):
         10.0, description="Longest the audio agent waits to fill a frame batch (ms); bounds the added delay.",
     )
     max_poll_records: int = Field(500, description="Most records one Kafka fetch returns to the worker.")
+    # faust leaves aiokafka's fetch_min_bytes at 1: the broker answers a fetch as soon as one 20 ms frame
+    # is there, hundreds of small fetches a second at tens of legs (pipeline/broker/fetch.py).
+    fetch_min_bytes: int = Field(
+        1, ge=1, description="Least data (bytes) the broker gathers for one fetch of the worker's consumer, "
+                             "unless fetch_max_wait_ms passes first.",
+    )
+    fetch_max_wait_ms: int = Field(
+        1500, ge=0, description="Longest the broker holds a fetch of the worker's consumer to gather "
+                                "fetch_min_bytes (ms; 1500 is faust's).",
+    )
     model_watch_interval_s: float = Field(
         5.0, description="How often the worker looks for a newer model version to hot-reload (0: never).",
     )

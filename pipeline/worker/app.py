@@ -27,6 +27,7 @@ from faust.types import TP
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from pipeline.asr.engine import Engine
+from pipeline.broker.fetch import use_fetch_sizes
 from pipeline.broker.security import faust_credentials
 from pipeline.config import Settings
 from pipeline.contracts import AudioFrame, CallEvent, Message, Serde
@@ -108,6 +109,7 @@ def build_worker(settings: Settings) -> Worker:
         web_graph_enabled=False,
         web_stats_enabled=False,
     )
+    use_fetch_sizes(app, settings.fetch_min_bytes, settings.fetch_max_wait_ms)
     serde = Serde.from_settings(settings.schema_registry_url)
     metrics = WorkerMetrics()
     store_client = connect(settings.writer_url, settings.clickhouse_database)
