@@ -1,7 +1,9 @@
 """How much the worker's Kafka consumer fetches at once: faust fixes aiokafka's ``fetch_max_wait_ms`` at
-1500 and leaves ``fetch_min_bytes`` at 1, so the broker answers each fetch as soon as a single 20 ms frame
-is there. At tens of live legs that is hundreds of small fetch requests a second, each parsed and handed
-on by the event loop (py-spy at 23 calls: faust's drain and aiokafka's fetcher ~a quarter of the loop).
+1500 and leaves ``fetch_min_bytes`` at 1. aiokafka keeps one fetch in flight per broker and leaves out of
+it the partitions whose fetched records are still being handed on, so at tens of live legs a fetch that
+carries only idle partitions (the call-events topic, a quiet audio partition) holds the broker's one slot
+for the full 1.5 s while frames queue on the busy ones: finals waited seconds (P99 4.47 s at 23 calls on
+2 cores, 1.64 s with the settings' 16 KB / 20 ms; the figures are in pipeline/config/worker.py).
 
 ``use_fetch_sizes(app, min_bytes, max_wait_ms)`` makes the app's consumer ask for at least ``min_bytes``
 per fetch, waiting at most ``max_wait_ms`` for them: at low load a frame waits at most that long.

@@ -94,15 +94,19 @@ class WorkerSettings(BaseModel):
         10.0, description="Longest the audio agent waits to fill a frame batch (ms); bounds the added delay.",
     )
     max_poll_records: int = Field(500, description="Most records one Kafka fetch returns to the worker.")
-    # faust leaves aiokafka's fetch_min_bytes at 1: the broker answers a fetch as soon as one 20 ms frame
-    # is there, hundreds of small fetches a second at tens of legs (pipeline/broker/fetch.py).
+    # faust fixes aiokafka's fetch_max_wait_ms at 1500 and leaves fetch_min_bytes at 1. aiokafka keeps one
+    # fetch in flight per broker and leaves out partitions whose records are still being handed on, so a
+    # fetch of only idle partitions (the call-events topic) held the broker's slot for 1.5 s while frames
+    # queued (pipeline/broker/fetch.py). Measured with callqa bench live at 23 calls on 2 cores (run
+    # 20261203T070044Z): P99 4.47 s at faust's 1 B / 1500 ms, 1.82 s at 1 B / 20 ms, 1.64 s at 16 KB / 20 ms
+    # (CPU per speech s 0.99x), 7.43 s at 64 KB / 50 ms (the wait taken on every fetch; lag grew).
     fetch_min_bytes: int = Field(
-        1, ge=1, description="Least data (bytes) the broker gathers for one fetch of the worker's consumer, "
-                             "unless fetch_max_wait_ms passes first.",
+        16384, ge=1, description="Least data (bytes) the broker gathers for one fetch of the worker's consumer, "
+                                 "unless fetch_max_wait_ms passes first (1 is faust's).",
     )
     fetch_max_wait_ms: int = Field(
-        1500, ge=0, description="Longest the broker holds a fetch of the worker's consumer to gather "
-                                "fetch_min_bytes (ms; 1500 is faust's).",
+        20, ge=0, description="Longest the broker holds a fetch of the worker's consumer to gather "
+                              "fetch_min_bytes (ms; the most a frame waits for it at low load; 1500 is faust's).",
     )
     model_watch_interval_s: float = Field(
         5.0, description="How often the worker looks for a newer model version to hot-reload (0: never).",
