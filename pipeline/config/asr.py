@@ -88,6 +88,13 @@ class AsrSettings(BaseModel):
         description="With batch_order=shortest: a segment that has waited this long (ms) goes before any younger "
         "one, so long turns are not starved under load (0 = oldest first, like a FIFO).",
     )
+    # pipeline/asr/batcher.py (its docstring): a short reply batched with a long turn waits for the long
+    # window's encode and decodes beside it.
+    batch_one_window: bool = Field(
+        False,
+        description="A batch takes only segments of one window bucket (its first segment's); the others wait for "
+        "the next free inference thread or process.",
+    )
     batcher_queue_size: int = Field(256, description="Segments queued in the batcher before submit() waits.")
     intra_op_threads: int = Field(
         1, description="ONNX Runtime intra-op threads per session (0 = all cores); 1 leaves a core to the agents.",

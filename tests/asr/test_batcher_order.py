@@ -90,6 +90,31 @@ def test_everything_is_taken_exactly_once() -> None:
         assert sorted(seen) == sorted(names(queue))
 
 
+def test_one_window_keeps_a_batch_to_its_first_segments_bucket() -> None:
+    batch, rest = take_batch(QUEUE, 4, "shortest", 1.0, now=0.6, one_window=True)
+    assert names(batch) == ["short1", "short2", "short3"]  # mid (1000) is not padded beside them
+    assert names(rest) == ["long1", "mid", "long2"]
+    batch, rest = take_batch(QUEUE, 4, "oldest", 1.0, now=0.6, one_window=True)
+    assert names(batch) == ["long1", "long2"]
+    assert names(rest) == ["short1", "mid", "short2", "short3"]
+    # past the age limit, the oldest goes first and sets the bucket
+    batch, _ = take_batch(QUEUE, 4, "shortest", 1.0, now=1.15, one_window=True)
+    assert names(batch) == ["long1", "long2"]
+
+
+def test_one_window_takes_everything_exactly_once_in_bucket_pure_batches() -> None:
+    rng = np.random.default_rng(11)
+    queue = [Seg(str(i), float(t), int(b)) for i, (t, b) in
+             enumerate(zip(np.sort(rng.uniform(0, 2, 40)), rng.choice([500, 1000, 1500], 40), strict=True))]
+    for order in ("oldest", "shortest"):
+        left, seen = list(queue), []
+        while left:
+            batch, left = take_batch(left, 16, order, 1.0, now=1.5, one_window=True)
+            assert 0 < len(batch) <= 16 and len({s.bucket for s in batch}) == 1
+            seen += names(batch)
+        assert sorted(seen) == sorted(names(queue))
+
+
 def test_unknown_order_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown batch order"):
         take_batch(QUEUE, 2, "random", 1.0, 0.0)
@@ -101,6 +126,8 @@ def test_settings_default_and_old_order_reachable(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("CALLQA_BATCH_AGE_LIMIT_MS", "250")
     settings = Settings()
     assert (settings.batch_order, settings.batch_age_limit_ms) == ("oldest", 250.0)
+    monkeypatch.setenv("CALLQA_BATCH_ONE_WINDOW", "true")
+    assert Settings().batch_one_window is True
 
 
 class RecordingRecognizer:
@@ -129,14 +156,18 @@ class SecondsWindow:
         return (frames // 100 + 1) * 100
 
 
-@pytest.mark.parametrize(("order", "expected"), [
-    ("shortest", [[1000, 1000], [3000, 8000]]),
-    ("oldest", [[8000, 3000], [1000, 1000]]),
+@pytest.mark.parametrize(("order", "one_window", "expected"), [
+    ("shortest", False, [[1000, 1000], [3000, 8000]]),
+    ("oldest", False, [[8000, 3000], [1000, 1000]]),
+    ("shortest", True, [[1000, 1000], [3000], [8000]]),
+    ("oldest", True, [[8000], [3000], [1000, 1000]]),
 ])
-async def test_the_collector_takes_batches_in_the_configured_order(order: str, expected: list[list[int]]) -> None:
+async def test_the_collector_takes_batches_in_the_configured_order(
+    order: str, one_window: bool, expected: list[list[int]],
+) -> None:
     recognizer = RecordingRecognizer()
     batcher = SegmentBatcher(recognizer, window=SecondsWindow(), max_batch=2, max_wait_ms=1,  # type: ignore[arg-type]
-                             order=order, age_limit_ms=60_000)  # type: ignore[arg-type]
+                             order=order, age_limit_ms=60_000, one_window=one_window)  # type: ignore[arg-type]
     await batcher.start()
     first = asyncio.ensure_future(batcher.submit(AudioSegment(0, 500, np.zeros(8000, np.float32))))
     while not recognizer.batches:  # the first batch holds the only inference thread
