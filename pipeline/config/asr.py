@@ -89,9 +89,11 @@ class AsrSettings(BaseModel):
         "one, so long turns are not starved under load (0 = oldest first, like a FIFO).",
     )
     # pipeline/asr/batcher.py (its docstring): a short reply batched with a long turn waits for the long
-    # window's encode and decodes beside it.
+    # window's encode and decodes beside it. On since issue 25: bench live on 2 pinned cores, against off in
+    # the same runs (bench/results/scheduling/), CPU per speech second 0.989x / 0.939x / 0.955x at 14 / 20 / 24
+    # calls, P99 1.74 -> 1.66 s, 2.19 -> 2.27 s, 6.77 -> 5.07 s (and at 24 calls the input kept up, where off fell behind).
     batch_one_window: bool = Field(
-        False,
+        True,
         description="A batch takes only segments of one window bucket (its first segment's); the others wait for "
         "the next free inference thread or process.",
     )

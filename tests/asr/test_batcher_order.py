@@ -121,13 +121,13 @@ def test_unknown_order_is_refused() -> None:
 
 
 def test_settings_default_and_old_order_reachable(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert Settings().batch_order == "shortest"
+    assert (Settings().batch_order, Settings().batch_one_window) == ("shortest", True)
     monkeypatch.setenv("CALLQA_BATCH_ORDER", "oldest")
     monkeypatch.setenv("CALLQA_BATCH_AGE_LIMIT_MS", "250")
     settings = Settings()
     assert (settings.batch_order, settings.batch_age_limit_ms) == ("oldest", 250.0)
-    monkeypatch.setenv("CALLQA_BATCH_ONE_WINDOW", "true")
-    assert Settings().batch_one_window is True
+    monkeypatch.setenv("CALLQA_BATCH_ONE_WINDOW", "false")
+    assert Settings().batch_one_window is False
 
 
 class RecordingRecognizer:
