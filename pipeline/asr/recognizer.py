@@ -15,6 +15,7 @@ from typing import Protocol
 
 import numpy as np
 
+from pipeline.asr.blas_threads import limit_blas_threads
 from pipeline.asr.decoding import DecodeOptions, GreedyDecoder, WindowPolicy
 from pipeline.asr.manifest import Manifest
 from pipeline.asr.onnx_model import WhisperOnnx
@@ -101,7 +102,10 @@ class Recognizer:
     @classmethod
     def load(cls, folder: Path, settings: AsrSettings) -> Recognizer:
         """Load a model version; signed by the trusted key when settings name one. A Moonshine folder
-        (its manifest's family) loads as a ``MoonshineRecognizer``, behind the same contract."""
+        (its manifest's family) loads as a ``MoonshineRecognizer``, behind the same contract. The loading
+        process's BLAS pool is limited to ``settings.blas_threads`` (blas_threads.py: a process that loads a
+        recognizer decodes with it)."""
+        limit_blas_threads(settings.blas_threads)
         if Manifest.read(folder).family == "moonshine":
             from pipeline.asr.moonshine_recognizer import MoonshineRecognizer
 

@@ -101,6 +101,12 @@ class AsrSettings(BaseModel):
     intra_op_threads: int = Field(
         1, description="ONNX Runtime intra-op threads per session (0 = all cores); 1 leaves a core to the agents.",
     )
+    # pipeline/asr/blas_threads.py: OpenBLAS's spare threads spin after every call.
+    blas_threads: int = Field(
+        1, ge=0,
+        description="numpy BLAS threads in a process that decodes (the worker in-process, each decoding process): "
+        "the log-mel's one matmul per segment needs no more, and idle OpenBLAS threads spin (0 = one per core).",
+    )
     # 1: on 2 cores, 2 threads made batches smaller (1.2 vs 2.6 segments) without more inference CPU
     # (the decode loop's Python and the event loop share the GIL): 10 calls, P99 14.0 s against 6.3 s
     # (bench/results/live.jsonl, runs 20261130T225858Z and T230226Z). Try it with more cores.
