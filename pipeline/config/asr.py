@@ -101,7 +101,8 @@ class AsrSettings(BaseModel):
     intra_op_threads: int = Field(
         1, description="ONNX Runtime intra-op threads per session (0 = all cores); 1 leaves a core to the agents.",
     )
-    # pipeline/asr/blas_threads.py: OpenBLAS's spare threads spin after every call.
+    # pipeline/asr/blas_threads.py: OpenBLAS's spare threads spin after every call. bench live at 11 calls on
+    # 2 cores (run 20261203T080505Z): worker CPU per speech second 0.0769 at 1, 0.0895 at 0 (1.16x; P99 1.13 / 1.47 s).
     blas_threads: int = Field(
         1, ge=0,
         description="numpy BLAS threads in a process that decodes (the worker in-process, each decoding process): "
