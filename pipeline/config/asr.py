@@ -106,7 +106,8 @@ class AsrSettings(BaseModel):
     blas_threads: int = Field(
         1, ge=0,
         description="numpy BLAS threads in a process that decodes (the worker in-process, each decoding process): "
-        "the log-mel's one matmul per segment needs no more, and idle OpenBLAS threads spin (0 = one per core).",
+        "the log-mel's one matmul per segment needs no more, and idle OpenBLAS threads spin (0 = leave it to the "
+        "library: OPENBLAS_NUM_THREADS, or one per core).",
     )
     # 1: on 2 cores, 2 threads made batches smaller (1.2 vs 2.6 segments) without more inference CPU
     # (the decode loop's Python and the event loop share the GIL): 10 calls, P99 14.0 s against 6.3 s
