@@ -327,7 +327,8 @@ def take_batch(
         )
         ranked = aged + rest
         if one_window:
-            ranked = [i for i in ranked if pending[i].bucket == pending[ranked[0]].bucket]
+            first = pending[ranked[0]].bucket
+            ranked = [i for i in ranked if pending[i].bucket == first]
     else:
         raise ValueError(f"unknown batch order {order!r}: oldest or shortest")
     chosen = ranked[:max_batch]
