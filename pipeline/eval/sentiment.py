@@ -134,10 +134,13 @@ def _trend(call: str, expected: str, scores: Sequence[float]) -> CallTrend:
     return CallTrend(call, expected, LegSentiment.of("customer", scores))
 
 
-def evaluate_scripts(scripts_dir: Path = SCRIPTS_DIR) -> SentimentReport:
-    """The scorer on the scripts' own text (redacted as the worker redacts), against the labels."""
+def evaluate_scripts(scripts_dir: Path = SCRIPTS_DIR, call_ids: Sequence[str] = ()) -> SentimentReport:
+    """The scorer on the scripts' own text (redacted as the worker redacts), against the labels; of
+    ``call_ids`` only, where given (the calls a run transcribed)."""
     report = SentimentReport()
     for call, (trend, turns) in load_labels(scripts_dir).items():
+        if call_ids and call not in call_ids:
+            continue
         analyzer = CallAnalyzer(call, _SCORER)
         customer: list[float] = []
         for i, (leg, text, mood) in enumerate(turns):

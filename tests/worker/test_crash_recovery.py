@@ -1,9 +1,9 @@
-"""What a call survives: a worker killed with -9 under load, a kill near the end of a 20-minute call,
-and a 3-minute stretch without frames (hold, recording pause).
+"""What a call survives: a worker killed with -9 under load, a kill near the end of a long call, and a
+hold longer than the inactivity timeout (no frames, announced by hold and resume events).
 
-Real broker, real worker processes, real embedded stores. The pause takes over three minutes of wall
-clock by nature, so its call starts first, on topics and a worker of its own (``paused_call``, module
-scope), and is checked by the last test of the module, once the other tests have used the wait.
+Real broker, real worker processes, real embedded stores. The hold takes its length of wall clock by
+nature, so its call starts first, on topics and a worker of its own (``paused_call``, module scope), and
+is checked by the last test of the module, once the other tests have used the wait.
 """
 
 from __future__ import annotations
@@ -98,7 +98,11 @@ def read_metric(worker: WorkerProcess, name: str, **labels: str) -> float:
 
 
 # ---- the paused call (started first, checked last) ----------------------------------------------
-HOLD_MS = 180_000
+# The hold outlasts the worker's inactivity timeout, so a worker that judged inactivity during a hold would
+# close the call (end_reason "timeout") and drop its second half. Shorter than twice the timeout: a frame
+# further ahead of its leg than that is refused as a corrupt seq (pipeline/worker/frames.py).
+INACTIVITY_TIMEOUT_S = 30
+HOLD_MS = 50_000
 
 
 @dataclass
@@ -112,8 +116,8 @@ class PausedCall:
 
 @pytest.fixture(scope="module", autouse=True)
 def paused_call(broker: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PausedCall]:
-    """A call whose frames stop for 3 minutes in the middle (then resume, then the end event),
-    replayed in real time to a worker with the default inactivity timeout, on topics of its own."""
+    """A call on hold for HOLD_MS in the middle (no frames; then they resume, then the end event), replayed in
+    real time to a worker whose inactivity timeout is shorter than the hold, on topics of its own."""
     prefix = f"test.t{uuid.uuid4().hex[:12]}"
     settings = Settings(
         bootstrap_servers=broker, topic_audio=f"{prefix}.audio", topic_call_events=f"{prefix}.events",
@@ -130,6 +134,7 @@ def paused_call(broker: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         "topic_dead_letters": settings.topic_dead_letters, "topic_checkpoints": settings.topic_checkpoints,
         "worker_id": settings.worker_id, "clickhouse_url": f"chdb://{(folder / 'chdb').resolve()}",
         "commit_interval_s": "1.0", "model_watch_interval_s": "0", "web_port": str(port),
+        "call_inactivity_timeout_s": str(INACTIVITY_TIMEOUT_S),
     }), port, folder / "worker.log")
     worker.start()
     before = stereo(SAMPLES / "call_01.wav")
@@ -217,8 +222,11 @@ def _caught_up(settings: Settings, worker: WorkerProcess) -> dict[int, int] | No
     return committed if all(committed.get(p) == h for p, h in with_data.items()) else None
 
 
-# ---- bounded replay of a 20-minute call ---------------------------------------------------------
-CALL_S = 1200
+# ---- bounded replay of a long call ----------------------------------------------------------------
+# Five minutes: long enough that re-decoding from the call's start (600 s of leg audio) is ten times the bound
+# below. `callqa bench scale-out` (part 3, `--long-call-s`) and `callqa bench check` (``long-call``) kill a
+# 20-minute call the same way.
+CALL_S = 300
 MAX_SEGMENT_MS = 15_000
 COMMIT_INTERVAL_S = 1.0
 CHECKPOINT_INTERVAL_MS = 1000
@@ -226,10 +234,10 @@ INFLIGHT_MB = 1
 SLACK_S = 2.0  # per leg: VAD windows, pre/post roll, and the moment between reading the metric and the kill
 
 
-def twenty_minute_call() -> CallRecording:
-    """Library calls looped to 20 minutes. The first 15 minutes alternate a call and 1.5 minutes of
-    silence (dead air costs the VAD little and inference nothing, which keeps the test short); the
-    last 5 minutes are calls back to back, so the kill at 90 % lands in speech with segments open."""
+def long_call() -> CallRecording:
+    """Library calls looped to CALL_S. The first three quarters alternate a call's first minute and 1.5 minutes
+    of silence (dead air costs the VAD little and inference nothing, which keeps the test short); the
+    rest is calls back to back, so the kill at 90 % lands in speech with segments open."""
     names = sorted(p for p in LIBRARY_DIR.glob("*.wav") if "long" not in p.name and "hold" not in p.name)
     parts: list[np.ndarray | int] = []
     used_ms = 0
@@ -239,22 +247,22 @@ def twenty_minute_call() -> CallRecording:
         minute[:, :call.shape[1]] = call[:, :60 * RATE]
         parts.append(minute)
         used_ms += 60_000
-        if used_ms < 900_000:
+        if used_ms < CALL_S * 750:
             parts.append(90_000)
             used_ms += 90_000
         if used_ms >= CALL_S * 1000 or i == len(names) - 1:
             break
-    rec = stitched("twenty-minutes", parts)
+    rec = stitched("long-call", parts)
     rec.legs = {k: v[:CALL_S * RATE] for k, v in rec.legs.items()}
     assert all(len(v) == CALL_S * RATE for v in rec.legs.values())
     rec.encode("mulaw")
     return rec
 
 
-def test_a_20_minute_call_killed_near_its_end_re_decodes_at_most_one_segment_and_one_interval_per_leg(
+def test_a_long_call_killed_near_its_end_re_decodes_at_most_one_segment_and_one_interval_per_leg(
     kafka_settings: Settings, start_worker: Any
 ) -> None:
-    rec = twenty_minute_call()
+    rec = long_call()
     total_s = sum(len(x) for x in rec.legs.values()) / RATE
     # A small in-flight budget: the segmenter cannot run far ahead of inference, whose audio a crash loses.
     worker = start_worker(max_inflight_audio_mb=str(INFLIGHT_MB), max_segment_ms=str(MAX_SEGMENT_MS),
@@ -301,13 +309,15 @@ def test_a_20_minute_call_killed_near_its_end_re_decodes_at_most_one_segment_and
 
 
 # ---- the paused call, checked last --------------------------------------------------------------
-def test_a_3_minute_pause_without_frames_keeps_one_call_with_both_halves_transcribed(paused_call: PausedCall) -> None:
+def test_a_hold_longer_than_the_inactivity_timeout_keeps_one_call_with_both_halves_transcribed(
+    paused_call: PausedCall
+) -> None:
     paused_call.replay.join(timeout=HOLD_MS / 1000 + 120)
     assert not paused_call.replay.is_alive()
     worker = paused_call.worker
     rows = worker.wait_for_calls(paused_call.call_ids, timeout_s=180)
     assert rows[0]["end_reason"] == "end"
-    # Finished once, at its end event: never closed by the timeout during the pause, and none of its
+    # Finished once, at its end event: never closed by the timeout during the hold, and none of its
     # frames after the pause dropped as coming after the call's end.
     assert worker.metric("callqa_calls_finished_total") == 1
     assert worker.metric("callqa_calls_finished_total", how="end") == 1
