@@ -2,6 +2,7 @@
 #   make demo   install everything, start the broker, run the pipeline on the sample calls, show results
 #   make test   same set-up, then ruff + mypy + the whole pytest suite against the real broker
 #   make test-fast  the Kafka-free core (no broker, no slow tests), for the edit-test loop
+#   make bench-check  the long accuracy and churn guards the suite runs a slice of (about 40 min; not in make test)
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -20,7 +21,7 @@ SYSTEM_PACKAGES := kcat pocketsphinx-testdata alsa-utils default-jre-headless ma
 TEST_WORKERS ?= 3
 PYTEST := $(BIN)/pytest -q -p no:cacheprovider --durations=20
 
-.PHONY: demo test test-fast setup system venv kafka models library lint broker-stop clean
+.PHONY: demo test test-fast bench-check setup system venv kafka models library lint broker-stop clean
 
 demo: setup
 	$(CALLQA) broker start
@@ -38,6 +39,12 @@ test: setup
 
 test-fast: setup
 	$(PYTEST) -n 2 -m "not broker and not slow" $(PYTEST_ARGS)
+
+# Every guard whole (pipeline/bench/checks.py): bench/results/check.json says met / not met per check, and
+# the command exits 1 when one is not. Run it when the decoder, the front end, QA or the worker's recovery changes.
+bench-check: setup
+	$(CALLQA) broker start
+	$(CALLQA) bench check
 
 setup: system venv kafka models library
 

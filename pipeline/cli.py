@@ -5,6 +5,7 @@ Errors print as one line; `--verbose` shows the traceback too.
 
 from __future__ import annotations
 
+import shlex
 import sys
 import time
 from datetime import UTC, datetime
@@ -228,9 +229,9 @@ def worker(
     loglevel: Annotated[str, typer.Option(help="faust/worker log level.")] = "warning",
 ) -> None:
     """Run the streaming worker: audio frames in; transcripts, latency and QA out (Kafka and ClickHouse)."""
+    from pipeline.api.auth import check_api_settings, with_local_token
+    from pipeline.api.token_file import token_path
     from pipeline.broker.topics import ensure_topics
-    from pipeline.web.auth import token_path
-    from pipeline.worker.api import check_api_settings, with_local_token
     from pipeline.worker.app import run_worker
 
     configured = get_settings()
@@ -459,7 +460,9 @@ def main() -> None:
         if _state["verbose"]:
             err_console.print_exception()
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        err_console.print(f"[red]error:[/red] {msg}  [dim](after {time.monotonic() - began:.1f} s; --verbose for details)[/dim]")
+        # --verbose is the root command's option: the hint gives the command again with it where it works.
+        again = "" if _state["verbose"] else f"; `{shlex.join(['callqa', '--verbose', *sys.argv[1:]])}` for details"
+        err_console.print(f"[red]error:[/red] {msg}  [dim](after {time.monotonic() - began:.1f} s{escape(again)})[/dim]")
         sys.exit(1)
 
 

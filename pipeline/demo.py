@@ -24,6 +24,7 @@ from confluent_kafka import Consumer, TopicPartition
 from rich.console import Console
 from rich.table import Table
 
+from pipeline.bench.workers import WorkerProcess, worker_env
 from pipeline.broker.security import kafka_config
 from pipeline.broker.topics import ensure_topics
 from pipeline.config import Settings, get_settings
@@ -34,7 +35,6 @@ from pipeline.gateway.simulate import SimulateOptions, new_call_id, run_with_pro
 from pipeline.ingest.replay import CallRecording, ReplayOptions, load_recording
 from pipeline.report import render_report, write_html
 from pipeline.tables import print_table
-from pipeline.worker.process import WorkerProcess, worker_env
 
 # Short library calls (about a minute each) whose scores differ: 100, 85, 0 (auto-fail), 90.
 DEMO_CALLS = ("02_card_payment", "04_no_identity_check", "05_rude_agent", "07_escalation_manager")

@@ -102,7 +102,7 @@ class StoreSource:
 def api_token(settings: Settings) -> str:
     """CALLQA_API_TOKEN, else the token a local worker made and keeps in ``<state_dir>/api-token`` (a file
     others can read is refused: ``TokenFileError``), else empty."""
-    from pipeline.web.auth import read_token_file, token_path
+    from pipeline.api.token_file import read_token_file, token_path
 
     return settings.api_token.get_secret_value().strip() or read_token_file(token_path(settings.state_dir)) or ""
 

@@ -44,6 +44,7 @@ from pipeline.asr.batcher import SegmentBatcher, check_newer
 from pipeline.asr.canary import load_checked
 from pipeline.asr.manifest import Manifest, ModelIntegrityError
 from pipeline.asr.recognizer import Recognizer, SegmentOutcome, checked_audio
+from pipeline.asr.recognizers import load_recognizer
 from pipeline.asr.results import AudioSegment, SegmentAudio, TranscriptResult
 from pipeline.config.asr import AsrSettings
 
@@ -341,7 +342,7 @@ def serve(conn: Connection, folder: str, settings: AsrSettings, number: int) -> 
     with contextlib.suppress(OSError):  # the name top, ps and /proc show (and `callqa bench live` counts as
         Path("/proc/self/comm").write_text("asr-batch-proc")  # inference, as the asr-batch threads)
     try:
-        recognizer = Recognizer.load(Path(folder), settings)
+        recognizer = load_recognizer(Path(folder), settings)
     except Exception as exc:  # noqa: BLE001 - sent to the parent, which raises it
         conn.send(("failed", _sendable(exc)))
         return

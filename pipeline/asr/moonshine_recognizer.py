@@ -1,6 +1,7 @@
 """One Moonshine model version behind the Recognizer contract the SegmentBatcher, the canary, the engine
 and the evaluation use: segments in (16 kHz samples), ``TranscriptResult``s out, a bad segment failing
-only its own slot. ``Recognizer.load`` returns one for a folder whose manifest says ``family: moonshine``.
+only its own slot. ``load_recognizer`` (recognizers.py) returns one for a folder whose manifest says
+``family: moonshine``.
 
 What differs from Whisper: the samples go in as they are (no log-mel, no window: the encoder's cost
 follows the audio); decoding is greedy only (``beam_size`` is Whisper's); there is no previous-text
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.asr.blas_threads import limit_blas_threads
 from pipeline.asr.decoding import WindowPolicy
 from pipeline.asr.moonshine_model import MoonshineDecoder, MoonshineOnnx, MoonshineOptions
 from pipeline.asr.recognizer import DecodedText, Recognizer, checked_audio
@@ -43,6 +45,8 @@ class MoonshineRecognizer(Recognizer):
 
     @classmethod
     def load(cls, folder: Path, settings: AsrSettings) -> MoonshineRecognizer:
+        """Load a Moonshine model version, as ``Recognizer.load`` loads Whisper's (BLAS pool limited too)."""
+        limit_blas_threads(settings.blas_threads)
         model = MoonshineOnnx.load(folder, settings.quantization, settings.intra_op_threads, trusted_key(settings))
         return cls(model, moonshine_options(settings))
 

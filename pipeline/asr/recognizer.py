@@ -17,7 +17,6 @@ import numpy as np
 
 from pipeline.asr.blas_threads import limit_blas_threads
 from pipeline.asr.decoding import DecodeOptions, GreedyDecoder, WindowPolicy
-from pipeline.asr.manifest import Manifest
 from pipeline.asr.onnx_model import WhisperOnnx
 from pipeline.asr.results import SegmentAudio, SegmentTimings, TranscriptResult
 from pipeline.asr.signing import trusted_key
@@ -101,15 +100,11 @@ class Recognizer:
 
     @classmethod
     def load(cls, folder: Path, settings: AsrSettings) -> Recognizer:
-        """Load a model version; signed by the trusted key when settings name one. A Moonshine folder
-        (its manifest's family) loads as a ``MoonshineRecognizer``, behind the same contract. The loading
-        process's BLAS pool is limited to ``settings.blas_threads`` (blas_threads.py: a process that loads a
-        recognizer decodes with it)."""
+        """Load a Whisper model version; signed by the trusted key when settings name one. (A folder of
+        either family: ``pipeline.asr.recognizers.load_recognizer``.) The loading process's BLAS pool is
+        limited to ``settings.blas_threads`` (blas_threads.py: a process that loads a recognizer decodes
+        with it)."""
         limit_blas_threads(settings.blas_threads)
-        if Manifest.read(folder).family == "moonshine":
-            from pipeline.asr.moonshine_recognizer import MoonshineRecognizer
-
-            return MoonshineRecognizer.load(folder, settings)
         model = WhisperOnnx.load(folder, settings.quantization, settings.intra_op_threads, trusted_key(settings),
                                  wide_encoder_threads(settings.idle_encoder_threads))
         return cls(model, decode_options(settings, model))

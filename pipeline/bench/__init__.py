@@ -1,16 +1,15 @@
-"""`callqa bench`: the benchmarks (see README.md here); one module per benchmark, and what they share.
+"""`callqa bench`: the benchmarks (see README.md here); the core they share, and one module per scenario.
 
-- ``cli``: the `callqa bench` sub-commands; ``results``: the result writer every benchmark uses (machine,
-  commit, date, settings beside the figures; ``<name>.json`` the latest run, ``<name>.jsonl`` every run);
-  ``variants``: ``--variant setting=value`` settings.
-- ``live`` (with ``benchmark``, ``traffic``, ``sender``, ``probes``, ``latency``, ``report``): capacity under
-  live call traffic. ``traffic``: the calls (Poisson arrivals, two legs taking turns, ground truth per turn);
-  ``sender``: sends them in real time as a media gateway does (μ-law, 20 ms frames, start/end events);
-  ``probes``: what is read off the worker while it runs; ``latency``: finals matched to the turns they
-  transcribe; ``live``: one load level, the search, batch size 1 and the engine alone at the found load;
-  ``benchmark``: the run from end to end; ``report``: its document, plot and tables.
-- ``accuracy``: WER and digit sequences per set and condition, beside faster-whisper.
-- ``asr``: the engine's speed per batch size and quantization, the window policy, the decoding options.
-- ``scale_out``: workers in one consumer group: 2 against 1, the rebalance pause, re-decoding after a crash.
-- ``end_to_end``: the whole pipeline on a backlog (batching, int8) and in real time.
+- The core: ``workers`` (worker processes started, pinned, restarted and checked; a consumer group on fresh
+  topics; the shared broker, started when none runs), ``store_fault`` (a worker whose store refuses inserts
+  while a file exists), ``stores`` (several workers' stores read as one), ``traffic`` and ``sender`` (planned
+  Poisson calls sent in real time; library calls replayed), ``probes`` (the sampler: CPU, RSS, /metrics),
+  ``results`` (the result writer: machine, commit, date, settings beside the figures; the run's log folder);
+  ``cli``: the `callqa bench` sub-commands; ``variants``: ``--variant setting=value`` settings.
+- ``live`` (with ``benchmark``, ``latency``, ``report``): capacity under live call traffic; ``memory``: RSS per
+  leg; ``scale_out``: 2 workers against 1, the rebalance pause, re-decoding after a crash; ``chaos``: calls
+  through kills, a broker restart and a store outage; ``end_to_end``: a backlog and real time;
+  ``gateway``: legs per gateway core.
+- Engine benchmarks: ``accuracy``, ``asr``, ``moonshine``, and the scripts ``inference_process``,
+  ``batch_order``, ``segment_counts``.
 """

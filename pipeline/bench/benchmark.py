@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -19,11 +18,10 @@ from pipeline.bench.live import (
     search,
     with_batch,
 )
-from pipeline.bench.results import RESULTS, utc_stamp, write_result
+from pipeline.bench.results import RESULTS, run_folder, utc_stamp, write_result
 from pipeline.bench.traffic import TurnLibrary
 from pipeline.bench.variants import worker_overrides
-from pipeline.broker.local import LocalKafka
-from pipeline.config import Settings
+from pipeline.bench.workers import shared_broker
 
 
 @dataclass(frozen=True)
@@ -44,33 +42,14 @@ def variant_config(config: LevelConfig, spec: str) -> LevelConfig:
     return replace(config, overrides=tuple(overrides.items()), variant=spec)
 
 
-def parse_cores(text: str) -> tuple[int, ...]:
-    """A taskset CPU list ("0", "0,1", "0-3,6") as core numbers; empty: every core this process may use."""
-    if not text.strip():
-        return tuple(sorted(os.sched_getaffinity(0)))
-    cores: set[int] = set()
-    for part in text.split(","):
-        first, _, last = part.strip().partition("-")
-        if not first.isdigit() or (last and not last.isdigit()):
-            raise ValueError(f"--cores {text!r}: use a CPU list such as 0 or 0,1 or 0-3")
-        cores.update(range(int(first), int(last or first) + 1))
-    unknown = cores - os.sched_getaffinity(0)
-    if unknown:
-        raise ValueError(f"--cores {text!r}: core(s) {sorted(unknown)} not available here "
-                         f"(available: {sorted(os.sched_getaffinity(0))})")
-    return tuple(sorted(cores))
-
-
 def run_benchmark(options: BenchOptions, console: Console) -> tuple[dict[str, Any], list[Path]]:
     """Run what the options ask for; returns the JSON document and the files written."""
     stamp = utc_stamp()
-    work = Settings().state_dir / "bench" / f"live-{stamp}"  # worker logs stay here; stores are removed
+    work = run_folder("live", stamp)  # worker logs stay here; stores are removed
     variant_levels = [variant_config(options.level, spec) for spec in options.variants]  # bad specs fail first
     library = TurnLibrary.load()
     speed = [gemm_probe(options, console)] if options.gemm else []
-    kafka = LocalKafka(Settings())
-    started = kafka.start()  # the running broker when there is one
-    try:
+    with shared_broker(console.print):
         levels, search_doc, found = run_levels(options, library, work, console)
         batching = engine = None
         compared: list[tuple[LevelRun, dict[str, Any] | None]] = []
@@ -95,9 +74,6 @@ def run_benchmark(options: BenchOptions, console: Console) -> tuple[dict[str, An
                     with console.status(f"the engine alone with {run.config.variant}..."):
                         alone = engine_alone(run, library)
                 compared.append((run, alone))
-    finally:
-        if not started.already_running:
-            kafka.stop()
     if speed:
         speed.append(gemm_probe(options, console))
     machine = machine_figures(speed)
@@ -115,7 +91,10 @@ def run_benchmark(options: BenchOptions, console: Console) -> tuple[dict[str, An
                           batching=batching, engine=engine, variants=variants, machine_measured=machine)
     doc["worker_logs"] = str(work)
     paths = write_result("live", doc, options.out)
-    paths.append(report.plot(doc, options.out / "live.png"))
+    try:
+        paths.append(report.plot(doc, options.out / "live.png"))
+    except ModuleNotFoundError as exc:  # matplotlib comes with the bench extra, not the product
+        console.print(f"no live.png: {exc.name} is not installed (`pip install -e '.[bench]'`)")
     return doc, paths
 
 

@@ -4,7 +4,7 @@ One run, on a Kafka broker of its own (other ports, its own data folder under ``
 it, which the broker shared by a test session must never be):
 
 - ``workers`` worker processes of one consumer group, each with an embedded store of its own (as separate
-  hosts have), all given the same ``CALLQA_STORE_FAULT_FILE`` (the sink's test hook): "the store"
+  hosts have), all started through ``pipeline.bench.store_fault`` with the same fault file: "the store"
   refuses every insert while that file exists;
 - live traffic: library calls without holds, each replayed in real time, a new one every
   ``call_every_s``, so calls are live at every fault;
@@ -47,27 +47,26 @@ from typing import Any
 
 from pipeline.analyze import analyze_recordings
 from pipeline.asr.engine import Engine
-from pipeline.bench.results import RESULTS, ROOT, record, settings_that_matter, utc_stamp, write_result
+from pipeline.bench import probes
+from pipeline.bench.results import RESULTS, record, run_folder, settings_that_matter, utc_stamp, write_result
+from pipeline.bench.sender import MAX_LOAD_CALL_MS, REPLAY, call_s, leg_audio_s, library_calls, replay
+from pipeline.bench.stores import GroupCalls, GroupStores, QaVerdicts
+from pipeline.bench.workers import WorkerGroup
 from pipeline.broker.local import LocalKafka, free_port
-from pipeline.broker.producer import ContractProducer
 from pipeline.broker.topics import ensure_topics
 from pipeline.config import Settings
 from pipeline.contracts import Serde
 from pipeline.contracts.messages import CallCheckpoint, CallQA, LatencyMetric, TranscriptSegment
 from pipeline.eval.call_library import (
-    LIBRARY_DIR,
     STORE_TABLES,
     TABLE_TEXT_COLUMNS,
     Leak,
     find_leaks,
-    load_manifest,
     message_texts,
     string_values,
 )
-from pipeline.ingest.replay import CallRecording, ReplayOptions, TelephonyReplay, load_recording
+from pipeline.ingest.replay import CallRecording, load_recording
 from pipeline.qa.call import QaConfig
-from pipeline.worker.group_stores import GroupCalls, GroupStores, QaVerdicts
-from pipeline.worker.process import WorkerProcess, worker_env
 
 FAULTS = ("kill9", "sigterm", "broker", "store")
 # The chaos test's plan (run time s, fault), for ~8 calls started 8 s apart (live from 0 to ~2 minutes):
@@ -78,8 +77,7 @@ TEST_PLAN: tuple[tuple[float, str], ...] = ((15.0, "kill9"), (35.0, "store"), (4
 LEG_AUDIO = "callqa_leg_audio_seconds_total"  # audio fed to the legs' segmenters
 ACTIVE_CALLS = "callqa_active_calls"
 REDECODED = re.compile(r"callqa_\w*re_?decod\w*")  # the worker's own re-decoding counter, if it has one
-FRAME_MS = 20
-MAX_CALL_MS = 100_000
+MAX_CALL_MS = MAX_LOAD_CALL_MS  # the longest library call replayed by default
 IDS = "has(splitByChar(',', {ids:String}), call_id)"
 
 
@@ -129,40 +127,19 @@ class Life:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
-def metric_sums(text: str) -> dict[str, float]:
-    """Every callqa_* series of a /metrics page, summed over its labels (histogram buckets left out)."""
-    sums: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line.startswith("callqa_"):
-            continue
-        head, _, value = line.rpartition(" ")
-        name = head.partition("{")[0]
-        if not name.endswith("_bucket"):
-            with suppress(ValueError):
-                sums[name] = sums.get(name, 0.0) + float(value)
-    return sums
-
-
 class Workers:
-    """The group's worker slots: each restarted in place (same store and log) after a fault or an exit."""
+    """The group's worker slots, each restarted in place (same store and log) after a fault or an exit, and
+    every life of each: when it started and ended, how, and its last metrics."""
 
-    def __init__(self, settings: Settings, work: Path, count: int, overrides: dict[str, str],
-                 say: Callable[[str], None]) -> None:
+    def __init__(self, settings: Settings, work: Path, overrides: dict[str, str], say: Callable[[str], None]) -> None:
         self.began = time.monotonic()
         self.began_wall_ms = time.time() * 1000  # the same moment on the clock Kafka timestamps use
         self.say = say
         self.fault_file = work / "store-refuses-writes"
-        topics = {name: getattr(settings, name) for name in Settings.model_fields if name.startswith("topic_")}
-        self.slots: list[WorkerProcess] = []
-        for i in range(count):
-            env = worker_env({
-                **topics, "bootstrap_servers": settings.bootstrap, "worker_id": settings.worker_id,
-                "kafka_security_protocol": "PLAINTEXT", "clickhouse_url": f"chdb://{(work / f'store{i}').resolve()}",
-                "commit_interval_s": "1.0", "model_watch_interval_s": "0", "store_fault_file": str(self.fault_file),
-                # A refused insert is retried after at most 5 s, not 30 s: the run ends sooner after the outage.
-                "store_retry_backoff_max_s": "5", **overrides,
-            })
-            self.slots.append(WorkerProcess(env, 0, work / f"worker{i}.log"))
+        # A refused insert is retried after at most 5 s, not 30 s: the run ends sooner after the outage.
+        self.group = WorkerGroup(settings, work, {"commit_interval_s": "1.0", "store_retry_backoff_max_s": "5",
+                                                  **overrides}, fault_file=self.fault_file, keep_stores=True)
+        self.slots = self.group.workers
         self.lives: list[Life] = []
         self.unplanned: list[str] = []
 
@@ -170,12 +147,11 @@ class Workers:
         return round(time.monotonic() - self.began, 1)
 
     def start(self, slot: int) -> None:
-        worker = self.slots[slot]
-        worker.web_port = free_port()
-        worker.env["CALLQA_WEB_PORT"] = str(worker.web_port)
-        worker.start(timeout_s=300)
-        assert worker.proc is not None
-        self.lives.append(Life(slot, worker.proc.pid, self.now()))
+        if slot < len(self.slots):
+            self.group.restart(self.slots[slot], timeout_s=300)
+        else:
+            self.group.start(f"worker{slot}", timeout_s=300)
+        self.lives.append(Life(slot, self.slots[slot].pid, self.now()))
 
     def life(self, slot: int) -> Life:
         return next(x for x in reversed(self.lives) if x.slot == slot)
@@ -185,7 +161,7 @@ class Workers:
         worker = self.slots[slot]
         if worker.alive():
             with suppress(OSError):
-                self.life(slot).metrics = metric_sums(worker.metrics_text())
+                self.life(slot).metrics = probes.metric_sums(worker.metrics_text())
 
     def poll_all(self) -> None:
         for slot in range(len(self.slots)):
@@ -208,8 +184,7 @@ class Workers:
         """Restart a worker that exited by itself, as systemd or Docker would, and note why it exited."""
         for slot, worker in enumerate(self.slots):
             if worker.proc is not None and not worker.alive():
-                reason = last_line(worker)
-                self.unplanned.append(f"{self.now():.0f} s: worker{slot} exited ({worker.exit_code}): {reason}")
+                self.unplanned.append(f"{self.now():.0f} s: worker{slot} exited ({worker.exit_code}): {worker.why()}")
                 self.ended(slot, f"exited {worker.exit_code}")
                 self.start(slot)
 
@@ -219,16 +194,6 @@ class Workers:
             if worker.alive():
                 worker.stop()
                 self.ended(slot, "end of run")
-
-
-def last_line(worker: WorkerProcess) -> str:
-    """The log line that says why a worker stopped: faust's crash reason or its first error, else its last line."""
-    lines = [ln.strip() for ln in worker.log_tail(300).splitlines() if ln.strip()]
-    for marker in ("Crashed reason=", "worker unhealthy", "[ERROR]", "[CRITICAL]"):
-        hit = next((ln for ln in lines if marker in ln), None)
-        if hit is not None:
-            return hit[:300]
-    return (lines or ["(empty log)"])[-1][:300]
 
 
 @dataclass
@@ -256,15 +221,11 @@ class Traffic:
             self.threads.append(thread)
 
     def _replay(self, call_id: str, rec: CallRecording) -> None:
+        def live(_: float) -> None:
+            self.live_wall_ms[call_id] = time.time() * 1000
+
         try:
-            producer = ContractProducer.from_settings(self.settings, Serde.from_settings())
-            player = TelephonyReplay(producer, self.settings.topic_audio, self.settings.topic_call_events)
-            options = ReplayOptions(encoding="mulaw", frame_ms=FRAME_MS, realtime=True)
-
-            def live(_: float) -> None:
-                self.live_wall_ms[call_id] = time.time() * 1000
-
-            player.run([rec], options, call_ids=[call_id], on_live=live)
+            replay(self.settings, [(call_id, rec)], 0.0, live)
         except Exception as exc:  # noqa: BLE001 - reported with the run's problems
             self.errors.append(f"replay of {call_id}: {type(exc).__name__}: {exc}")
 
@@ -272,18 +233,11 @@ class Traffic:
         return not starter.is_alive() and not any(t.is_alive() for t in self.threads)
 
 
-def library_calls(options: ChaosOptions) -> list[tuple[dict[str, Any], Path]]:
-    """(manifest entry, file) of each call to replay, cycling through the chosen library calls."""
-    manifest = {c["id"]: c for c in load_manifest()["calls"]}
-    names = list(options.call_names) or [c for c, m in manifest.items()
-                                         if not m["holds"] and m["duration_ms"] <= MAX_CALL_MS]
-    picked = [manifest[n] for n in names]
-    return [(picked[i % len(picked)], LIBRARY_DIR / picked[i % len(picked)]["file"]) for i in range(options.calls)]
-
-
-def leg_audio_s(rec: CallRecording) -> float:
-    frame = rec.sample_rate * FRAME_MS // 1000
-    return sum(rec.frame_count(leg, frame) for leg in rec.legs) * FRAME_MS / 1000
+def chosen_calls(options: ChaosOptions) -> list[tuple[dict[str, Any], Path]]:
+    """(manifest entry, file) of each call to replay, cycling through the chosen library calls (default:
+    every call without holds, so every frame of the file is sent and `callqa analyze` of it is the reference)."""
+    picked = library_calls(options.call_names, holds=False)
+    return [picked[i % len(picked)] for i in range(options.calls)]
 
 
 # ---- faults --------------------------------------------------------------------------------------------------
@@ -534,10 +488,10 @@ def run_chaos(options: ChaosOptions) -> ChaosResult:
     workers: Workers | None = None
     try:
         ensure_topics(settings)
-        picked = library_calls(options)
-        recordings = [load_recording(path, ReplayOptions(encoding="mulaw", frame_ms=FRAME_MS)) for _, path in picked]
+        picked = chosen_calls(options)
+        recordings = [load_recording(path, REPLAY) for _, path in picked]  # every frame sent, as analyze reads it
         call_ids = [f"{settings.worker_id}-{i:03d}" for i in range(len(picked))]
-        workers = Workers(settings, options.work, options.workers, options.overrides, say)
+        workers = Workers(settings, options.work, options.overrides, say)
         for slot in range(options.workers):
             workers.start(slot)
         say(f"{options.workers} workers up after {time.monotonic() - began_run:.0f} s; {len(call_ids)} calls, "
@@ -625,10 +579,6 @@ def verdict_problems(offline: Offline, stored: dict[str, list[QaVerdicts]],
     return out
 
 
-def call_s(rec: CallRecording) -> float:
-    frame = rec.sample_rate * FRAME_MS // 1000
-    return max(rec.frame_count(leg, frame) for leg in rec.legs) * FRAME_MS / 1000
-
 
 def _verdict(options: ChaosOptions, workers: Workers, traffic: Traffic, settings: Settings,
              picked: list[tuple[dict[str, Any], Path]], recordings: list[CallRecording], call_ids: list[str],
@@ -715,7 +665,7 @@ def bench_plan(duration_s: float, every_s: float, outage_s: float, first_s: floa
 
 def run_bench_chaos(options: BenchChaosOptions, say: Callable[[str], None] = print) -> tuple[dict[str, Any], list[Path]]:
     stamp = utc_stamp()
-    work = ROOT / ".callqa" / "bench" / f"chaos-{stamp}"
+    work = run_folder("chaos", stamp)
     plan = bench_plan(options.duration_s, options.fault_every_s, options.outage_s)
     chaos = ChaosOptions(work=work, calls=options.calls, workers=options.workers,
                          call_every_s=options.duration_s / options.calls, plan=plan, outage_s=options.outage_s,
@@ -724,13 +674,13 @@ def run_bench_chaos(options: BenchChaosOptions, say: Callable[[str], None] = pri
         result = run_chaos(chaos)
     finally:
         if not options.keep:
-            for folder in [*work.glob("store*"), work / "broker"]:
+            for folder in [*work.glob("store-*"), *work.glob("faust-*"), work / "broker"]:
                 if folder.is_dir():
                     shutil.rmtree(folder, ignore_errors=True)
     figures = result.figures()
     doc = record("chaos", settings_that_matter(Settings()), {
         "options": {k: v for k, v in dataclasses.asdict(options).items() if k != "out"} | {"plan": list(plan)},
-        "worker_logs": str(work.relative_to(ROOT)), **figures,
+        "worker_logs": str(work), **figures,
     }, started=stamp)
     return doc, write_result("chaos", doc, options.out)
 

@@ -53,11 +53,12 @@ def bench_live(
     """Capacity: live call traffic through the broker and workers.
 
     Poisson call arrivals sent in real time as a gateway sends them; final latency from the end of speech, throughput, the workers' CPU and memory; --search finds the most calls held under the P99 bound."""
-    from pipeline.bench.benchmark import BenchOptions, parse_cores, run_benchmark, variant_config
+    from pipeline.bench.benchmark import BenchOptions, run_benchmark, variant_config
     from pipeline.bench.live import LevelConfig
     from pipeline.bench.report import print_report
     from pipeline.bench.results import RESULTS
     from pipeline.bench.variants import BadVariant
+    from pipeline.bench.workers import parse_cores
 
     if calls < 1 or workers < 1 or hold_s <= 0 or warmup_s < 0:
         raise typer.BadParameter("--calls and --workers must be >= 1, --hold-s > 0 and --warmup-s >= 0")
@@ -93,9 +94,9 @@ def bench_memory(
     """Memory per live leg: legs added to one running worker.
 
     One worker, idle, then --step-calls calls added every --step-s seconds (none ending): its RSS (/proc) and its own count of live legs at 0, N, 2N legs; MB per leg added (goal <= 2)."""
-    from pipeline.bench.benchmark import parse_cores
     from pipeline.bench.memory import MemoryOptions, run_memory, summary_lines
     from pipeline.bench.results import RESULTS
+    from pipeline.bench.workers import parse_cores
 
     if step_calls < 1 or steps < 1 or window_s <= 0 or step_s <= window_s or idle_s < window_s:
         raise typer.BadParameter("--step-calls and --steps >= 1, --step-s > --window-s > 0, --idle-s >= --window-s")
@@ -295,3 +296,45 @@ def bench_gateway(
     options = GatewayBenchOptions(levels, warmup_s, window_s, gateway_cpus, simulator_cpus, simulators, out or RESULTS)
     _, paths = run_gateway_bench(options, console)
     _wrote(paths)
+
+
+@bench_app.command("readme")
+def bench_readme(
+    results: Annotated[Path | None, typer.Option(help="Folder of result documents (default bench/results).")] = None,
+    out: Annotated[Path | None, typer.Option(help="The file written (default: README.md beside the results folder, bench/README.md).")] = None,
+) -> None:
+    """bench/README.md from bench/results/: every benchmark's latest run as tables.
+
+    One section per result document (the top-level <name>.json files, then the studies' in subfolders): the command, when, the commit, the machine, the figures. Generated: run it again after a benchmark instead of editing the file."""
+    from pipeline.bench.readme import render
+    from pipeline.bench.results import RESULTS
+
+    folder = results or RESULTS
+    if not folder.is_dir():
+        raise typer.BadParameter(f"{folder} is not a folder of results")
+    target = out or folder.parent / "README.md"
+    target.write_text(render(folder, target))
+    _wrote([target])
+
+
+@bench_app.command("check")
+def bench_check(
+    only: Annotated[str, typer.Option(help="Comma-separated checks to run (default: all, in order): "
+                                           "library-numbers, asterisk, library-legs, library-offline, beam-reference, "
+                                           "long-call, chaos, library-live.")] = "",
+    out: Out = None,
+) -> None:
+    """The long accuracy and churn measurements the test suite runs a slice of, each against its limits.
+
+    Writes check.json (met / not met per check, its figures, limits and misses) and exits 1 when a check is not met. About 40 minutes on 2 cores; `make bench-check` runs it."""
+    from pipeline.bench.checks import CHECKS, CheckOptions, run_checks
+    from pipeline.bench.results import RESULTS
+
+    names = _split(only) or tuple(CHECKS)
+    unknown = [n for n in names if n not in CHECKS]
+    if unknown:
+        raise typer.BadParameter(f"unknown checks {', '.join(unknown)} (known: {', '.join(CHECKS)})")
+    doc, paths = run_checks(CheckOptions(names=names, out=out or RESULTS), console)
+    _wrote(paths)
+    if not doc["met"]:
+        raise typer.Exit(1)

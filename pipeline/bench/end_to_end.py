@@ -14,7 +14,6 @@ Result: ``end-to-end``.
 
 from __future__ import annotations
 
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -24,16 +23,12 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from pipeline.bench.live import topic_names
-from pipeline.bench.results import RESULTS, ROOT, record, settings_that_matter, write_result
-from pipeline.broker.local import LocalKafka, free_port
-from pipeline.broker.producer import ContractProducer
-from pipeline.broker.topics import ensure_topics
+from pipeline.bench.results import RESULTS, ROOT, record, run_folder, settings_that_matter, write_result
+from pipeline.bench.sender import REPLAY, call_s, replay
+from pipeline.bench.workers import WorkerGroup, shared_broker
 from pipeline.config import Settings
-from pipeline.contracts import Serde
-from pipeline.ingest.replay import ReplayOptions, TelephonyReplay, load_recording
+from pipeline.ingest.replay import CallRecording, load_recording
 from pipeline.tables import print_figures
-from pipeline.worker.process import WorkerProcess, worker_env
 
 SAMPLE_CALLS = ROOT / "samples" / "calls"
 
@@ -63,18 +58,14 @@ def scenarios(options: EndToEndOptions) -> list[Scenario]:
 
 
 def run_end_to_end(options: EndToEndOptions, console: Console) -> tuple[dict[str, Any], list[Path]]:
-    kafka = LocalKafka(Settings())
-    started = kafka.start()  # the running broker when there is one
+    work = run_folder("end-to-end")  # the workers' logs stay; their stores are removed
+    recordings = [load_recording(p, REPLAY) for p in sorted(SAMPLE_CALLS.glob("*.wav"))]
     results: list[dict[str, Any]] = []
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            for scenario in scenarios(options):
-                pace = "real time" if scenario.realtime else "as fast as possible"
-                console.print(f"[bold]{scenario.name}[/bold]: {scenario.calls} calls, {pace}")
-                results.append(run_scenario(scenario, Path(tmp), console))
-    finally:
-        if not started.already_running:
-            kafka.stop()
+    with shared_broker(console.print):
+        for scenario in scenarios(options):
+            pace = "real time" if scenario.realtime else "as fast as possible"
+            console.print(f"[bold]{scenario.name}[/bold]: {scenario.calls} calls, {pace}")
+            results.append(run_scenario(scenario, recordings, work, console))
     print_results(results, console)
     ratio = results[0]["call_audio_s_per_wall_s"] / results[1]["call_audio_s_per_wall_s"]
     int8 = results[2]["call_audio_s_per_wall_s"] / results[0]["call_audio_s_per_wall_s"]
@@ -86,28 +77,19 @@ def run_end_to_end(options: EndToEndOptions, console: Console) -> tuple[dict[str
     return doc, write_result("end-to-end", doc, options.out)
 
 
-def run_scenario(scenario: Scenario, work: Path, console: Console) -> dict[str, Any]:
+def run_scenario(scenario: Scenario, recordings: list[CallRecording], work: Path, console: Console) -> dict[str, Any]:
+    """One scenario on topics and a worker of its own: every topic fresh, checkpoints included."""
     prefix = f"bench.{scenario.name}.{uuid.uuid4().hex[:6]}"
-    topics = topic_names(prefix)  # every topic fresh, checkpoints included: scenarios share nothing
-    settings = Settings(**topics)  # type: ignore[arg-type]
-    ensure_topics(settings)
-    port = free_port()
-    env = worker_env({**topics, "worker_id": prefix, "web_port": str(port),
-                      "clickhouse_url": f"chdb://{(work / scenario.name / 'chdb').resolve()}", **scenario.overrides})
-    worker = WorkerProcess(env, port, work / scenario.name / "worker.log")
-    with console.status(f"  {scenario.name}: starting the worker..."):
-        worker.start()
-    try:
-        options = ReplayOptions(encoding="mulaw", realtime=scenario.realtime, calls=scenario.calls)
-        recordings = [load_recording(p, options) for p in sorted(SAMPLE_CALLS.glob("*.wav"))]
-        player = TelephonyReplay(ContractProducer.from_settings(settings, Serde.from_settings()),
-                                 settings.topic_audio, settings.topic_call_events)
+    with WorkerGroup.fresh(prefix, work / scenario.name, scenario.overrides) as workers:
+        with console.status(f"  {scenario.name}: starting the worker..."):
+            worker = workers.start("worker")
+        calls = [(f"{prefix}-{i:04d}", recordings[i % len(recordings)]) for i in range(scenario.calls)]
         began = time.monotonic()
         with console.status(f"  {scenario.name}: replaying, then waiting for every call in the store..."):
-            report = player.run(recordings, options)
+            report = replay(workers.settings, calls, 0.0 if scenario.realtime else None)
             worker.wait_for_calls(report.call_ids, timeout_s=1800)
         wall = time.monotonic() - began
-        audio_s = sum(max(n for n in legs.values()) for legs in report.frames_per_leg.values()) * 0.02
+        audio_s = sum(call_s(rec) for _, rec in calls)
         lat = worker.query(
             "SELECT count() AS n, quantile(0.5)(end_to_end_ms) AS p50, quantile(0.95)(end_to_end_ms) AS p95, "
             "quantile(0.99)(end_to_end_ms) AS p99, avg(batch_size) AS batch, max(batch_size) AS max_batch, "
@@ -122,8 +104,6 @@ def run_scenario(scenario: Scenario, work: Path, console: Console) -> dict[str, 
             "inference_ms_p50": round(float(lat["inference_p50"]), 1),
             "rss_mb_at_end": round(worker.metric("process_resident_memory_bytes") / 2**20, 1),
         }
-    finally:
-        worker.stop()
 
 
 def print_results(results: list[dict[str, Any]], console: Console) -> None:

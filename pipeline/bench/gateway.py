@@ -16,7 +16,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -27,7 +26,9 @@ import uvloop
 from rich.console import Console
 from rich.table import Table
 
-from pipeline.bench.results import RESULTS, record, write_result
+from pipeline.bench import probes
+from pipeline.bench.results import RESULTS, record, run_folder, utc_stamp, write_result
+from pipeline.bench.workers import shared_broker
 from pipeline.gateway.process import REPO, GatewayProcess
 from pipeline.ingest.replay import CallRecording, ReplayOptions, load_recording
 from pipeline.tables import print_table
@@ -35,8 +36,6 @@ from pipeline.tables import print_table
 RECORDING = REPO / "samples" / "calls" / "library" / "built" / "02_card_payment.wav"
 FALLBACK = Path("/usr/share/pocketsphinx/test/data/cards/001.wav")
 HISTOGRAM = "callqa_gateway_frame_ack_seconds"
-TICKS = os.sysconf("SC_CLK_TCK")
-PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
 
 
 @dataclass(frozen=True)
@@ -74,7 +73,10 @@ class LevelResult:
 
 
 def run_gateway_bench(options: GatewayBenchOptions, console: Console) -> tuple[dict[str, Any], list[Path]]:
-    levels = [_run_level(legs, options, console) for legs in options.legs]
+    stamp = utc_stamp()
+    work = run_folder("gateway", stamp)  # the gateway's and simulators' logs and reports stay here
+    with shared_broker(console.print):
+        levels = [_run_level(legs, options, work / f"{legs}-legs", console) for legs in options.legs]
     figures = {"levels": [asdict(level) for level in levels],
                "method": {"protocol": "twilio (both tracks, 20 ms μ-law chunks, real time)",
                           "gateway_cpus": options.gateway_cpus, "simulator_cpus": options.simulator_cpus,
@@ -82,43 +84,42 @@ def run_gateway_bench(options: GatewayBenchOptions, console: Console) -> tuple[d
                           "window_s": options.window_s,
                           "latency": f"{HISTOGRAM} (frame built from received audio -> acks=all), "
                                      "interpolated within buckets 5/10/20/50/100/250 ms"},
-               "goals": {"legs_per_core": 1000, "latency_p99_ms": 50, "rss_kb_per_leg": 100}}
+               "goals": {"legs_per_core": 1000, "latency_p99_ms": 50, "rss_kb_per_leg": 100},
+               "logs": str(work)}
     settings = {"gateway_leg_buffer_s": 2.0, "gateway_send_batch": 2000}
-    doc = record("gateway", settings, figures)
+    doc = record("gateway", settings, figures, started=stamp)
     print_levels(levels, console)
     return doc, write_result("gateway", doc, options.out)
 
 
-def _run_level(legs: int, options: GatewayBenchOptions, console: Console) -> LevelResult:
+def _run_level(legs: int, options: GatewayBenchOptions, work: Path, console: Console) -> LevelResult:
     calls = max(1, legs // 2)
-    run = f"{os.getpid()}-{legs}"
-    with tempfile.TemporaryDirectory(prefix="callqa-bench-gateway-") as tmp:
-        gateway = GatewayProcess(Path(tmp) / "gateway.log", cpus=options.gateway_cpus, env={
-            "CALLQA_TOPIC_AUDIO": "callqa-bench-gateway-audio", "CALLQA_TOPIC_CALL_EVENTS": "callqa-bench-gateway-events",
-            "CALLQA_GATEWAY_END_GRACE_S": "1", "CALLQA_GATEWAY_MAX_SESSIONS": str(calls + 100),
-            "CALLQA_GATEWAY_DRAIN_S": "0"})
-        with console.status(f"{legs} legs: starting the gateway on core(s) {options.gateway_cpus}..."):
-            gateway.start()
-        try:
-            time.sleep(1.0)
-            rss_idle = _rss_kb(gateway.pid)
-            seconds = options.warmup_s + options.window_s + 5
-            senders = _start_senders(gateway, calls, seconds, options, Path(tmp), run)
-            with console.status(f"{legs} legs: {options.simulators} simulators connecting {calls} Twilio calls..."):
-                _wait_for_sessions(gateway, calls)
-            with console.status(f"{legs} legs ({calls} Twilio calls): warm-up {options.warmup_s:.0f} s, "
-                                f"then {options.window_s:.0f} s measured..."):
-                time.sleep(options.warmup_s)
-                cpu0, hist0 = _cpu_ticks(gateway.pid), _histogram(gateway.metrics())
-                time.sleep(options.window_s)
-                cpu1, hist1 = _cpu_ticks(gateway.pid), _histogram(gateway.metrics())
-                rss_loaded = _rss_kb(gateway.pid)
-                load = os.getloadavg()[0]
-                dropped = _sample(gateway.metrics(), "callqa_gateway_frames_dropped_total")
-                reports = [_finish(proc, path) for proc, path in senders]
-        finally:
-            gateway.stop()
-    core = (cpu1 - cpu0) / TICKS / options.window_s
+    gateway = GatewayProcess(work / "gateway.log", cpus=options.gateway_cpus, env={
+        "CALLQA_TOPIC_AUDIO": "callqa-bench-gateway-audio", "CALLQA_TOPIC_CALL_EVENTS": "callqa-bench-gateway-events",
+        "CALLQA_GATEWAY_END_GRACE_S": "1", "CALLQA_GATEWAY_MAX_SESSIONS": str(calls + 100),
+        "CALLQA_GATEWAY_DRAIN_S": "0"})
+    with console.status(f"{legs} legs: starting the gateway on core(s) {options.gateway_cpus}..."):
+        gateway.start()
+    try:
+        time.sleep(1.0)
+        rss_idle = probes.rss_bytes(gateway.pid) / 1024
+        seconds = options.warmup_s + options.window_s + 5
+        senders = _start_senders(gateway, calls, seconds, options, work)
+        with console.status(f"{legs} legs: {options.simulators} simulators connecting {calls} Twilio calls..."):
+            _wait_for_sessions(gateway, calls)
+        with console.status(f"{legs} legs ({calls} Twilio calls): warm-up {options.warmup_s:.0f} s, "
+                            f"then {options.window_s:.0f} s measured..."):
+            time.sleep(options.warmup_s)
+            cpu0, hist0 = probes.cpu_seconds(gateway.pid), probes.histogram(gateway.metrics(), HISTOGRAM)
+            time.sleep(options.window_s)
+            cpu1, hist1 = probes.cpu_seconds(gateway.pid), probes.histogram(gateway.metrics(), HISTOGRAM)
+            rss_loaded = probes.rss_bytes(gateway.pid) / 1024
+            load = os.getloadavg()[0]
+            dropped = probes.metric(gateway.metrics(), "callqa_gateway_frames_dropped_total")
+            reports = [_finish(proc, path) for proc, path in senders]
+    finally:
+        gateway.stop()
+    core = (cpu1 - cpu0) / options.window_s
     window = {le: hist1.get(le, 0.0) - hist0.get(le, 0.0) for le in hist1}
     # Legs actually carried (frames acknowledged / 50 per second), not the nominal level: a late simulator
     # offers less than N legs in real time.
@@ -130,7 +131,8 @@ def _run_level(legs: int, options: GatewayBenchOptions, console: Console) -> Lev
         cpu_ms_per_leg_s=round(1000 * core / legs, 3), legs_per_core=round(acked / 50 / core) if core > 0 else 0.0,
         rss_idle_mb=round(rss_idle / 1024, 1), rss_loaded_mb=round(rss_loaded / 1024, 1),
         rss_kb_per_leg=round((rss_loaded - rss_idle) / legs, 1),
-        latency_p50_ms=round(1000 * _quantile(window, 0.50), 1), latency_p99_ms=round(1000 * _quantile(window, 0.99), 1),
+        latency_p50_ms=round(1000 * probes.quantile(window, 0.50), 1),
+        latency_p99_ms=round(1000 * probes.quantile(window, 0.99), 1),
         frames_acked_in_window=int(window.get("+Inf", 0.0)), frames_dropped=int(dropped),
         simulator_late_p50_ms=round(float(np.percentile(late, 50)), 1),
         simulator_late_p99_ms=round(float(np.percentile(late, 99)), 1),
@@ -140,33 +142,35 @@ def _run_level(legs: int, options: GatewayBenchOptions, console: Console) -> Lev
 
 
 # ---- the simulator processes --------------------------------------------------------------------------------
-def _start_senders(gateway: GatewayProcess, calls: int, seconds: float, options: GatewayBenchOptions, tmp: Path,
-                   run: str) -> list[tuple[subprocess.Popen[bytes], Path]]:
+def _start_senders(gateway: GatewayProcess, calls: int, seconds: float, options: GatewayBenchOptions,
+                   work: Path) -> list[tuple[subprocess.Popen[bytes], Path]]:
     senders = []
     share = [calls // options.simulators + (1 if i < calls % options.simulators else 0)
              for i in range(options.simulators)]
     for i, n in enumerate(s for s in share if s):
-        out = tmp / f"sender-{i}.json"
+        out = (work / f"simulator-{i}.json").resolve()
         spec = {"url": gateway.url, "token": gateway.twilio_auth_token, "calls": n, "seconds": seconds, "out": str(out)}
         command = [sys.executable, "-m", "pipeline.bench.gateway", json.dumps(spec)]
         if options.simulator_cpus:
             command = ["taskset", "-c", options.simulator_cpus, *command]
-        senders.append((subprocess.Popen(command, cwd=REPO), out))
+        with (work / f"simulator-{i}.log").open("wb") as log:
+            senders.append((subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT), out))
     return senders
 
 
 def _wait_for_sessions(gateway: GatewayProcess, calls: int, timeout_s: float = 120.0) -> None:
     """The window starts once every call's stream is open (the simulators load their audio first)."""
     deadline = time.monotonic() + timeout_s
-    while _sample(gateway.metrics(), 'callqa_gateway_sessions_active{protocol="twilio"}') < calls:
+    while probes.metric(gateway.metrics(), "callqa_gateway_sessions_active", protocol="twilio") < calls:
         if time.monotonic() > deadline:
-            raise RuntimeError(f"the simulators did not open {calls} streams in {timeout_s:.0f} s")
+            raise RuntimeError(f"the simulators did not open {calls} streams in {timeout_s:.0f} s; see "
+                               f"{gateway.log_path.parent}")
         time.sleep(0.5)
 
 
 def _finish(proc: subprocess.Popen[bytes], out: Path) -> dict[str, Any]:
     if proc.wait() != 0 or not out.exists():
-        raise RuntimeError(f"a simulator process failed (exit {proc.returncode})")
+        raise RuntimeError(f"a simulator process failed (exit {proc.returncode}); see {out.with_suffix('.log')}")
     return dict(json.loads(out.read_text()))
 
 
@@ -194,47 +198,6 @@ def sender_main(spec: dict[str, Any]) -> None:
     Path(spec["out"]).write_text(json.dumps({"late_ms": [round(float(x), 2) for x in sample],
                                              "frames": report.frames_sent, "elapsed_s": report.elapsed_s,
                                              "calls_lost": len(report.failures)}))
-
-
-# ---- what the gateway's /proc and /metrics say ----------------------------------------------------------------
-def _cpu_ticks(pid: int) -> int:
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return int(fields[11]) + int(fields[12])  # utime + stime (fields 14 and 15 of stat)
-
-
-def _rss_kb(pid: int) -> float:
-    return float(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE_KB
-
-
-def _histogram(exposition: str) -> dict[str, float]:
-    """The ack-latency histogram's cumulative bucket counts, by upper bound ("0.005", ..., "+Inf")."""
-    counts = {}
-    for line in exposition.splitlines():
-        if line.startswith(f"{HISTOGRAM}_bucket{{"):
-            le = line.split('le="', 1)[1].split('"', 1)[0]
-            counts[le] = float(line.rsplit(" ", 1)[1])
-    return counts
-
-
-def _sample(exposition: str, name: str) -> float:
-    for line in exposition.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    return 0.0
-
-
-def _quantile(buckets: dict[str, float], q: float) -> float:
-    """A quantile of a cumulative histogram, linear within its bucket (as Prometheus's histogram_quantile)."""
-    total = buckets.get("+Inf", 0.0)
-    if total <= 0:
-        return 0.0
-    rank, lower, below = q * total, 0.0, 0.0
-    for le, count in sorted(((le, c) for le, c in buckets.items() if le != "+Inf"), key=lambda x: float(x[0])):
-        upper = float(le)
-        if count >= rank:
-            return lower + (upper - lower) * (rank - below) / max(count - below, 1e-9)
-        lower, below = upper, count
-    return lower  # beyond the last finite bucket: its bound (a floor)
 
 
 def print_levels(levels: list[LevelResult], console: Console) -> None:

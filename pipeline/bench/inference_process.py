@@ -26,6 +26,7 @@ import numpy as np
 from pipeline.asr.engine import Engine
 from pipeline.asr.inference_process import ProcessRecognizer
 from pipeline.asr.results import AudioSegment
+from pipeline.bench.probes import cpu_seconds
 from pipeline.bench.results import RESULTS, record, settings_that_matter, write_result
 from pipeline.config import Settings, get_settings
 from pipeline.eval.conditions import conditioned
@@ -38,12 +39,6 @@ CONFIGS: tuple[tuple[str, dict[str, int]], ...] = (
     ("2 processes", {"inference_processes": 2}),
 )
 TICK_S = 0.005
-
-
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a live process, from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def load_average() -> list[float]:
@@ -80,11 +75,11 @@ async def one_run(engine: Engine, segments: list[AudioSegment], load: float | No
     lags: list[float] = []
     stop = asyncio.Event()
     ticker = asyncio.create_task(_ticker(lags, stop))
-    before = (time.process_time(), [cpu_s(pid) for pid in children])
+    before = (time.process_time(), [cpu_seconds(pid) for pid in children])
     started = time.perf_counter()
     latencies = await asyncio.gather(*(one(s, float(d)) for s, d in zip(segments, delays, strict=True)))
     wall = time.perf_counter() - started
-    after = (time.process_time(), [cpu_s(pid) for pid in children])
+    after = (time.process_time(), [cpu_seconds(pid) for pid in children])
     stop.set()
     await ticker
     await batcher.close()

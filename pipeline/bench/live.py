@@ -16,12 +16,10 @@ seconds of audio it is behind stays under LAG_SLOPE_MAX), it drained, and finals
 from __future__ import annotations
 
 import os
-import shutil
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import ExitStack, contextmanager, suppress
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -53,14 +51,11 @@ from pipeline.bench.traffic import (
     plan_traffic,
 )
 from pipeline.bench.variants import settings_variant
-from pipeline.broker.groups import GroupNotStableError, wait_for_members
-from pipeline.broker.local import free_port
+from pipeline.bench.workers import Background, BenchError, WorkerGroup, WorkerProcess
 from pipeline.broker.producer import ContractProducer
-from pipeline.broker.security import ClientErrors, admin_client, kafka_config
-from pipeline.broker.topics import ensure_topics
+from pipeline.broker.security import kafka_config
 from pipeline.config import Settings
 from pipeline.contracts import Serde, TranscriptSegment
-from pipeline.worker.process import WorkerProcess, worker_env
 
 # "Lag not growing": the worker falls behind the live audio by less than 1 s per 100 s of window.
 LAG_SLOPE_MAX = 0.01
@@ -69,10 +64,6 @@ FRAMES_PER_S_PER_LEG = 1000 // FRAME_MS
 # unless the level is far over its capacity (then P99 fails whether or not its last finals are counted).
 DRAIN_QUIET_S = 8.0
 ASSIGNMENT_TIMEOUT_S = 90.0
-
-
-class BenchError(RuntimeError):
-    """A level could not be measured; the message is one line saying why (and where the worker log is)."""
 
 
 @dataclass(frozen=True)
@@ -112,6 +103,10 @@ class LevelConfig:
         return (f"{self.calls} calls" + ("" if self.workers == 1 else f", {self.workers} workers")
                 + ("" if self.max_batch is None else f", max_batch {self.max_batch}")
                 + (f", {self.variant}" if self.variant else ""))
+
+    def worker_overrides(self) -> dict[str, str]:
+        """The workers' settings beside the environment's: the variant's, then ``max_batch``."""
+        return {**dict(self.overrides), **({} if self.max_batch is None else {"max_batch": str(self.max_batch)})}
 
     def settings(self) -> Settings:
         """The workers' settings: the environment's, the variant's over them, then ``max_batch``."""
@@ -189,106 +184,13 @@ class TranscriptTap(threading.Thread):
         self.join(timeout=10)
 
 
-class Background(threading.Thread):
-    """Runs ``fn`` in a thread; ``check()`` raises its exception in the caller's."""
-
-    def __init__(self, name: str, fn: Callable[[], Any]) -> None:
-        super().__init__(name=name, daemon=True)
-        self.fn = fn
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            self.fn()
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller by check()
-            self.error = exc
-
-    def check(self) -> None:
-        if self.error is not None:
-            raise BenchError(f"{self.name} failed: {type(self.error).__name__}: {self.error}") from self.error
-
-
-def topic_names(prefix: str) -> dict[str, str]:
-    """Every topic setting (checkpoints included, and any added later), fresh for this level."""
-    return {name: f"{prefix}.{name.removeprefix('topic_')}" for name in Settings.model_fields
-            if name.startswith("topic_")}
-
-
-@contextmanager
-def level_workers(config: LevelConfig, settings: Settings, topics: dict[str, str],
-                  folder: Path) -> Iterator[list[WorkerProcess]]:
-    """The level's workers in one consumer group on its topics, each pinned to its cores, once the group
-    holds every input partition; stopped, their stores and the topics removed on the way out (their logs
-    stay in ``folder``)."""
-    workers: list[WorkerProcess] = []
-    try:
-        ensure_topics(settings)
-        for i, cores in enumerate(config.worker_cores):
-            workers.append(start_worker(config, settings, topics, folder if config.workers == 1 else folder / f"w{i}",
-                                        cores))
-        wait_assigned(settings, workers)
-        yield workers
-    finally:
-        for worker in workers:
-            with suppress(Exception):
-                worker.stop()
-        delete_topics(settings, topics)
-        for part in ("store", "faust"):
-            for sub in [folder, *folder.glob("w*")]:
-                shutil.rmtree(sub / part, ignore_errors=True)
-
-
-def start_worker(config: LevelConfig, settings: Settings, topics: dict[str, str], folder: Path,
-                 cores: tuple[int, ...]) -> WorkerProcess:
-    port = free_port()
-    overrides = {**topics, "worker_id": settings.worker_id, "web_port": str(port),
-                 "bootstrap_servers": settings.bootstrap, "clickhouse_url": f"chdb://{(folder / 'store').resolve()}",
-                 "model_watch_interval_s": "0"}  # no hot reload in the middle of a measurement
-    overrides.update(dict(config.overrides))
-    if config.max_batch is not None:
-        overrides["max_batch"] = str(config.max_batch)
-    env = worker_env(overrides)
-    env["FAUST_DATADIR"] = str((folder / "faust").resolve())  # faust's own folder, not in the working dir
-    worker = WorkerProcess(env, port, folder / "worker.log", cpus=",".join(map(str, cores)))
-    try:
-        worker.start()
-    except RuntimeError as exc:
-        raise BenchError(f"the worker did not start: {last_log_line(worker)}") from exc
-    return worker
-
-
-def wait_assigned(settings: Settings, workers: list[WorkerProcess]) -> None:
-    """Until the workers hold every input partition between them, in a stable group (frames sent before
-    would only queue up)."""
-    def check() -> None:
-        for worker in workers:
-            alive(worker)
-
-    admin = admin_client(settings, ClientErrors(settings))
-    try:
-        wait_for_members(admin, settings.worker_id, settings.topic_audio, settings.audio_partitions, len(workers),
-                         ASSIGNMENT_TIMEOUT_S, check)
-    except GroupNotStableError as exc:
-        raise BenchError(f"{exc} (logs: {workers[0].log_path.parent})") from exc
-
-
-def alive(worker: WorkerProcess) -> None:
-    if not worker.alive():
-        raise BenchError(f"the worker exited ({worker.exit_code}): {last_log_line(worker)}")
-
-
-def last_log_line(worker: WorkerProcess) -> str:
-    """The worker log's line that says why it failed: its first ERROR, else its last line."""
-    lines = [ln.strip() for ln in worker.log_tail(300).splitlines() if ln.strip()]
-    first_error = next((ln for ln in lines if "[ERROR]" in ln or "Crashed reason=" in ln), None)
-    return f"{(first_error or (lines or ['(empty log)'])[-1])[:300]} (log: {worker.log_path})"
-
-
-def delete_topics(settings: Settings, topics: dict[str, str]) -> None:
-    admin = admin_client(settings, ClientErrors(settings))
-    for future in admin.delete_topics(list(topics.values()), operation_timeout=30).values():
-        with suppress(Exception):
-            future.result()
+def start_workers(workers: WorkerGroup, config: LevelConfig) -> list[WorkerProcess]:
+    """The level's workers in its consumer group, each pinned to its share of the cores, once the group holds
+    every input partition (frames sent before would only queue up)."""
+    for i, cores in enumerate(config.worker_cores):
+        workers.start(f"w{i}", cpus=",".join(map(str, cores)))
+    workers.wait_members(config.workers, ASSIGNMENT_TIMEOUT_S)
+    return workers.workers
 
 
 # ---- a level ---------------------------------------------------------------------------------------------
@@ -320,41 +222,33 @@ class Watch:
             probes.cpu_split(pid, before, self.cpu_end[1][pid], wall, self.thread_names.get(pid, {}))
             for pid, before in self.cpu_start[1].items()])
 
-    def sample(self, workers: list[WorkerProcess], audio_topic: str, t_s: float) -> probes.MetricsSample | None:
-        """One scrape of every worker, added up; None when one of them did not answer in time."""
-        samples = []
-        for worker in workers:
-            assert worker.proc is not None
-            try:
-                text = probes.fetch_metrics(worker.web_port)
-                rss = probes.rss_bytes(worker.proc.pid)
-            except OSError:
-                alive(worker)
-                return None  # a slow answer under load: the next sample will do
-            samples.append(probes.parse_metrics(text, t_s, audio_topic, rss))
-        sample = probes.MetricsSample.combined(samples)
-        self.samples.append(sample)
+    def sample(self, workers: WorkerGroup, t_s: float) -> probes.MetricsSample | None:
+        """One scrape of every worker, added up; None when one of them did not answer in time (BenchError
+        when one has exited)."""
+        workers.check()
+        sample = probes.scrape([(w.web_port, w.pid) for w in workers.workers], workers.settings.topic_audio, t_s)
+        if sample is not None:
+            self.samples.append(sample)
         return sample
 
 
 def run_level(config: LevelConfig, library: TurnLibrary, work: Path, console: Console) -> LevelRun:
     prefix = f"bench.live.{config.calls}c{'' if config.max_batch is None else f'.b{config.max_batch}'}" \
              f"{'.v' if config.variant else ''}.{uuid.uuid4().hex[:6]}"
-    topics = topic_names(prefix)
-    settings = Settings(**topics, worker_id=prefix)  # type: ignore[arg-type]
     plans = plan_traffic(library, config.traffic, config.horizon_s, prefix)
-    with ExitStack() as stack:
+    with WorkerGroup.fresh(prefix, work / prefix, config.worker_overrides()) as workers:
         with console.status(f"{config.label}: starting {config.workers} worker(s) (model, VAD, store, consumer group)..."):
-            workers = stack.enter_context(level_workers(config, settings, topics, work / prefix))
+            start_workers(workers, config)
+        settings = workers.settings
         serde = Serde.from_settings(settings.schema_registry_url)
         tap = TranscriptTap(settings, serde)
         tap.start()
         try:
             sender = LiveSender(ContractProducer.from_settings(settings, serde), settings.topic_audio,
                                   settings.topic_call_events, library, NoiseBed(config.traffic.max_call_s))
-            report, watch = drive(config, workers, sender, plans, tap, settings.topic_audio, console)
+            report, watch = drive(config, workers, sender, plans, tap, console)
             finals = tap.finals()
-            passed = postcall_figures(workers, console) if config.settings().final_model else None
+            passed = postcall_figures(workers.workers, console) if config.settings().final_model else None
         finally:
             tap.stop()
         run = measure(config, plans, finals, report, watch)
@@ -393,24 +287,23 @@ def postcall_figures(workers: list[WorkerProcess], console: Console) -> dict[str
     }
 
 
-def drive(config: LevelConfig, workers: list[WorkerProcess], traffic: LiveSender, plans: list[CallPlan],
-          tap: TranscriptTap, audio_topic: str, console: Console) -> tuple[SendReport, Watch]:
+def drive(config: LevelConfig, workers: WorkerGroup, traffic: LiveSender, plans: list[CallPlan],
+          tap: TranscriptTap, console: Console) -> tuple[SendReport, Watch]:
     """Send the traffic while sampling the workers; take CPU snapshots at the window's ends; then drain."""
-    pids = [w.proc.pid for w in workers if w.proc is not None]
-    report, watch, stop = SendReport(), Watch(), threading.Event()
-    sender = Background("the traffic sender", lambda: traffic.run(plans, config.horizon_s, stop, report))
+    pids = [w.pid for w in workers.workers]
+    report, watch = SendReport(), Watch()
+    sender = Background("the traffic sender", lambda stop: traffic.run(plans, config.horizon_s, stop, report))
     window_end = config.warmup_s + config.hold_s
     columns = (TextColumn("[bold]{task.description}[/bold]"), BarColumn(), TextColumn("{task.fields[phase]}"),
                TextColumn("finals {task.fields[finals]}, lag {task.fields[lag]} frames"), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as progress:
         task = progress.add_task(config.label, total=config.horizon_s, phase="warm-up", finals=0, lag="-")
-        sender.start()
         next_sample = 0.0
-        try:
+        with sender:
             while sender.is_alive():
                 t = time.time() - report.started_wall_s if report.started_wall_s else 0.0
                 if t >= next_sample:
-                    sample = watch.sample(workers, audio_topic, t)
+                    sample = watch.sample(workers, t)
                     next_sample = t + config.sample_s
                     if sample is not None:
                         progress.update(task, lag=sample.audio_lag if sample.audio_lag is not None else "-")
@@ -420,21 +313,17 @@ def drive(config: LevelConfig, workers: list[WorkerProcess], traffic: LiveSender
                     watch.end_window(pids)
                 phase = "warm-up" if t < config.warmup_s else "steady" if t < window_end else "tail"
                 progress.update(task, completed=min(t, config.horizon_s), phase=phase, finals=len(tap.finals()))
-                for worker in workers:
-                    alive(worker)
+                workers.check()
                 time.sleep(0.1)
-        finally:
-            stop.set()
-            sender.join(timeout=30)
         sender.check()
         if watch.cpu_end is None:  # the tail is shorter than a loop turn: the window ended with the traffic
             watch.end_window(pids)
         progress.update(task, phase="draining")
-        watch.drained_after_s = drain(config, workers, tap, watch, audio_topic, report.started_wall_s)
+        watch.drained_after_s = drain(config, workers, tap, watch, report.started_wall_s)
     return report, watch
 
 
-def drain(config: LevelConfig, workers: list[WorkerProcess], tap: TranscriptTap, watch: Watch, audio_topic: str,
+def drain(config: LevelConfig, workers: WorkerGroup, tap: TranscriptTap, watch: Watch,
           started_wall_s: float) -> float | None:
     """Seconds until the workers are idle (nothing lagging or queued, no new final for DRAIN_QUIET_S), or None
     when it did not get there within the drain timeout."""
@@ -442,7 +331,7 @@ def drain(config: LevelConfig, workers: list[WorkerProcess], tap: TranscriptTap,
     count, quiet_since = len(tap.finals()), time.monotonic()
     while time.monotonic() - began < config.drain_timeout_s:
         time.sleep(1.0)
-        sample = watch.sample(workers, audio_topic, time.time() - started_wall_s)
+        sample = watch.sample(workers, time.time() - started_wall_s)
         now_count = len(tap.finals())
         if now_count != count:
             count, quiet_since = now_count, time.monotonic()

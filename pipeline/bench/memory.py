@@ -20,11 +20,9 @@ from __future__ import annotations
 
 import os
 import statistics
-import threading
 import time
 import uuid
 from collections.abc import Sequence
-from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,20 +31,11 @@ import numpy as np
 from rich.console import Console
 
 from pipeline.bench import probes
-from pipeline.bench.live import Background, LevelConfig, level_workers, topic_names
-from pipeline.bench.results import RESULTS, record, settings_that_matter, utc_stamp, write_result
+from pipeline.bench.live import LevelConfig, start_workers
+from pipeline.bench.results import RESULTS, record, run_folder, settings_that_matter, utc_stamp, write_result
 from pipeline.bench.sender import LiveSender, SendReport
-from pipeline.bench.traffic import (
-    FRAME_MS,
-    NOISE_SPREAD_S,
-    RATE,
-    CallPlan,
-    NoiseBed,
-    TrafficSpec,
-    TurnLibrary,
-    compose,
-)
-from pipeline.broker.local import LocalKafka
+from pipeline.bench.traffic import CallPlan, NoiseBed, TrafficSpec, TurnLibrary, arriving
+from pipeline.bench.workers import Background, WorkerGroup, shared_broker
 from pipeline.broker.producer import ContractProducer
 from pipeline.config import Settings
 from pipeline.contracts import Serde
@@ -84,16 +73,10 @@ def step_plans(library: TurnLibrary, options: MemoryOptions, id_prefix: str) -> 
     rng = np.random.default_rng(options.seed)
     length_s = options.horizon_s + 30.0  # still open when the traffic stops: no call's state goes away
     spec = TrafficSpec(options.step_calls, seed=options.seed, min_call_s=length_s, max_call_s=length_s + 60.0)
-    spread = int(NOISE_SPREAD_S * RATE)
     plans: list[CallPlan] = []
     for start in options.step_starts()[1:]:
-        for _ in range(options.step_calls):
-            conversation = compose(rng, library, spec)
-            plans.append(CallPlan(
-                call_id=f"{id_prefix}-{len(plans):05d}", arrival_s=round(start * 1000 / FRAME_MS) * FRAME_MS / 1000,
-                duration_ms=conversation.length_ms, turns=conversation.turns,
-                full_duration_ms=conversation.length_ms, sources=conversation.sources,
-                noise_offset=int(rng.integers(spread))))
+        plans += [arriving(rng, library, spec, f"{id_prefix}-{len(plans) + i:05d}", start)
+                  for i in range(options.step_calls)]
     return plans
 
 
@@ -170,50 +153,33 @@ def verdict(per_step: Sequence[dict[str, Any]], goal_mb: float = GOAL_MB_PER_LEG
 
 def run_memory(options: MemoryOptions, console: Console) -> tuple[dict[str, Any], list[Path]]:
     stamp = utc_stamp()
-    work = Settings().state_dir / "bench" / f"memory-{stamp}"
+    work = run_folder("memory", stamp)
     library = TurnLibrary.load()
     prefix = f"bench.memory.{uuid.uuid4().hex[:6]}"
-    topics = topic_names(prefix)
-    settings = Settings(**topics, worker_id=prefix)  # type: ignore[arg-type]
     plans = step_plans(library, options, prefix)
     config = LevelConfig(calls=options.step_calls * options.steps, cores=options.cores, seed=options.seed)
-    kafka = LocalKafka(Settings())
-    started = kafka.start()
     samples: list[Sample] = []
     report = SendReport()
-    try:
-        with ExitStack() as stack:
-            with console.status("starting the worker (model, VAD, store, consumer group)..."):
-                (worker,) = stack.enter_context(level_workers(config, settings, topics, work))
-            assert worker.proc is not None
-            pid = worker.proc.pid
-            serde = Serde.from_settings(settings.schema_registry_url)
-            sender = LiveSender(ContractProducer.from_settings(settings, serde), settings.topic_audio,
-                                settings.topic_call_events, library, NoiseBed(length_limit(plans)))
-            stop = threading.Event()
-            thread = Background("the traffic sender", lambda: sender.run(plans, options.horizon_s, stop, report))
-            thread.start()
-            next_step = 1
-            try:
-                while thread.is_alive():
-                    t = time.time() - report.started_wall_s if report.started_wall_s else 0.0
-                    sample = scrape(worker.web_port, pid, settings.topic_audio, t)
-                    if sample is not None:
-                        samples.append(sample)
-                    if next_step < len(options.step_starts()) and t >= options.step_starts()[next_step]:
-                        console.print(f"  t={t:.0f} s: {options.step_calls} more calls "
-                                      f"({2 * options.step_calls * next_step} legs)")
-                        next_step += 1
-                    if not worker.alive():
-                        raise RuntimeError(f"the worker exited ({worker.exit_code}); log: {worker.log_path}")
-                    time.sleep(SAMPLE_S)
-            finally:
-                stop.set()
-                thread.join(timeout=30)
-            thread.check()
-    finally:
-        if not started.already_running:
-            kafka.stop()
+    with shared_broker(console.print), WorkerGroup.fresh(prefix, work) as workers:
+        with console.status("starting the worker (model, VAD, store, consumer group)..."):
+            (worker,) = start_workers(workers, config)
+        settings = workers.settings
+        sender = LiveSender(ContractProducer.from_settings(settings, Serde.from_settings(settings.schema_registry_url)),
+                            settings.topic_audio, settings.topic_call_events, library, NoiseBed(length_limit(plans)))
+        next_step = 1
+        with Background("the traffic sender", lambda stop: sender.run(plans, options.horizon_s, stop, report)) as thread:
+            while thread.is_alive():
+                t = time.time() - report.started_wall_s if report.started_wall_s else 0.0
+                workers.check()
+                sample = probes.scrape([(worker.web_port, worker.pid)], settings.topic_audio, t)
+                if sample is not None:
+                    samples.append(Sample(t, sample.rss_bytes, sample.active_legs, sample.finals, sample.queue_depth))
+                if next_step < len(options.step_starts()) and t >= options.step_starts()[next_step]:
+                    console.print(f"  t={t:.0f} s: {options.step_calls} more calls "
+                                  f"({2 * options.step_calls * next_step} legs)")
+                    next_step += 1
+                time.sleep(SAMPLE_S)
+        thread.check()
     steps = step_figures(samples, options.step_ends(), options.window_s)
     per_step = per_leg(steps)
     doc = record("memory", settings_that_matter(Settings()), {
@@ -248,14 +214,6 @@ def run_memory(options: MemoryOptions, console: Console) -> tuple[dict[str, Any]
 def length_limit(plans: Sequence[CallPlan]) -> float:
     """The longest call (s): the noise bed must cover it."""
     return max(p.duration_ms for p in plans) / 1000 + 1.0
-
-
-def scrape(port: int, pid: int, audio_topic: str, t_s: float) -> Sample | None:
-    try:
-        metrics = probes.parse_metrics(probes.fetch_metrics(port), t_s, audio_topic, probes.rss_bytes(pid))
-    except OSError:
-        return None  # a slow answer: the next sample will do
-    return Sample(t_s, metrics.rss_bytes, metrics.active_legs, metrics.finals, metrics.queue_depth)
 
 
 def summary_lines(doc: dict[str, Any]) -> list[str]:

@@ -1,5 +1,6 @@
-"""What the benchmark reads off a running worker: its Prometheus /metrics, and from /proc its threads'
-CPU time and its resident memory.
+"""The benchmarks' one sampler: what they read off a running process (a worker, the gateway): its
+Prometheus /metrics (a metric, every callqa_* series, a histogram and its quantiles, a worker's sample of
+lag, queue, calls and batches), and from /proc its CPU time (by thread, for a worker) and resident memory.
 
 CPU is split by thread: the event loop (the main thread: faust's asyncio loop runs the agents, the front
 ends and the VAD), inference (the batcher's ``asr-batch*`` threads, where ONNX Runtime decodes), native
@@ -22,6 +23,7 @@ import subprocess
 import sys
 import urllib.request
 from collections.abc import Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -180,6 +182,11 @@ def cpu_split(pid: int, before: CpuSnapshot, after: CpuSnapshot, wall_s: float,
     return CpuSplit(wall_s, after.process_s - before.process_s, by_label, inference_by)
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a live process (its own threads, not its children)."""
+    return _cpu_seconds(Path(f"/proc/{pid}/stat").read_text())
+
+
 def rss_bytes(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -221,6 +228,63 @@ class MetricsSample:
 def fetch_metrics(port: int, timeout_s: float = 5.0) -> str:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=timeout_s) as resp:  # noqa: S310
         return str(resp.read().decode())
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """Sum of a metric's samples on a /metrics page whose labels include ``labels`` (0 when absent)."""
+    total = 0.0
+    for line in text.splitlines():
+        head, _, value = line.rpartition(" ")
+        series, _, label_text = head.partition("{")
+        if series == name and all(f'{k}="{v}"' in label_text for k, v in labels.items()):
+            total += float(value)
+    return total
+
+
+def metric_sums(text: str) -> dict[str, float]:
+    """Every callqa_* series of a /metrics page, summed over its labels (histogram buckets left out)."""
+    sums: dict[str, float] = {}
+    for line in text.splitlines():
+        head, _, value = line.rpartition(" ")
+        name = head.partition("{")[0]
+        if line.startswith("callqa_") and not name.endswith("_bucket"):
+            with suppress(ValueError):
+                sums[name] = sums.get(name, 0.0) + float(value)
+    return sums
+
+
+def histogram(text: str, name: str) -> dict[str, float]:
+    """A histogram's cumulative bucket counts on a /metrics page, by upper bound ("0.005", ..., "+Inf")."""
+    counts = {}
+    for line in text.splitlines():
+        if line.startswith(f"{name}_bucket{{"):
+            le = line.split('le="', 1)[1].split('"', 1)[0]
+            counts[le] = float(line.rsplit(" ", 1)[1])
+    return counts
+
+
+def quantile(buckets: dict[str, float], q: float) -> float:
+    """A quantile of a cumulative histogram, linear within its bucket (as Prometheus's histogram_quantile)."""
+    total = buckets.get("+Inf", 0.0)
+    if total <= 0:
+        return 0.0
+    rank, lower, below = q * total, 0.0, 0.0
+    for le, count in sorted(((le, c) for le, c in buckets.items() if le != "+Inf"), key=lambda x: float(x[0])):
+        upper = float(le)
+        if count >= rank:
+            return lower + (upper - lower) * (rank - below) / max(count - below, 1e-9)
+        lower, below = upper, count
+    return lower  # beyond the last finite bucket: its bound (a floor)
+
+
+def scrape(workers: Sequence[tuple[int, int]], audio_topic: str, t_s: float) -> MetricsSample | None:
+    """One sample of a group of workers, given as (web port, pid), added up; None when one of them did not
+    answer in time (a slow answer under load: the next sample will do)."""
+    try:
+        return MetricsSample.combined([parse_metrics(fetch_metrics(port), t_s, audio_topic, rss_bytes(pid))
+                                       for port, pid in workers])
+    except OSError:
+        return None
 
 
 def parse_metrics(text: str, t_s: float, audio_topic: str, rss: int = 0) -> MetricsSample:

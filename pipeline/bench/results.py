@@ -125,6 +125,12 @@ def utc_stamp() -> str:
     return datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
 
 
+def run_folder(name: str, stamp: str | None = None) -> Path:
+    """Where a run keeps what its errors point to (worker and gateway logs): ``<state_dir>/bench/<name>-<stamp>``
+    (default: now), left in place after the run (stores and broker data in it are removed unless kept)."""
+    return Settings().state_dir / "bench" / f"{name}-{stamp or utc_stamp()}"
+
+
 def record(name: str, settings: Mapping[str, Any], figures: Mapping[str, Any], *,
            started: str | None = None, machine_measured: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """A run's document: the envelope (benchmark, started, machine, git, settings), then its figures.

@@ -1,12 +1,17 @@
-"""The live benchmark's traffic sender: planned calls sent in real time, as a media gateway sends them (a
-start event when a call connects, both legs' 20 ms μ-law frames as their audio happens, keyed by call id,
-an end event after the last frame).
+"""The benchmarks' traffic sent to Kafka: the live benchmark's planned calls, and library calls replayed.
 
-``pipeline.ingest.replay.TelephonyReplay`` starts every call at once; here each call starts at its own
-arrival time, so the pacing is a 20 ms tick over every open call (arrivals are on the frame grid, so a
-frame is never held back to the next tick). The wall time of traffic time 0 is recorded: a turn's last
-frame is due at that + the call's arrival + the turn's end, the reference its final's latency is
-measured from. How late the ticks ran is recorded too (a late sender inflates every latency).
+Planned calls (``LiveSender``) are sent in real time, as a media gateway sends them (a start event when a
+call connects, both legs' 20 ms μ-law frames as their audio happens, keyed by call id, an end event after
+the last frame). ``pipeline.ingest.replay.TelephonyReplay`` starts every call at once; here each call
+starts at its own arrival time, so the pacing is a 20 ms tick over every open call (arrivals are on the
+frame grid, so a frame is never held back to the next tick). The wall time of traffic time 0 is
+recorded: a turn's last frame is due at that + the call's arrival + the turn's end, the reference its
+final's latency is measured from. How late the ticks ran is recorded too (a late sender inflates every
+latency).
+
+Library calls (``replay``: scale-out, chaos, end-to-end) go through the product's own TelephonyReplay,
+whole, so what the workers make of them can be checked against `callqa analyze` of the same files:
+fast (a backlog), in real time, or fast up to a point and live from there.
 """
 
 from __future__ import annotations
@@ -15,13 +20,19 @@ import threading
 import time
 import zlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from pipeline.bench.traffic import FRAME_BYTES, FRAME_MS, RATE, CallPlan, NoiseBed, TurnLibrary, render_leg
 from pipeline.broker.producer import ContractProducer
+from pipeline.config import Settings
+from pipeline.contracts import Serde
 from pipeline.contracts.messages import LEGS, AudioFrame, CallEvent, now_ms
+from pipeline.eval.call_library import LIBRARY_DIR, holds_of, load_manifest
+from pipeline.ingest.replay import CallRecording, ReplayOptions, ReplayReport, TelephonyReplay, load_recording
 
 TENANT = "bench"
 
@@ -143,3 +154,58 @@ class LiveSender:
             self.producer.send(self.events_topic, stream.plan.call_id, stream.end_event())
             report.events_sent += 1
             report.ended.add(stream.plan.call_id)
+
+
+# ---- library calls, replayed whole ---------------------------------------------------------------------
+REPLAY = ReplayOptions(encoding="mulaw", frame_ms=FRAME_MS)
+# Longer library calls are left out of loads made of whole calls, so no single call's tail decides when a
+# run ends.
+MAX_LOAD_CALL_MS = 100_000
+
+
+def library_calls(names: tuple[str, ...] = (), max_ms: int = MAX_LOAD_CALL_MS,
+                  holds: bool = True) -> list[tuple[dict[str, Any], Path]]:
+    """(manifest entry, file) of the library calls ``names``, else of every call up to ``max_ms`` long
+    (``holds`` False: those with holds left out), in manifest order."""
+    calls = load_manifest()["calls"]
+    if names:
+        by_id = {c["id"]: c for c in calls}
+        calls = [by_id[name] for name in names]
+    else:
+        calls = [c for c in calls if c["duration_ms"] <= max_ms and (holds or not c["holds"])]
+    return [(c, LIBRARY_DIR / c["file"]) for c in calls]
+
+
+def load_call(call: dict[str, Any], path: Path) -> CallRecording:
+    """A library call ready to replay, its holds honoured (no frames are sent there)."""
+    rec = load_recording(path, REPLAY)
+    rec.holds_ms = holds_of(call)
+    return rec
+
+
+def load_library(max_ms: int = MAX_LOAD_CALL_MS) -> list[CallRecording]:
+    """The library calls up to ``max_ms`` long, ready to replay, in manifest order."""
+    return [load_call(call, path) for call, path in library_calls(max_ms=max_ms)]
+
+
+def call_s(rec: CallRecording) -> float:
+    """A call's length: its longest leg's frames."""
+    frame = rec.sample_rate * FRAME_MS // 1000
+    return max(rec.frame_count(leg, frame) for leg in rec.legs) * FRAME_MS / 1000
+
+
+def leg_audio_s(rec: CallRecording) -> float:
+    """The audio of all of a call's legs (what the workers' segmenters are fed once)."""
+    frame = rec.sample_rate * FRAME_MS // 1000
+    return sum(rec.frame_count(leg, frame) for leg in rec.legs) * FRAME_MS / 1000
+
+
+def replay(settings: Settings, calls: list[tuple[str, CallRecording]], live_from_s: float | None = 0.0,
+           on_live: Callable[[float], None] | None = None, stop: threading.Event | None = None) -> ReplayReport:
+    """Send the calls with the ids given, all starting now: the first ``live_from_s`` seconds of the calls'
+    time as fast as possible, the rest in real time (None: all fast; 0: all in real time), ``on_live``
+    called with the monotonic time the real-time part began; ``stop`` aborts the calls."""
+    player = TelephonyReplay(ContractProducer.from_settings(settings, Serde.from_settings()),
+                             settings.topic_audio, settings.topic_call_events)
+    return player.run([rec for _, rec in calls], replace(REPLAY, calls=len(calls)),
+                      call_ids=[call_id for call_id, _ in calls], live_from_s=live_from_s, on_live=on_live, stop=stop)

@@ -299,14 +299,17 @@ def plan_traffic(library: TurnLibrary, spec: TrafficSpec, horizon_s: float, id_p
         t += rng.exponential(1.0 / spec.arrival_rate_per_s)
         if t >= horizon_s:
             break
-        conversation = compose(rng, library, spec)
-        plans.append(CallPlan(
-            call_id=f"{id_prefix}-{len(plans):05d}", arrival_s=round(t * 1000 / FRAME_MS) * FRAME_MS / 1000,
-            duration_ms=conversation.length_ms, turns=conversation.turns,
-            full_duration_ms=conversation.length_ms, sources=conversation.sources,
-            noise_offset=int(rng.integers(spread)),
-        ))
+        plans.append(arriving(rng, library, spec, f"{id_prefix}-{len(plans):05d}", t))
     return plans
+
+
+def arriving(rng: np.random.Generator, library: TurnLibrary, spec: TrafficSpec, call_id: str,
+             arrival_s: float) -> CallPlan:
+    """A whole new conversation that connects at ``arrival_s`` (put on the frame grid)."""
+    conversation = compose(rng, library, spec)
+    return CallPlan(call_id, round(arrival_s * 1000 / FRAME_MS) * FRAME_MS / 1000, conversation.length_ms,
+                    conversation.turns, conversation.length_ms, sources=conversation.sources,
+                    noise_offset=int(rng.integers(int(NOISE_SPREAD_S * RATE))))
 
 
 def _joined(rng: np.random.Generator, library: TurnLibrary, spec: TrafficSpec, call_id: str,

@@ -1,4 +1,4 @@
-"""What a consumer group of workers holds: its state and each member's partitions of one topic.
+"""What a consumer group of workers holds: its state, each member's partitions of one topic, its commits.
 
 Benchmarks and scale-out checks wait on this before they send traffic: frames sent while the group is
 still rebalancing would only queue up and count as latency that no deployment sees.
@@ -9,7 +9,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
+
+from pipeline.broker.security import kafka_config
+from pipeline.config.broker import BrokerSettings
 
 # How often a wait asks the group coordinator again.
 POLL_S = 0.5
@@ -45,3 +49,15 @@ def wait_for_members(admin: AdminClient, group_id: str, topic: str, partitions: 
         time.sleep(POLL_S)
     raise GroupNotStableError(f"consumer group {group_id} not stable with {count} members in {timeout_s:.0f} s "
                               f"(state {state}, {len(members)} members)")
+
+
+def committed_offsets(settings: BrokerSettings, group: str, topic: str) -> dict[int, int]:
+    """The offsets ``group`` has committed on each partition of ``topic`` (partitions without a commit
+    are left out). Asks the group coordinator without joining the group, so no rebalance is caused."""
+    consumer = Consumer({**kafka_config(settings), "group.id": group, "enable.auto.commit": False})
+    try:
+        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        asked = [TopicPartition(topic, p) for p in sorted(partitions)]
+        return {tp.partition: tp.offset for tp in consumer.committed(asked, timeout=10) if tp.offset >= 0}
+    finally:
+        consumer.close()

@@ -169,8 +169,10 @@ def cluster_metadata(admin: AdminClient, errors: ClientErrors, timeout_s: float)
             errors.raise_if_failed()
             if time.monotonic() >= deadline:
                 settings = errors.settings
+                # The local broker (no CALLQA_BOOTSTRAP_SERVERS) is most often simply not started yet.
+                start = "; `callqa broker start` starts the local one" if not settings.bootstrap_servers else ""
                 raise KafkaUnavailableError(
                     f"Kafka at {settings.bootstrap} did not answer within {timeout_s:.0f} s: "
                     f"{exc.args[0].str() if exc.args else exc}; is a broker running there, with a listener "
-                    f"that speaks {settings.kafka_security_protocol} (CALLQA_KAFKA_SECURITY_PROTOCOL)?"
+                    f"that speaks {settings.kafka_security_protocol} (CALLQA_KAFKA_SECURITY_PROTOCOL)?{start}"
                 ) from None

@@ -51,11 +51,6 @@ class StoreSettings(BaseModel):
     store_connect_timeout_s: float = Field(
         5.0, gt=0, description="Connect timeout to a ClickHouse HTTP server (seconds)."
     )
-    store_fault_file: str = Field(
-        "",
-        description="TEST ONLY (chaos test, `callqa bench chaos`): while a file exists at this path, every "
-        "insert of the sink fails as a refusing server's would (retried as any failure); empty: off.",
-    )
 
     @property
     def writer_url(self) -> str | None:

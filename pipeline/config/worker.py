@@ -131,7 +131,7 @@ class WorkerSettings(BaseModel):
     debug_raw_audio: bool = Field(
         False, description="Debugging only: dead letters carry the raw message bytes or the failed segment's audio.",
     )
-    # --- the web API (/api/*): see pipeline/worker/api.py --------------------------------------------
+    # --- the web API (/api/*): see pipeline/api/ -----------------------------------------------------
     api_token: SecretStr = Field(
         SecretStr(""),
         description="Bearer token every /api/* request must send (secret, 16+ characters); empty: /api/* answers 503.",
@@ -139,7 +139,7 @@ class WorkerSettings(BaseModel):
     api_auth: Literal["on", "off"] = Field(
         "on", description="off: /api/* needs no token; allowed only while web_host is a loopback address.",
     )
-    # The call pages' login (/login, pipeline/web/auth.py) sets a signed cookie: nothing is kept on the
+    # The call pages' login (/login, pipeline/api/sessions.py) sets a signed cookie: nothing is kept on the
     # worker, so a session cannot be revoked alone; changing CALLQA_API_TOKEN ends them all.
     # CALLQA_WEB_SESSION_HOURS, default 12.
     web_session_hours: float = Field(

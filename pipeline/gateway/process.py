@@ -53,11 +53,17 @@ class GatewayProcess:
         deadline = time.monotonic() + timeout_s
         while not self.healthy():
             if self.proc.poll() is not None:
-                raise RuntimeError(f"the gateway exited at start (exit {self.proc.returncode}); see {self.log_path}")
+                raise RuntimeError(f"the gateway exited at start (exit {self.proc.returncode}): {self.why()}")
             if time.monotonic() > deadline:
                 self.stop()
-                raise RuntimeError(f"the gateway did not answer /healthz in {timeout_s:.0f} s; see {self.log_path}")
+                raise RuntimeError(f"the gateway did not answer /healthz in {timeout_s:.0f} s: {self.why()}")
             time.sleep(0.2)
+
+    def why(self) -> str:
+        """The gateway log's last error line (else its last line), and where the log is: one line."""
+        lines = [ln.strip() for ln in self.log_path.read_text(errors="replace").splitlines() if ln.strip()]
+        errors = [ln for ln in lines if "error" in ln.lower()]
+        return f"{(errors or lines or ['(empty log)'])[-1][:300]} (log: {self.log_path})"
 
     def healthy(self) -> bool:
         try:

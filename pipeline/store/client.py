@@ -12,7 +12,7 @@ A clickhouse-connect client is not for concurrent queries: over HTTP a second qu
 in its session fails ("Attempt to execute concurrent queries within the same session"), and a chdb
 client serializes every call on its one handle. Code that queries from several threads at once
 takes a client per thread or per request with ``fresh=True`` (and closes it): the sink's insert
-thread, the worker API's pool threads (``worker/api.py``, ``ThreadClients``), ``/api/query``.
+thread, the worker API's pool threads (``api/pool.py``, ``ThreadClients``), ``/api/query``.
 
 An https URL is checked against ``clickhouse_ca_cert`` (or the system CAs) unless ``clickhouse_verify``
 is off; a server that wants a client certificate gets ``clickhouse_client_cert``/``_key``. A URL's

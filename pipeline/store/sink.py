@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
@@ -55,9 +54,6 @@ class SinkPolicy:
     max_buffered_rows: int = 50_000
     retry_backoff_min_s: float = 0.2
     retry_backoff_max_s: float = 30.0
-    # Test hook (CALLQA_STORE_FAULT_FILE): while this file exists every insert fails, as a refusing
-    # server's would; how the chaos test takes the store away without a ClickHouse server to stop.
-    fault_file: str = ""
 
     @classmethod
     def from_settings(cls, settings: Settings | None = None) -> SinkPolicy:
@@ -68,7 +64,6 @@ class SinkPolicy:
             max_buffered_rows=s.store_max_buffered_rows,
             retry_backoff_min_s=s.store_retry_backoff_min_s,
             retry_backoff_max_s=s.store_retry_backoff_max_s,
-            fault_file=s.store_fault_file,
         )
 
     def backoff(self, failures: int) -> float:
@@ -328,8 +323,6 @@ class ClickHouseSink:
                 await asyncio.sleep(delay)
 
     def _insert(self, chunk: _Chunk) -> None:
-        if self.policy.fault_file and os.path.exists(self.policy.fault_file):
-            raise ConnectionRefusedError(f"store refused the insert (test fault: {self.policy.fault_file} exists)")
         if self._client is None:
             self._client = self.client_factory()
         self._client.insert(chunk.table, chunk.rows, column_names=list(chunk.columns))

@@ -1,10 +1,11 @@
-"""The worker's call pages: /login, /logout, /calls and /calls/{call_id} (registered by
-``pipeline.worker.api.register_api_views``).
+"""The worker's call pages: /login, /logout, /calls and /calls/{call_id}, plugged into the API server
+(``register_web_views(server)`` with the ``ApiServer`` that ``pipeline.api.server.register_api_views``
+returns; the worker wires them, pipeline/worker/app.py).
 
-/calls and /calls/{id} are guarded by the worker's auth middleware (``pipeline/worker/api.py``): a valid
+/calls and /calls/{id} are guarded by the API server's auth middleware (``pipeline/api/auth.py``): a valid
 session cookie or the bearer token, else a redirect to /login. /login takes the API token in a POST form
 (never in a URL), compares it in constant time and sets the session cookie: HttpOnly, SameSite=Strict,
-Secure when the request came over TLS, holding a signed opaque value (``pipeline/web/auth.py``).
+Secure when the request came over TLS, holding a signed opaque value (``pipeline/api/sessions.py``).
 
 The pages read through the API's own pool and read-only clients, each SELECT checked and limited as
 /api/query's are (``run_readonly_query``); rendering happens on the pool thread too, off the event loop.
@@ -23,11 +24,13 @@ import faust
 from aiohttp import web as aioweb
 from clickhouse_connect.driver.client import Client
 
-from pipeline.config import Settings
+from pipeline.api.auth import is_page_path
+from pipeline.api.pool import ApiBusyError
+from pipeline.api.server import ApiServer
+from pipeline.api.sessions import SESSION_COOKIE
 from pipeline.store.client import StoreConnectionError, StoreError
 from pipeline.store.queries import QueryLimits, run_readonly_query
 from pipeline.store.sqlguard import ReadonlyQueryError
-from pipeline.web.auth import SESSION_COOKIE, is_page_path
 from pipeline.web.data import FilterError, ListFilters, read_call_list, read_call_page, read_filter_options
 from pipeline.web.render import (
     CSP,
@@ -38,7 +41,6 @@ from pipeline.web.render import (
     render_login,
     render_message,
 )
-from pipeline.worker.api import ApiAuth, ApiBusyError, QueryPool, ThreadClients
 
 log = logging.getLogger("callqa.web")
 PAGE_HEADERS = {
@@ -86,8 +88,9 @@ class ClientRows:
         return [dict(zip(result.columns, row, strict=True)) for row in result.rows]
 
 
-def register_web_views(app: faust.App, settings: Settings, pool: QueryPool, readers: ThreadClients,
-                       auth: ApiAuth) -> None:
+def register_web_views(server: ApiServer) -> None:
+    """The call pages on the API server's app, reading through its pool and read-only clients."""
+    app, settings, pool, readers, auth = server.app, server.settings, server.pool, server.readers, server.auth
     db = settings.clickhouse_database
     limits = QueryLimits.from_settings(settings)
     threshold = settings.qa_silence_threshold_ms

@@ -16,5 +16,4 @@
 - ``transcriber``  the shared SegmentBatcher as the worker sees it, with hot model reload
 - ``metrics``      Prometheus metrics served at /metrics
 - ``app``          the faust app: agents, timers, web views
-- ``process``      a worker child process and its read-only API (demo, tests, benchmarks)
 """

@@ -9,8 +9,9 @@
 - a bad frame is dead-lettered alone; an exception that is no input's fault is fatal (nothing more is
   committed, the worker exits, the next one replays);
 - web views: /metrics and /health (open), /api/calls, /api/calls/{call_id}, /api/query (checked read-only
-  SQL; bearer token, own thread pool: pipeline/worker/api.py), so `callqa report` works against the
-  embedded store while this process holds it.
+  SQL; bearer token, own thread pool: the API server of pipeline/api/, started here), so `callqa report`
+  works against the embedded store while this process holds it; the call pages (pipeline/web/views.py)
+  are plugged into that server here too.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ import faust
 from faust.types import TP
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from pipeline.api.auth import ApiAuth, auth_middleware, check_api_settings
+from pipeline.api.pool import QueryPool
+from pipeline.api.server import register_api_views
 from pipeline.asr.engine import Engine
 from pipeline.broker.fetch import use_fetch_sizes
 from pipeline.broker.security import faust_credentials
@@ -36,8 +40,8 @@ from pipeline.qa.call import QaConfig
 from pipeline.store.client import connect
 from pipeline.store.migrations import migrate
 from pipeline.store.sink import ClickHouseSink
+from pipeline.web.views import register_web_views
 from pipeline.worker.allocator import set_mmap_threshold
-from pipeline.worker.api import ApiAuth, QueryPool, auth_middleware, check_api_settings, register_api_views
 from pipeline.worker.calls import CallProcessor
 from pipeline.worker.checkpoint_topic import KafkaCheckpointStore
 from pipeline.worker.dead_letters import describe_error
@@ -102,7 +106,7 @@ def build_worker(settings: Settings) -> Worker:
         consumer_auto_offset_reset="earliest",
         topic_replication_factor=settings.replication_factor,
         producer_acks=-1,
-        # /api/* needs the bearer token (pipeline/worker/api.py); faust's own pages are not served.
+        # /api/* needs the bearer token (pipeline/api/auth.py); faust's own pages are not served.
         web_application_options={"middlewares": [auth_middleware(ApiAuth.from_settings(settings))]},
         web_router_enabled=False,
         web_tables_enabled=False,
@@ -275,7 +279,7 @@ def build_worker(settings: Settings) -> Worker:
             await app.crash(reason)
 
     api_pool = QueryPool(settings.api_query_threads, settings.api_query_max_waiting)
-    register_api_views(app, settings, api_pool)
+    register_web_views(register_api_views(app, settings, api_pool))  # the call pages plug into the API server
 
     @app.task
     async def start_batcher() -> None:

@@ -20,24 +20,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
 
 from pipeline.segmentation.segmenter import SAMPLES_PER_MS, SpeechSegment
-from pipeline.worker.legs import LegState
+from pipeline.worker.legs import EarlyDecode, LegState
 from pipeline.worker.metrics import WorkerMetrics
 from pipeline.worker.ports import SegmentTranscriber, Transcription
 
 log = logging.getLogger("callqa.worker")
-
-
-@dataclass
-class EarlyDecode:
-    """An open segment's provisional samples [start, end) and the transcription running for them."""
-
-    start_sample: int
-    end_sample: int
-    task: asyncio.Task[Transcription]
-    context: tuple[int, ...] = ()  # the leg's context it was decoded after
 
 
 class EarlyDecoder:

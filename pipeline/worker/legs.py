@@ -1,9 +1,14 @@
-"""One call leg inside the worker: a jitter buffer in front of the engine's leg front end."""
+"""One call leg inside the worker: a jitter buffer in front of the engine's leg front end.
+
+The leg also holds its early decode (``EarlyDecode``, defined here as part of the leg's state);
+``pipeline/worker/early.py`` decides when one starts, is used or is dropped, so it imports this module
+and not the other way round.
+"""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -11,10 +16,18 @@ from pipeline.asr.context import LegContext
 from pipeline.asr.engine import LegFrontEnd
 from pipeline.audio import codecs
 from pipeline.segmentation.segmenter import Silence, SpeechSegment
+from pipeline.worker.ports import Transcription
 from pipeline.worker.reorder import FrameReorderBuffer, ReleasedFrame
 
-if TYPE_CHECKING:
-    from pipeline.worker.early import EarlyDecode
+
+@dataclass
+class EarlyDecode:
+    """An open segment's provisional samples [start, end) and the transcription running for them."""
+
+    start_sample: int
+    end_sample: int
+    task: asyncio.Task[Transcription]
+    context: tuple[int, ...] = ()  # the leg's context it was decoded after
 
 
 @dataclass

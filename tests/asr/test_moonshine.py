@@ -30,6 +30,7 @@ from pipeline.asr.moonshine_graphs import all_nodes, find_source, source_sha256
 from pipeline.asr.moonshine_recognizer import MoonshineRecognizer
 from pipeline.asr.moonshine_tokenizer import MoonshineTokenizer
 from pipeline.asr.recognizer import Recognizer, SegmentRejectedError
+from pipeline.asr.recognizers import load_recognizer
 from pipeline.asr.results import AudioSegment, TranscriptResult
 from pipeline.asr.signing import ModelSignatureError, public_key_text, sign_model
 from pipeline.config import Settings, get_settings
@@ -58,7 +59,7 @@ def settings(moonshine_dir: Path, builds: dict[str, BuildResult]) -> Settings:
 
 @pytest.fixture(scope="module")
 def recognizers(builds: dict[str, BuildResult], settings: Settings) -> dict[str, Recognizer]:
-    return {name: Recognizer.load(b.folder, settings) for name, b in builds.items()}
+    return {name: load_recognizer(b.folder, settings) for name, b in builds.items()}
 
 
 @pytest.fixture(scope="module")
@@ -185,7 +186,7 @@ def test_canary_passes_and_a_broken_or_corrupted_folder_is_refused(
         recognizer = load_checked(build.folder, settings)
         assert isinstance(recognizer, MoonshineRecognizer)
         assert run_canary(recognizer, 0.0).wer == 0.0, name
-    int8 = Recognizer.load(builds["moonshine-tiny"].folder, settings.model_copy(update={"quantization": "int8"}))
+    int8 = load_recognizer(builds["moonshine-tiny"].folder, settings.model_copy(update={"quantization": "int8"}))
     assert int8.model.label == "moonshine-tiny@1/int8" and run_canary(int8, 0.0).wer == 0.0
     tiny = builds["moonshine-tiny"]
     # One byte changed in a graph: refused by its sha256, at load.
@@ -196,7 +197,7 @@ def test_canary_passes_and_a_broken_or_corrupted_folder_is_refused(
     graph.unlink()
     graph.write_bytes(bytes(data))
     with pytest.raises(ModelIntegrityError, match=r"decoder\.fp32\.onnx: sha256 .* does not match"):
-        Recognizer.load(corrupted, settings)
+        load_recognizer(corrupted, settings)
     # Intact files of a wrong model (a layer's weights zeroed, manifest rewritten to match): the canary.
     broken = _copy_version(tiny, tmp_path, 3)
     model = onnx.load(str(broken / "decoder.fp32.onnx"))

@@ -24,6 +24,7 @@ from confluent_kafka import Consumer
 from confluent_kafka.admin import ScramCredentialInfo, ScramMechanism, UserScramCredentialUpsertion
 from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
 
+from pipeline.bench.workers import WorkerProcess, worker_env
 from pipeline.broker.local import BrokerError, LocalKafka, free_port
 from pipeline.broker.producer import ContractProducer
 from pipeline.broker.security import (
@@ -38,7 +39,6 @@ from pipeline.broker.topics import TopicSpec, ensure_topics
 from pipeline.config import Settings
 from pipeline.contracts import CallEvent, Serde, TranscriptSegment
 from pipeline.ingest.replay import CallRecording, ReplayOptions, TelephonyReplay, load_recording
-from pipeline.worker.process import WorkerProcess, worker_env
 
 pytestmark = pytest.mark.broker
 

@@ -29,12 +29,12 @@ from typing import Any
 import pytest
 import yaml
 
+from pipeline.bench.workers import WorkerProcess, worker_env
 from pipeline.broker.local import free_port
 from pipeline.broker.producer import ContractProducer
 from pipeline.config import Settings
 from pipeline.contracts import AudioFrame, Serde
 from pipeline.ingest.replay import ReplayOptions, TelephonyReplay, load_recording
-from pipeline.worker.process import WorkerProcess, worker_env
 
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARDS = REPO / "dashboards"

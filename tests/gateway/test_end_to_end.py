@@ -24,12 +24,12 @@ from typing import Any
 import pytest
 from websockets.asyncio.client import connect
 
+from pipeline.bench.workers import WorkerProcess, worker_env
 from pipeline.broker.producer import ContractProducer
 from pipeline.config import Settings
 from pipeline.contracts import CallEvent, Serde
 from pipeline.ingest.replay import CallRecording, ReplayOptions, TelephonyReplay, load_recording
 from pipeline.store.migrations import TABLE_KEYS
-from pipeline.worker.process import WorkerProcess, worker_env
 from tests.conftest import _read_topic
 from tests.gateway.conftest import AudioHookClient, TwilioMessages, _interleave
 from tests.gateway.test_process import free_port, wait_healthy

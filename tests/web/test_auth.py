@@ -11,18 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.api.auth import ApiAuth, ApiConfigError, check_api_settings, with_local_token
+from pipeline.api.sessions import new_session, session_key, session_valid
+from pipeline.api.token_file import TokenFileError, ensure_token_file, read_token_file, token_path
 from pipeline.config import Settings
 from pipeline.report import api_token
-from pipeline.web.auth import (
-    TokenFileError,
-    ensure_token_file,
-    new_session,
-    read_token_file,
-    session_key,
-    session_valid,
-    token_path,
-)
-from pipeline.worker.api import ApiAuth, ApiConfigError, check_api_settings, with_local_token
 
 TOKEN = "s" * 40  # noqa: S105 - a test token
 

@@ -26,6 +26,9 @@ from typing import Any
 
 import pytest
 
+from pipeline.api.sessions import SESSION_COOKIE
+from pipeline.api.token_file import read_token_file, token_path
+from pipeline.bench.workers import WorkerProcess, worker_env
 from pipeline.broker.local import free_port
 from pipeline.broker.producer import ContractProducer
 from pipeline.broker.topics import ensure_topics
@@ -33,9 +36,7 @@ from pipeline.config import Settings
 from pipeline.contracts import Serde
 from pipeline.eval.call_library import LIBRARY_DIR, find_leaks, holds_of, load_manifest
 from pipeline.ingest.replay import ReplayOptions, TelephonyReplay, load_recording
-from pipeline.web.auth import SESSION_COOKIE, read_token_file, token_path
 from pipeline.web.render import sentiment_class, static_file_name
-from pipeline.worker.process import WorkerProcess, worker_env
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 

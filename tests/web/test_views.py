@@ -1,5 +1,6 @@
-"""The worker's call pages over HTTP, in process: the faust app's aiohttp server with the worker's auth
-middleware and views (pipeline/worker/api.py), reading a real embedded store through the API's pool."""
+"""The worker's call pages over HTTP, in process: the faust app's aiohttp server with the API server's auth
+middleware and views (pipeline/api/), the call pages plugged into it as the worker does, reading a real
+embedded store through the API's pool."""
 
 from __future__ import annotations
 
@@ -12,9 +13,12 @@ import pytest
 from aiohttp import DummyCookieJar
 from aiohttp.test_utils import TestClient, TestServer
 
+from pipeline.api.auth import ApiAuth, auth_middleware
+from pipeline.api.pool import QueryPool
+from pipeline.api.server import register_api_views
+from pipeline.api.sessions import SESSION_COOKIE
 from pipeline.config import Settings
-from pipeline.web.auth import SESSION_COOKIE
-from pipeline.worker.api import ApiAuth, QueryPool, auth_middleware, register_api_views
+from pipeline.web.views import register_web_views
 
 from .conftest import CARD, FilledStore
 
@@ -32,7 +36,7 @@ def serve(filled: FilledStore, chdb_path: str) -> Callable[..., Any]:
         app = faust.App(f"web-{filled.database}", web_enabled=True, web_application_options={
             "middlewares": [auth_middleware(ApiAuth.from_settings(settings))]})
         pool = QueryPool(2, 8)
-        register_api_views(app, settings, pool)
+        register_web_views(register_api_views(app, settings, pool))
         try:
             # No cookie jar: each request carries exactly the cookie the test gives it.
             async with TestClient(TestServer(app.web.web_app), cookie_jar=DummyCookieJar()) as client:

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.bench.workers import WorkerProcess, worker_env
 from pipeline.broker.local import free_port
 from pipeline.config import Settings
-from pipeline.worker.process import WorkerProcess, worker_env
 
 
 @pytest.fixture
@@ -33,10 +33,11 @@ def start_worker(kafka_settings: Settings, tmp_path: Path) -> Iterator[Callable[
         "model_watch_interval_s": "0",
     }
 
-    def start(loglevel: str = "info", **overrides: str) -> WorkerProcess:
+    def start(loglevel: str = "info", fault_file: Path | None = None, **overrides: str) -> WorkerProcess:
+        """A worker; ``fault_file``: its store refuses inserts while that file exists (bench/store_fault.py)."""
         port = free_port()
         w = WorkerProcess(worker_env({**base, "web_port": str(port), **overrides}), port,
-                          tmp_path / f"worker{len(started)}.log", loglevel=loglevel)
+                          tmp_path / f"worker{len(started)}.log", loglevel=loglevel, fault_file=fault_file)
         w.start()
         started.append(w)
         return w

@@ -23,18 +23,10 @@ from aiohttp import web as aioweb
 from aiohttp.test_utils import TestClient, TestServer
 from clickhouse_connect.driver.exceptions import OperationalError
 
+from pipeline.api.auth import ApiAuth, ApiConfigError, auth_middleware, check_api_settings, is_loopback
+from pipeline.api.pool import ApiBusyError, QueryPool, ThreadClients
+from pipeline.bench.workers import WorkerProcess, worker_env
 from pipeline.config import Settings
-from pipeline.worker.api import (
-    ApiAuth,
-    ApiBusyError,
-    ApiConfigError,
-    QueryPool,
-    ThreadClients,
-    auth_middleware,
-    check_api_settings,
-    is_loopback,
-)
-from pipeline.worker.process import WorkerProcess, worker_env
 
 TOKEN = "t" * 40  # noqa: S105 - a test token
 

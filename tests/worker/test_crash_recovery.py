@@ -22,6 +22,9 @@ import pytest
 
 from pipeline.analyze import analyze_recordings
 from pipeline.asr.engine import Engine
+from pipeline.bench.stores import GroupStores
+from pipeline.bench.workers import WorkerProcess, worker_env
+from pipeline.broker.groups import committed_offsets
 from pipeline.broker.local import free_port
 from pipeline.broker.producer import ContractProducer
 from pipeline.broker.topics import ensure_topics
@@ -31,8 +34,6 @@ from pipeline.eval.call_library import LIBRARY_DIR
 from pipeline.ingest.replay import CallRecording, ReplayOptions, TelephonyReplay, load_recording
 from pipeline.qa.call import QaConfig
 from pipeline.worker.checkpoint_cipher import MAGIC
-from pipeline.worker.group_stores import GroupStores
-from pipeline.worker.process import WorkerProcess, committed_offsets, worker_env
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 

@@ -28,10 +28,10 @@ from confluent_kafka import Producer
 from faust.transport.drivers.aiokafka import Consumer as AIOKafkaConsumer
 from faust.types import TP
 
+from pipeline.broker.groups import committed_offsets
 from pipeline.broker.security import faust_credentials, kafka_config
 from pipeline.config import Settings
 from pipeline.worker.app import PAYLOAD_LOGGERS
-from pipeline.worker.process import committed_offsets
 
 
 def _app(settings: Settings, datadir: Path) -> faust.App:

@@ -16,6 +16,7 @@ import pytest
 
 from pipeline.asr.batcher import BatcherDeadError, SegmentBatcher
 from pipeline.asr.results import AudioSegment
+from pipeline.bench.workers import WorkerProcess, worker_env
 from pipeline.broker.local import free_port
 from pipeline.broker.producer import ContractProducer
 from pipeline.config import Settings
@@ -23,7 +24,6 @@ from pipeline.contracts import Serde
 from pipeline.ingest.replay import ReplayOptions, TelephonyReplay, load_recording
 from pipeline.store.sink import ClickHouseSink
 from pipeline.worker.health import WorkerHealth
-from pipeline.worker.process import WorkerProcess, worker_env
 
 SAMPLES = Path(__file__).resolve().parents[2] / "samples" / "calls"
 

@@ -13,13 +13,13 @@ import pytest
 
 from pipeline.analyze import CallAnalysis, analyze_recordings
 from pipeline.asr.engine import Engine
+from pipeline.bench.workers import WorkerProcess
 from pipeline.broker.producer import ContractProducer
 from pipeline.config import Settings
 from pipeline.contracts import CallQA, Serde
 from pipeline.contracts.messages import PostCallJob
 from pipeline.ingest.replay import ReplayOptions, TelephonyReplay, load_recording
 from pipeline.qa.call import QaConfig
-from pipeline.worker.process import WorkerProcess
 from tests.conftest import _read_topic
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
@@ -113,8 +113,8 @@ def test_a_finished_call_gets_revision_1_from_the_final_model_and_readers_show_i
 def test_a_worker_killed_mid_pass_stores_revision_1_exactly_once(
         kafka_settings: Settings, start_worker: Callable[..., WorkerProcess], offline: CallAnalysis,
         tmp_path: Path) -> None:
-    refusing = tmp_path / "store-refuses"  # while it exists, every insert fails (the sink's test hook)
-    first = start_worker(final_model=FINAL_MODEL, store_fault_file=str(refusing))
+    refusing = tmp_path / "store-refuses"  # while it exists, every insert fails (bench/store_fault.py refuses them)
+    first = start_worker(final_model=FINAL_MODEL, fault_file=refusing)
     refusing.touch()
     call_id = _replay(kafka_settings)
     # The pass has decoded the call and is writing its revision when the worker dies: nothing of it committed.

@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 
+from pipeline.bench.stores import GroupStores
+from pipeline.bench.workers import WorkerProcess
 from pipeline.broker.producer import ContractProducer
 from pipeline.contracts import Serde
 from pipeline.eval.call_library import LIBRARY_DIR
 from pipeline.ingest.replay import ReplayOptions, TelephonyReplay, load_recording
-from pipeline.worker.group_stores import GroupStores
-from pipeline.worker.process import WorkerProcess
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 

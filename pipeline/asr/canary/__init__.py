@@ -18,6 +18,7 @@ import numpy as np
 
 from pipeline.asr.manifest import ModelIntegrityError
 from pipeline.asr.recognizer import Recognizer
+from pipeline.asr.recognizers import load_recognizer
 from pipeline.asr.results import AudioSegment
 from pipeline.audio.files import load_audio
 from pipeline.audio.mel import SAMPLE_RATE
@@ -72,7 +73,7 @@ def load_checked(folder: Path, settings: AsrSettings) -> Recognizer:
     """Load a model version (signature and sha256s checked) and, unless switched off, run the canary.
     Every refusal is a ModelIntegrityError, so a hot swap refuses it and keeps the running model."""
     try:
-        recognizer = Recognizer.load(folder, settings)
+        recognizer = load_recognizer(folder, settings)
     except ModelIntegrityError:
         raise
     except Exception as exc:  # noqa: BLE001 - e.g. a signed, intact folder whose graphs ONNX Runtime rejects

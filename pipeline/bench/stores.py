@@ -1,6 +1,6 @@
 """Reading what a group of worker processes stored, for the tests and benchmarks that run several: which
 calls finished, their finals and QA verdicts per worker store, and how they differ from the reference
-(``callqa analyze`` of the recording). Split from ``process.py``, which starts and stops one worker.
+(``callqa analyze`` of the recording). ``workers.py`` starts and stops the workers.
 """
 
 from __future__ import annotations
@@ -8,10 +8,11 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pipeline.worker.process import WorkerProcess
+from pipeline.bench.workers import WorkerProcess
 
 if TYPE_CHECKING:
     from pipeline.contracts.messages import CallQA
@@ -80,6 +81,12 @@ class GroupCalls:
     segments: dict[str, dict[str, dict[str, Any]]]  # call id -> segment id -> final segment row (any store)
     stores_of: dict[str, set[int]]  # call id -> index of each worker whose store holds a final segment of it
     finished_in: dict[str, set[int]]  # call id -> index of each worker whose store has it finished
+    # (call id, segment id) -> stores holding that final: more than one after a handover replayed a segment
+    copies: Counter[tuple[str, str]] = field(default_factory=Counter)
+
+    def several_copies(self) -> int:
+        """Final segments held by more than one store."""
+        return sum(1 for n in self.copies.values() if n > 1)
 
     def unfinished(self, call_ids: list[str]) -> list[str]:
         """Calls without a finished row in any store, or with fewer segments stored than a row counts
@@ -145,6 +152,7 @@ class GroupStores:
             for row in segments:
                 calls.segments.setdefault(row["call_id"], {})[row["segment_id"]] = row
                 calls.stores_of.setdefault(row["call_id"], set()).add(index)
+                calls.copies[(row["call_id"], row["segment_id"])] += 1
         return calls
 
     def read_verdicts(self, call_ids: list[str]) -> dict[str, list[QaVerdicts]]:
@@ -160,11 +168,14 @@ class GroupStores:
                 out.setdefault(row["call_id"], []).append(QaVerdicts.of_rows(row, events.get(row["call_id"], [])))
         return out
 
-    def wait_finished(self, call_ids: list[str], timeout_s: float = 240.0) -> GroupCalls:
-        """Wait until every call is finished in some store with all its segments stored."""
+    def wait_finished(self, call_ids: list[str], timeout_s: float = 240.0,
+                      on_read: Callable[[GroupCalls], None] = lambda _: None) -> GroupCalls:
+        """Wait until every call is finished in some store with all its segments stored; ``on_read`` sees
+        each reading (to show progress, or raise when something the wait depends on failed)."""
         deadline = time.monotonic() + timeout_s
         while True:
             calls = self.read(call_ids)
+            on_read(calls)
             missing = calls.unfinished(call_ids)
             if not missing:
                 return calls

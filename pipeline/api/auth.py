@@ -1,0 +1,156 @@
+"""Who may use the API server: the bearer token on /api/*, a login on the call pages, and the settings
+a worker refuses to start with.
+
+The guard is one aiohttp middleware over every request, by its path and by the route it matched, so a
+view or page added later cannot forget it. Tokens are compared as SHA-256 digests in constant time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Literal
+from urllib.parse import urlencode
+
+from aiohttp import web as aioweb
+from pydantic import SecretStr
+
+from pipeline.api import sessions
+from pipeline.api.token_file import MIN_TOKEN_CHARS, TokenFileError, ensure_token_file, token_path
+from pipeline.config import Settings
+
+Handler = Callable[[aioweb.Request], Awaitable[aioweb.StreamResponse]]
+
+
+class ApiConfigError(ValueError):
+    """The API settings would expose it; the worker does not start."""
+
+
+def is_loopback(host: str) -> bool:
+    """True for 127.0.0.0/8, ::1 and 'localhost'; 0.0.0.0, '::', '' and any other name are not."""
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip().strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def is_page_path(path: str) -> bool:
+    """The call pages' paths, which need a login."""
+    return path == "/calls" or path.startswith("/calls/")
+
+
+def with_local_token(settings: Settings) -> Settings:
+    """``settings`` with the local token file's token (made now if there is none) when the worker binds a
+    loopback address, checks tokens and has none configured; otherwise ``settings`` as they are."""
+    if (settings.api_auth == "off" or settings.api_token.get_secret_value().strip()
+            or not is_loopback(settings.web_host)):
+        return settings
+    try:
+        token = ensure_token_file(token_path(settings.state_dir))
+    except TokenFileError as exc:
+        raise ApiConfigError(str(exc)) from None
+    return settings.model_copy(update={"api_token": SecretStr(token)})
+
+
+def check_api_settings(settings: Settings) -> None:
+    """Refuse settings that would open /api/* to others: auth off off-loopback, or a guessable token."""
+    if settings.api_auth == "off" and not is_loopback(settings.web_host):
+        raise ApiConfigError(
+            f"CALLQA_API_AUTH=off is only allowed with a loopback CALLQA_WEB_HOST, not {settings.web_host!r}: "
+            "set CALLQA_API_TOKEN instead"
+        )
+    token = settings.api_token.get_secret_value().strip()
+    if settings.api_auth == "on" and not token and not is_loopback(settings.web_host):
+        raise ApiConfigError(
+            f"CALLQA_WEB_HOST {settings.web_host!r} is not a loopback address: set CALLQA_API_TOKEN (16+ characters, "
+            "e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))')"
+        )
+    if settings.api_auth == "on" and token and len(token) < MIN_TOKEN_CHARS:
+        raise ApiConfigError(
+            f"CALLQA_API_TOKEN has {len(token)} characters; use at least {MIN_TOKEN_CHARS} "
+            "(e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))')"
+        )
+
+
+@dataclass(frozen=True)
+class ApiAuth:
+    mode: Literal["token", "off", "unconfigured"]
+    token_digest: bytes = field(default=b"", repr=False)
+    session_ttl_s: float = 12 * 3600  # how long a call-page login lasts
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ApiAuth:
+        ttl = settings.web_session_hours * 3600
+        if settings.api_auth == "off":
+            return cls("off", session_ttl_s=ttl)
+        token = settings.api_token.get_secret_value().strip()
+        return cls("token", _digest(token), ttl) if token else cls("unconfigured", session_ttl_s=ttl)
+
+    def token_matches(self, presented: str) -> bool:
+        """The login form's check: the token, compared as the bearer token is (digests, constant time)."""
+        presented = presented.strip()
+        return self.mode == "token" and bool(presented) and hmac.compare_digest(_digest(presented), self.token_digest)
+
+    def new_session(self, now_s: float) -> str:
+        """A session cookie value for a browser that just logged in."""
+        return sessions.new_session(sessions.session_key(self.token_digest), now_s, self.session_ttl_s)
+
+    def page_allowed(self, cookie: str | None, authorization: str | None, now_s: float) -> bool:
+        """May this request see the call pages: a valid session cookie, or the bearer token."""
+        if self.mode == "off":
+            return True
+        if self.mode == "unconfigured":
+            return False
+        return (sessions.session_valid(sessions.session_key(self.token_digest), cookie, now_s)
+                or (bool(authorization) and self.refusal(authorization) is None))
+
+    def refusal(self, authorization: str | None) -> tuple[int, str] | None:
+        """(status, reason) when a request with this Authorization header may not use /api/*, else None."""
+        if self.mode == "off":
+            return None
+        if self.mode == "unconfigured":
+            return 503, "the API has no token configured: set CALLQA_API_TOKEN on the worker"
+        scheme, _, presented = (authorization or "").strip().partition(" ")
+        if scheme.lower() != "bearer" or not presented.strip():
+            return 401, "missing bearer token: send 'Authorization: Bearer <CALLQA_API_TOKEN>'"
+        # Digests of equal length, compared in constant time: neither the token nor its length leaks.
+        if not hmac.compare_digest(_digest(presented.strip()), self.token_digest):
+            return 401, "wrong bearer token"
+        return None
+
+
+def _digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode()).digest()
+
+
+def _is_api_path(path: str) -> bool:
+    return path == "/api" or path.startswith("/api/")
+
+
+def auth_middleware(auth: ApiAuth) -> Callable[[aioweb.Request, Handler], Awaitable[aioweb.StreamResponse]]:
+    """aiohttp middleware guarding /api/* (bearer token) and the call pages (session cookie or bearer token,
+    else a redirect to /login) by the request's path and by the route it matched."""
+
+    @aioweb.middleware
+    async def require_api_token(request: aioweb.Request, handler: Handler) -> aioweb.StreamResponse:
+        resource = request.match_info.route.resource
+        route = resource.canonical if resource is not None else ""
+        if _is_api_path(request.path) or _is_api_path(route):
+            refused = auth.refusal(request.headers.get("Authorization"))
+            if refused is not None:
+                status, reason = refused
+                headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+                return aioweb.json_response({"error": reason}, status=status, headers=headers)
+        elif (is_page_path(request.path) or is_page_path(route)) and not auth.page_allowed(
+                request.cookies.get(sessions.SESSION_COOKIE), request.headers.get("Authorization"), time.time()):
+            login = f"/login?{urlencode({'next': request.path_qs})}"
+            return aioweb.Response(status=303, headers={"Location": login, "Cache-Control": "no-store"})
+        return await handler(request)
+
+    return require_api_token

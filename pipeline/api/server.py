@@ -1,0 +1,121 @@
+"""The API's views on a faust app's web server, and the ``ApiServer`` the call pages plug into.
+
+The worker builds the faust app with ``auth.auth_middleware`` in front, registers the views here and
+plugs the call pages in (``register_web_views(server)`` of pipeline/web/views.py) with the
+``ApiServer`` they return: the pages then read through the same pool, read-only clients and auth.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable
+from dataclasses import asdict, dataclass
+from functools import partial
+from typing import Any
+
+import faust
+
+from pipeline.api.auth import ApiAuth
+from pipeline.api.pool import ApiBusyError, QueryPool, ThreadClients
+from pipeline.config import Settings
+from pipeline.store import queries
+from pipeline.store.client import StoreConnectionError, StoreError, connect
+from pipeline.store.sqlguard import ReadonlyQueryError
+
+log = logging.getLogger("callqa.worker.api")  # the worker's API: its lines stay under the worker's name
+
+
+@dataclass(frozen=True)
+class ApiServer:
+    """The API on one faust app, as what plugs into it sees it: the app to register pages on, the
+    settings, the API's pool and per-thread read-only clients, and who may log in."""
+
+    app: faust.App
+    settings: Settings
+    pool: QueryPool
+    readers: ThreadClients
+    auth: ApiAuth
+
+
+def register_api_views(app: faust.App, settings: Settings, pool: QueryPool) -> ApiServer:
+    """/api/calls, /api/calls/{call_id} and /api/query on ``app`` (the auth middleware guards them); the
+    ``ApiServer`` returned is what the call pages plug into."""
+    # fresh: never the process's cached client, which may be the writer's (same URL with chdb).
+    readers = ThreadClients(partial(connect, settings.reader_url, settings.clickhouse_database,
+                                    create_database=False, fresh=True))
+    pool.on_shutdown(readers.close)
+    server = ApiServer(app, settings, pool, readers, ApiAuth.from_settings(settings))
+    _register_call_views(server)
+    _register_query_view(server)
+    return server
+
+
+def _register_call_views(server: ApiServer) -> None:
+    """/api/calls (summaries, ``?agent=``) and /api/calls/{call_id} (summary and transcript)."""
+    readers, pool = server.readers, server.pool
+
+    @server.app.page("/api/calls")
+    async def calls_view(web: Any, request: Any) -> Any:
+        agent = request.query.get("agent")
+
+        def read() -> list[Any]:
+            with readers.client() as client:
+                return [_jsonable(asdict(r)) for r in queries.list_calls(client, agent_id=agent, limit=200)]
+
+        return await _answer(web, pool.run(read))
+
+    @server.app.page("/api/calls/{call_id}")
+    async def call_view(web: Any, request: Any, call_id: str) -> Any:
+        def read() -> dict[str, Any]:
+            with readers.client() as client:
+                summary = queries.call_summary(client, call_id)
+                lines = queries.transcript(client, call_id)
+            return {"summary": _jsonable(asdict(summary)) if summary else None,
+                    "transcript": [_jsonable(asdict(line)) for line in lines]}
+
+        return await _answer(web, pool.run(read))
+
+
+def _register_query_view(server: ApiServer) -> None:
+    """/api/query: one checked SELECT (``?sql=``, ``param_<name>=``) on the read-only account."""
+    settings = server.settings
+    limits = queries.QueryLimits.from_settings(settings)
+
+    @server.app.page("/api/query")
+    async def query_view(web: Any, request: Any) -> Any:
+        sql = request.query.get("sql", "")
+        params = {k[len("param_"):]: v for k, v in request.query.items() if k.startswith("param_")}
+
+        def run() -> dict[str, Any]:
+            # A client of its own per query (run_readonly_query opens and closes it): an analyst's query
+            # may outlast the client's timeout, and an HTTP session it leaves busy must not be reused.
+            result = queries.run_readonly_query(sql, params, url=settings.reader_url,
+                                                database=settings.clickhouse_database, limits=limits)
+            return {"columns": result.columns, "types": result.types, "rows": _jsonable(result.rows),
+                    "truncated": result.truncated}
+
+        return await _answer(web, server.pool.run(run))
+
+
+async def _answer(web: Any, work: Awaitable[Any]) -> Any:
+    """The view's JSON, or {"error": one line} with a status that says whose fault it is."""
+    try:
+        return web.json(await work)
+    except ReadonlyQueryError as exc:
+        return web.json({"error": str(exc)}, status=exc.status)
+    except (ApiBusyError, StoreError, StoreConnectionError) as exc:
+        return web.json({"error": str(exc)}, status=503)
+    except Exception as exc:  # noqa: BLE001 - reported to the caller, not fatal to the worker
+        log.warning("API request failed: %s", exc)
+        return web.json({"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"},
+                        status=500)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    return value

@@ -1,0 +1,254 @@
+"""`callqa bench readme`: bench/README.md, each benchmark's latest figures as tables, made from bench/results/.
+
+Why generated: hand-written result tables in the main README drifted from the runs they cited and grew it past
+its length limit. Every figure here is read from a result document (pipeline/bench/results.py): a new run
+reaches the tables by running this again, and tests/bench/test_readme.py fails when the committed file is not
+what the committed results make. Each benchmark has a small spec in SPECS (which figures, headers with units);
+one without shows its top-level figures and its lists of rows.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from pipeline.bench.results import ENVELOPE, RESULTS, ROOT
+
+Get = str | Callable[[Any], Any]  # a dotted path into a row or document, or a function of it
+
+
+@dataclass(frozen=True)
+class Col:
+    header: str  # with its unit
+    get: Get
+    digits: int | None = None  # decimals shown; None: three significant figures
+    scale: float = 1.0  # 100: a rate shown as %
+
+
+@dataclass(frozen=True)
+class Table:
+    cols: tuple[Col, ...]
+    rows: Get | None = None  # a list of rows, or a mapping of them (the key as "key"); None: the document's figures
+
+
+@dataclass(frozen=True)
+class Pivot:
+    """A row per distinct ``keys``, a column per value of ``across`` (headed ``label``), ``cell`` where they meet."""
+
+    title: str
+    keys: tuple[Col, ...]
+    across: str
+    label: str
+    cell: Col
+
+
+def _met(row: Any) -> str:
+    return "yes" if row.get("met") else f"no ({'; '.join(row.get('why_not') or ())})"
+
+
+def _part(p: Any) -> str:
+    if "ratio" in p:
+        one, two = p["one_worker"]["call_audio_s_per_wall_s"], p["two_workers"]["call_audio_s_per_wall_s"]
+        return f"{p['ratio']}× ({one} → {two} call-audio s/s; {p['ratio_by_worker_cpu']}× by the workers' CPU)"
+    return f"{p.get('pause_s', p.get('redecoded_s'))} s"
+
+
+PLAIN, WER, SYSTEM = Col("", ""), Col("WER %", "wer", 1, 100), Col("system", "system")
+SPECS: dict[str, tuple[str, tuple[Table | Pivot, ...]]] = {
+    "check": ("Checks (`make bench-check`)", (Table((Col("all met", "met"),)), Table((
+        Col("check", "name"), Col("what", "what"), Col("met", "met"),
+        Col("figures", lambda c: ", ".join(f"{k} {_fmt(v)}" for k, v in c["figures"].items())),
+        Col("limits", "limits"), Col("misses", "misses"), Col("s", "seconds", 0)), "checks"))),
+    "live": ("Capacity", (Table((
+        Col("legs per core", "search.legs_per_core"), Col("at 200 GFLOP/s per core", "search.legs_per_core_normalized", 1),
+        Col("engine alone, speech s/s", "engine_alone.speech_s_per_s", 1),
+        Col("pipeline / engine alone", "engine_alone.pipeline_efficiency", 2))), Table((
+            Col("calls", "calls"), Col("legs", "legs"), Col("max batch", "max_batch"),
+            Col("setting", lambda r: f"`{r['variant']}`" if r.get("variant") else "default"),
+            Col("P50 s", "latency.p50_s", 2), Col("P95 s", "latency.p95_s", 2), Col("P99 s", "latency.p99_s", 2),
+            Col("speech s/s", "throughput.speech_s_per_s", 1), Col("worker cores", "worker.cores_used", 2),
+            Col("CPU s per speech s", "worker.cpu_s_per_speech_s.total", 4), Col("met", _met)), "levels"))),
+    "memory": ("Memory per leg", (Table((
+        Col("MB per leg", "result.mb_per_leg", 2), Col("goal, MB per leg", "result.goal_mb_per_leg"),
+        Col("met", "result.met"))), Table((
+            Col("from legs", "from_legs", 0), Col("to legs", "to_legs", 0), Col("RSS added MB", "rss_mb_added", 1),
+            Col("MB per leg", "mb_per_leg", 2), Col("MB per leg (medians)", "mb_per_leg_median", 2)), "per_step"))),
+    "accuracy": ("Accuracy", (
+        Pivot("WER % by condition", (Col("set (words)", lambda r: f"{r['set']} ({r['reference_words']:,})"), SYSTEM),
+              "condition", "{}", WER),
+        Pivot("digit sequences exact", (Col("set", "set"), SYSTEM), "condition", "{}",
+              Col("", lambda r: f"{r['digit_sequences_exact']} of {r['digit_sequences']}")))),
+    "chaos": ("Churn", (Table((
+        Col("finished exactly once %", "finished_exactly_once_pct", 1),
+        Col("finals equal to `callqa analyze` %", "finals_equal_offline_pct", 1),
+        Col("verdicts equal to `callqa analyze` %", "verdicts_equal_offline_pct", 1), Col("PII found", "pii_leaks"),
+        Col("PII scanned", lambda d: ", ".join(f"{v:,} {k}" for k, v in d["pii_scanned"].items())),
+        Col("kills, SIGTERMs, broker restarts, store outages",
+            lambda d: f"{d['kills']}, {d['sigterms']}, {d['broker_restarts']}, {d['outages']}"),
+        Col("leg audio re-decoded s", "redecoded_s", 0), Col("re-decoded per worker fault s", "redecoded_per_worker_fault_s", 1),
+        Col("longest stall of live finals s", "stall.max_s", 1), Col("stall P99 s", "stall.p99_s", 1),
+        Col("checkpoint topic MB", "checkpoint_topic.bytes", 1, 1e-6), Col("problems", lambda d: len(d["problems"])))),)),
+    "scale-out": ("Scale-out", (Table((
+        Col("part", "key"), Col("goal", lambda p: p.get("goal") or f"<= {p.get('bound_s')} s"),
+        Col("measured", _part), Col("met", "met"), Col("run", "run")), "parts"),)),
+    "gateway": ("Gateway", (Table((
+        Col("legs", "legs"), Col("core share", "gateway_cpu_core_fraction", 2), Col("legs per core", "legs_per_core"),
+        Col("CPU ms per leg s", "cpu_ms_per_leg_s", 2), Col("RSS KB per leg", "rss_kb_per_leg", 1),
+        Col("P50 ms", "latency_p50_ms", 1), Col("P99 ms", "latency_p99_ms", 1),
+        Col("frames dropped", "frames_dropped"), Col("calls lost", "calls_lost")), "levels"),
+        Table((Col("goal: legs per core", "goals.legs_per_core"), Col("goal: P99 ms", "goals.latency_p99_ms"),
+               Col("goal: RSS KB per leg", "goals.rss_kb_per_leg"))))),
+    "asr": ("ASR speed", (
+        Pivot("audio s per wall s (per CPU s)", (SYSTEM, WER), "batch", "batch {}",
+              Col("", lambda r: f"{r['audio_s_per_s']:.1f} ({r['audio_s_per_cpu_s']:.1f})")),
+        Table((Col("ours batch 16 / faster-whisper batched", "ratios.ours_b16_vs_faster_whisper_batched", 2),
+               Col("ours batch 16 / ours batch 1", "ratios.ours_b16_vs_ours_b1", 2),
+               Col("peak RSS MB, ours", "peak_rss_mb.ours", 0))))),
+    "inference-process": ("Decoding in child processes", (Table((
+        Col("configuration", "key"), Col("speech s/s (median)", "speech_s_per_wall_s_median", 1),
+        Col("event-loop lag P99 ms", "event_loop_lag_p99_ms_median", 1),
+        Col("latency P99 ms", "latency_p99_ms_median", 0)), "summary"),)),
+    "segments": ("Segments cut", (Table((
+        Col("settings", "label"), Col("set", "set"), Col("segments", "segments"),
+        Col("per recording", "segments_per_recording", 2), Col("mean s", "length_s.mean", 1),
+        Col("P90 s", "length_s.p90", 1), Col("max s", "length_s.max", 1), Col("over 10 s", "over_10_s"),
+        Col("cut at max length", "cut_at_max_length")),
+        lambda d: [{"label": r["label"], "set": s, **v} for r in d["runs"] for s, v in r["sets"].items()]),)),
+}
+
+
+def _get(obj: Any, get: Get) -> Any:
+    if callable(get):
+        return get(obj)
+    for key in get.split("."):
+        obj = obj.get(key) if isinstance(obj, Mapping) else None
+    return obj
+
+
+def _fmt(value: Any, col: Col = PLAIN) -> str:
+    if value is None or value == []:
+        return "–"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, list):
+        return "; ".join(_fmt(v) for v in value)
+    if not isinstance(value, int | float):
+        return str(value).replace("|", "\\|").replace("\n", " ")
+    v = value * col.scale if col.scale != 1 else value
+    if col.digits is not None or isinstance(v, int):
+        return f"{v:,.{col.digits or 0}f}"
+    text = f"{v:,.{max(0, 2 - math.floor(math.log10(abs(v)))) if v else 0}f}"  # three significant figures
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def _markdown(headers: list[str], rows: list[list[str]]) -> list[str]:
+    return [f"| {' | '.join(headers)} |", "|" + "---|" * len(headers), *(f"| {' | '.join(r)} |" for r in rows), ""]
+
+
+def _rows(doc: Any, rows: Get) -> list[Any]:
+    found = _get(doc, rows) or []
+    return [{"key": k, **v} for k, v in found.items()] if isinstance(found, Mapping) else list(found)
+
+
+def _render(doc: Any, part: Table | Pivot) -> list[str]:
+    if isinstance(part, Pivot):
+        return _pivot(doc, part)
+    if part.rows is None:
+        shown = [[c.header, _fmt(v, c)] for c in part.cols if (v := _get(doc, c.get)) is not None]
+        return _markdown(["figure", "value"], shown) if shown else []
+    return _markdown([c.header for c in part.cols], [[_fmt(_get(r, c.get), c) for c in part.cols]
+                                                     for r in _rows(doc, part.rows)])
+
+
+def _pivot(doc: Any, part: Pivot) -> list[str]:
+    cells: dict[tuple[str, ...], dict[str, str]] = {}
+    for row in _rows(doc, "rows"):
+        key = tuple(_fmt(_get(row, c.get), c) for c in part.keys)
+        cells.setdefault(key, {})[str(row[part.across])] = _fmt(_get(row, part.cell.get), part.cell)
+    across = list(dict.fromkeys(a for by in cells.values() for a in by))
+    return [f"**{part.title}**", "", *_markdown([c.header for c in part.keys] + [part.label.format(a) for a in across],
+                                                [[*k, *(by.get(a, "–") for a in across)] for k, by in cells.items()])]
+
+
+def _auto(key: str) -> Col:
+    words = re.split(r"[_.]", key)
+    wer = "wer" in words  # a word error rate, shown as %
+    header = " ".join(w.upper() if w in {"wer", "cpu", "rss", "mb", "kb", "p50", "p90", "p95", "p99"} else w
+                      for w in words)
+    return Col(header + " %" * wer, key, 1 if wer else None, 100 if wer else 1)
+
+
+def _generic(doc: Mapping[str, Any]) -> tuple[Table, ...]:
+    """Without a spec: the top-level figures, then each top-level list of rows (with ``latency.p99_s`` and the
+    like: the figures one mapping down)."""
+    def flat(row: Mapping[str, Any]) -> list[str]:
+        return [f"{k}.{k2}" if isinstance(v, dict) else k for k, v in row.items()
+                for k2, v2 in (v.items() if isinstance(v, dict) else [("", v)]) if not isinstance(v2, dict | list)]
+
+    tables = [Table(tuple(_auto(k) for k in dict.fromkeys(k for r in rows for k in flat(r))), name)
+              for name, rows in doc.items() if isinstance(rows, list) and rows and isinstance(rows[0], dict)]
+    top = [k for k, v in doc.items() if k not in (*ENVELOPE, "note") and not isinstance(v, dict | list)]
+    return (Table(tuple(_auto(k) for k in top)), *tables)
+
+
+def _when_what(doc: Mapping[str, Any], path: Path, link: str) -> str:
+    git, m = doc.get("git") or {}, doc.get("machine") or {}
+    commit = (f"commit `{git['commit'][:7]}`" + " with uncommitted changes" * bool(git.get("dirty"))
+              if git.get("commit") else f"no commit recorded (committed in `{str(git.get('committed_in'))[:7]}`)")
+    try:
+        when = datetime.strptime(doc["started"], "%Y%m%dT%H%M%SZ").strftime("%Y-%m-%d %H:%M UTC")
+    except (KeyError, TypeError, ValueError):
+        when = str(doc.get("started"))
+    cores, gemm = m.get("cores") or m.get("cpus"), m.get("gemm_gflops_per_core")
+    machine = ", ".join(x for x in (m.get("cpu_model"), cores and f"{cores} cores",
+                                    gemm and f"fp32 GEMM {gemm} GFLOP/s per core") if x) or "machine not recorded"
+    return f"`{doc.get('benchmark') or 'callqa bench ' + path.stem}` · {when} · {commit} · {machine} · [{path.name}]({link})"
+
+
+def _latest_parts(doc: dict[str, Any], history: Path) -> dict[str, Any]:
+    """A benchmark of parts (scale-out) may run one part alone: each part's latest run that completed."""
+    runs = [json.loads(line) for line in history.read_text().splitlines() if line.strip()] if history.exists() else []
+    parts: dict[str, Any] = {}
+    for run in sorted([*runs, doc], key=lambda r: str(r.get("started"))):
+        parts |= {name: {**p, "run": run.get("started")} for name, p in (run.get("parts") or {}).items()
+                  if p.get("status") == "ok"}
+    return {**doc, "parts": parts}
+
+
+def section(path: Path, heading: str, out: Path) -> list[str]:
+    """One result document: ``heading`` and the spec's title, when and on what, then its tables."""
+    doc = json.loads(path.read_text())
+    doc = _latest_parts(doc, path.with_suffix(".jsonl")) if "parts" in doc else doc
+    title, parts = SPECS.get(path.stem, ("", ()))
+    lines = [f"{heading}{title}".rstrip(": "), "", _when_what(doc, path, os.path.relpath(path, out.parent)), ""]
+    lines += [f"Note: {doc['note']}.", ""] if doc.get("note") else []
+    return lines + [line for part in parts or _generic(doc) for line in _render(doc, part)]
+
+
+def render(results: Path = RESULTS, out: Path = RESULTS.parent / "README.md") -> str:
+    top = sorted(results.glob("*.json"), key=lambda p: (list(SPECS).index(p.stem) if p.stem in SPECS else 99, p.stem))
+    studies = sorted(results.glob("*/**/*.json"))
+    links = {name: os.path.relpath(path, out.parent) for name, path in (
+        ("results", results), ("how", ROOT / "pipeline/bench/README.md"), ("history", ROOT / "bench/HISTORY.md"))}
+    lines = ["_Generated by `callqa bench readme` from bench/results/: do not edit by hand; run it again after a "
+             "benchmark._", "", "# Benchmark results", "",
+             f"Each benchmark's latest run ([results]({links['results']})), then the studies'. How each benchmark "
+             f"measures: [pipeline/bench/README.md]({links['how']}); earlier runs and levers since removed: "
+             f"[bench/HISTORY.md]({links['history']}). Machines differ between runs (shared 2-core machines, the "
+             "broker and traffic on the same cores): compare within a run.", ""]
+    for path in top:
+        lines += section(path, "## " if path.stem in SPECS else f"## {path.stem}", out)
+    if studies:
+        lines += ["## Studies", "", "Runs of one question each (a lever, a model), a folder per study; what each "
+                  "found is in bench/HISTORY.md.", ""]
+    for path in studies:
+        lines += section(path, f"### {path.relative_to(results).with_suffix('')}: ", out)
+    return "\n".join(lines).rstrip() + "\n"
+
