@@ -18,7 +18,7 @@ SYSTEM_PACKAGES := kcat pocketsphinx-testdata alsa-utils default-jre-headless ma
 # runs whole in one process (--dist loadfile), so a module fixture (a running worker, a replayed call) is
 # made once and its tests keep their order. (--dist loadgroup with xdist_group marks did not group tests
 # under pytest 9.2 and xdist 3.8: a module's tests ran on three processes, each making the fixture.)
-TEST_WORKERS ?= 3
+TEST_WORKERS ?= 4
 PYTEST := $(BIN)/pytest -q -p no:cacheprovider --durations=20
 
 .PHONY: demo test test-fast bench-check setup system venv kafka models library lint broker-stop clean
