@@ -18,9 +18,6 @@ SYSTEM_PACKAGES := kcat pocketsphinx-testdata alsa-utils default-jre-headless ma
 # runs whole in one process (--dist loadfile), so a module fixture (a running worker, a replayed call) is
 # made once and its tests keep their order. (--dist loadgroup with xdist_group marks did not group tests
 # under pytest 9.2 and xdist 3.8: a module's tests ran on three processes, each making the fixture.)
-# --no-loadscope-reorder: xdist otherwise hands out the files with the most tests first, which put the chaos
-# test (one test, the longest) last and alone; the collection order (tests/conftest.py: the longest files
-# first) is the schedule instead.
 TEST_WORKERS ?= 3
 PYTEST := $(BIN)/pytest -q -p no:cacheprovider --durations=20
 
@@ -37,7 +34,7 @@ test: setup
 	trap '$(CALLQA) broker stop' EXIT; \
 	$(BIN)/ruff check pipeline tests bench || status=1; \
 	$(BIN)/mypy pipeline || status=1; \
-	$(PYTEST) -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS) || status=$$?; \
+	$(PYTEST) -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS) || status=$$?; \
 	exit $$status
 
 test-fast: setup

@@ -42,27 +42,13 @@ def pytest_itemcollected(item: pytest.Item) -> None:
         item.add_marker(pytest.mark.slow)
 
 
-# The longest files first (their tests' durations in make test on a fresh clone at c2a8da9, 2 cores: chaos 134 s,
-# crash recovery 156 s, pipeline over 137 s, post-call 130 s, call library 95 s, live smoke 75 s, scale-out 70 s);
-# the other heavy files follow, then the quick ones.
-LONGEST_FIRST = ("worker/test_chaos.py", "worker/test_crash_recovery.py", "worker/test_pipeline.py",
-                 "worker/test_postcall_pass.py", "worker/test_call_library.py", "bench/test_live_smoke.py",
-                 "worker/test_scale_out.py")
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The longest files first, then those with a broker or slow test, then the rest; each file's tests in
-    their own order. `make test` hands whole files to its processes in this order (pytest-xdist --dist
-    loadfile): by name, the worker tests came last and the chaos test ran alone for the run's last minutes;
-    longest first, with the quick ones filling in behind, the processes end nearly together."""
+    """Files with a broker or slow test first, each file's tests in their own order. `make test` hands whole
+    files to its processes in this order (pytest-xdist --dist loadfile): the worker tests, last by name,
+    started last and left one process running them alone for the run's last minutes; the long files
+    first, with the quick ones filling in behind them, end the processes nearly together."""
     heavy = {item.path for item in items if item.get_closest_marker("slow") or item.get_closest_marker("broker")}
-
-    def rank(item: pytest.Item) -> int:
-        path = item.path.as_posix()
-        longest = [i for i, name in enumerate(LONGEST_FIRST) if path.endswith(name)]
-        return longest[0] if longest else len(LONGEST_FIRST) + (item.path not in heavy)
-
-    items.sort(key=rank)  # stable: each file's tests keep their order
+    items.sort(key=lambda item: item.path not in heavy)  # stable: each file's tests keep their order
 
 
 @pytest.fixture(scope="session")
