@@ -42,15 +42,6 @@ def pytest_itemcollected(item: pytest.Item) -> None:
         item.add_marker(pytest.mark.slow)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Files with a broker or slow test first, each file's tests in their own order. `make test` hands whole
-    files to its processes in this order (pytest-xdist --dist loadfile): the worker tests, last by name,
-    started last and left one process running them alone for the run's last minutes; the long files
-    first, with the quick ones filling in behind them, end the processes nearly together."""
-    heavy = {item.path for item in items if item.get_closest_marker("slow") or item.get_closest_marker("broker")}
-    items.sort(key=lambda item: item.path not in heavy)  # stable: each file's tests keep their order
-
-
 @pytest.fixture(scope="session")
 def chdb_path(tmp_path_factory: pytest.TempPathFactory) -> str:
     """Absolute path of the one chdb data folder of this test session."""
