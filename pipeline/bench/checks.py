@@ -144,11 +144,17 @@ class CheckOptions:
     work: Path = Path(".callqa/bench-check")
 
 
+def unknown_checks(names: tuple[str, ...]) -> str:
+    """One line naming the names that are not checks, or "" when all are."""
+    unknown = [n for n in names if n not in CHECKS]
+    return f"unknown checks {', '.join(unknown)} (known: {', '.join(CHECKS)})" if unknown else ""
+
+
 def run_checks(options: CheckOptions, console: Console) -> tuple[dict[str, Any], list[Path]]:
     """Every chosen check in turn (a check that raises is not met, with the error as its detail)."""
-    unknown = [n for n in options.names if n not in CHECKS]
-    if unknown:
-        raise ValueError(f"unknown checks {unknown} (known: {', '.join(CHECKS)})")
+    problem = unknown_checks(options.names)
+    if problem:
+        raise ValueError(problem)
     run = CheckRun(options.work.resolve(), console)
     entries = []
     for name in options.names:

@@ -327,13 +327,12 @@ def bench_check(
     """The long accuracy and churn measurements the test suite runs a slice of, each against its limits.
 
     Writes check.json (met / not met per check, its figures, limits and misses) and exits 1 when a check is not met. About 40 minutes on 2 cores; `make bench-check` runs it."""
-    from pipeline.bench.checks import CHECKS, CheckOptions, run_checks
+    from pipeline.bench.checks import CHECKS, CheckOptions, run_checks, unknown_checks
     from pipeline.bench.results import RESULTS
 
     names = _split(only) or tuple(CHECKS)
-    unknown = [n for n in names if n not in CHECKS]
-    if unknown:
-        raise typer.BadParameter(f"unknown checks {', '.join(unknown)} (known: {', '.join(CHECKS)})")
+    if problem := unknown_checks(names):
+        raise typer.BadParameter(problem)
     doc, paths = run_checks(CheckOptions(names=names, out=out or RESULTS), console)
     _wrote(paths)
     if not doc["met"]:
