@@ -42,48 +42,6 @@ def pytest_itemcollected(item: pytest.Item) -> None:
         item.add_marker(pytest.mark.slow)
 
 
-# The files that hold the suite's wall time (seconds of their tests in make test on a fresh clone, 2 cores,
-# d17438e). They run real-time replays and several worker processes each: more than two of them at once on 2
-# cores slowed each other until a kill -9 test timed out (5564648), and one left for the end ran alone for
-# its last two minutes (d17438e: pytest 16:32).
-LONG_FILES = {"worker/test_crash_recovery.py": 156, "worker/test_postcall_pass.py": 148,
-              "worker/test_call_library.py": 145, "worker/test_pipeline.py": 137, "worker/test_chaos.py": 131,
-              "worker/test_scale_out.py": 85, "bench/test_live_smoke.py": 71}
-LONG_FILES_AT_ONCE = 2
-
-
-def long_file_cost(scope: str) -> int:
-    """Seconds a test file is known to take, 0 for the rest (scope: a file's node id, tests/… )."""
-    return next((cost for name, cost in LONG_FILES.items() if scope.endswith(name)), 0)
-
-
-def pytest_xdist_make_scheduler(config: pytest.Config, log):  # type: ignore[no-untyped-def]
-    """`make test`'s order of files (--dist loadfile): the long files first, longest first, at most
-    LONG_FILES_AT_ONCE of them at a time; the other processes take the quick files (the most tests first,
-    xdist's own order) meanwhile. The long files end early and the quick ones even out the end."""
-    from xdist.scheduler import LoadFileScheduling
-
-    class LongFilesFirst(LoadFileScheduling):  # type: ignore[misc]
-        def _long_files_assigned(self) -> int:
-            return sum(1 for work in self.assigned_work.values() for scope, tests in work.items()
-                       if long_file_cost(scope) and not all(tests.values()))
-
-        def _next_scope(self) -> str:
-            queued = list(self.workqueue)
-            long = sorted((s for s in queued if long_file_cost(s)), key=long_file_cost, reverse=True)
-            quick = [s for s in queued if not long_file_cost(s)]
-            if long and (self._long_files_assigned() < LONG_FILES_AT_ONCE or not quick):
-                return long[0]
-            return quick[0]
-
-        def _assign_work_unit(self, node):  # type: ignore[no-untyped-def]
-            scope = self._next_scope()
-            self.workqueue.move_to_end(scope, last=False)  # the parent takes the queue's first unit
-            super()._assign_work_unit(node)
-
-    return LongFilesFirst(config, log)
-
-
 @pytest.fixture(scope="session")
 def chdb_path(tmp_path_factory: pytest.TempPathFactory) -> str:
     """Absolute path of the one chdb data folder of this test session."""
