@@ -169,7 +169,8 @@ def replay(
              "FLAC, OGG Vorbis/Opus, MP3, ..., or headerless .ulaw/.alaw (8 kHz), .raw/.pcm (16 kHz).")],
     calls: Annotated[int, typer.Option(help="Concurrent calls to run, cycling over the inputs (0: one per file).")] = 0,
     realtime: Annotated[bool, typer.Option("--realtime/--fast", help="Pace frames in real time, or as fast as possible.")] = False,
-    frame_ms: Annotated[int, typer.Option(help="Frame length in ms.")] = 20,
+    frame_ms: Annotated[int, typer.Option(
+        help="Audio per message in ms (0: CALLQA_AUDIO_MESSAGE_MS).", min=0, max=1000)] = 0,
     encoding: Annotated[str, typer.Option(help="Telephony encoding: mulaw, alaw or pcm16.")] = "mulaw",
 ) -> None:
     """Play recordings into Kafka as telephony calls: start event, per-leg frames, end event."""
@@ -181,6 +182,7 @@ def replay(
     if encoding not in ("mulaw", "alaw", "pcm16"):
         raise typer.BadParameter(f"unknown encoding {encoding!r}: use mulaw, alaw or pcm16")
     settings = get_settings()
+    frame_ms = frame_ms or settings.audio_message_ms
     options = ReplayOptions(frame_ms=frame_ms, encoding=encoding, realtime=realtime, calls=calls)  # type: ignore[arg-type]
     recordings = _load_recordings(paths, options)
     ensure_topics(settings)

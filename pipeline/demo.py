@@ -136,7 +136,7 @@ def tail_outputs(settings: Settings, serde: Serde, call_ids: set[str], stop: thr
 
 def main() -> int:
     settings = get_settings()
-    options = ReplayOptions(encoding="mulaw", realtime=True)
+    options = ReplayOptions(encoding="mulaw", realtime=True, frame_ms=settings.audio_message_ms)
     try:
         recordings = demo_recordings(options)
     except (LibraryNotBuilt, KeyError) as exc:

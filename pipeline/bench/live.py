@@ -245,7 +245,8 @@ def run_level(config: LevelConfig, library: TurnLibrary, work: Path, console: Co
         tap.start()
         try:
             sender = LiveSender(ContractProducer.from_settings(settings, serde), settings.topic_audio,
-                                  settings.topic_call_events, library, NoiseBed(config.traffic.max_call_s))
+                                  settings.topic_call_events, library, NoiseBed(config.traffic.max_call_s),
+                                  config.settings().audio_message_ms)
             report, watch = drive(config, workers, sender, plans, tap, console)
             finals = tap.finals()
             passed = postcall_figures(workers.workers, console) if config.settings().final_model else None

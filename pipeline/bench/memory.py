@@ -165,7 +165,8 @@ def run_memory(options: MemoryOptions, console: Console) -> tuple[dict[str, Any]
             (worker,) = start_workers(workers, config)
         settings = workers.settings
         sender = LiveSender(ContractProducer.from_settings(settings, Serde.from_settings(settings.schema_registry_url)),
-                            settings.topic_audio, settings.topic_call_events, library, NoiseBed(length_limit(plans)))
+                            settings.topic_audio, settings.topic_call_events, library, NoiseBed(length_limit(plans)),
+                            settings.audio_message_ms)
         next_step = 1
         with Background("the traffic sender", lambda stop: sender.run(plans, options.horizon_s, stop, report)) as thread:
             while thread.is_alive():

@@ -38,7 +38,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from pipeline.bench.results import RESULTS, record, run_folder, settings_that_matter, utc_stamp, write_result
-from pipeline.bench.sender import FRAME_MS, call_s, leg_audio_s, load_library, replay
+from pipeline.bench.sender import call_s, leg_audio_s, load_library, replay
 from pipeline.bench.stores import GroupCalls, GroupStores
 from pipeline.bench.workers import Background, BenchError, WorkerGroup, WorkerProcess, one_line, shared_broker
 from pipeline.config import Settings
@@ -308,8 +308,9 @@ def long_call(seconds: float) -> CallRecording:
 
 
 def fed(workers: WorkerGroup, worker: WorkerProcess) -> tuple[float, float]:
-    """Leg audio a worker fed to its segmenters, and consumed (frames), in seconds."""
-    return workers.metric(worker, LEG_AUDIO), workers.metric(worker, "callqa_frames_total") * FRAME_MS / 1000
+    """Leg audio a worker fed to its segmenters, and consumed (messages of the replay's span), in seconds."""
+    message_s = workers.settings.audio_message_ms / 1000
+    return workers.metric(worker, LEG_AUDIO), workers.metric(worker, "callqa_frames_total") * message_s
 
 
 def part_crash(work: Path, call_s: float, live_tail_s: float, kill_before_end_s: float) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """The benchmarks' traffic sent to Kafka: the live benchmark's planned calls, and library calls replayed.
 
 Planned calls (``LiveSender``) are sent in real time, as a media gateway sends them (a start event when a
-call connects, both legs' 20 ms μ-law frames as their audio happens, keyed by call id, an end event after
+call connects, both legs' μ-law audio as it happens, in messages of ``audio_message_ms``, keyed by call id, an end event after
 the last frame). ``pipeline.ingest.replay.TelephonyReplay`` starts every call at once; here each call
 starts at its own arrival time, so the pacing is a 20 ms tick over every open call (arrivals are on the
 frame grid, so a frame is never held back to the next tick). The wall time of traffic time 0 is
@@ -39,15 +39,17 @@ TENANT = "bench"
 
 @dataclass
 class CallStream:
-    """One call being sent: its legs' μ-law audio and the next frame; builds messages, sends nothing."""
+    """One call being sent: its legs' μ-law audio and the next frame; builds messages, sends nothing.
+    A message holds ``message_frames`` 20 ms frames (``audio_message_ms``), sent once its last is due."""
 
     plan: CallPlan
     legs: dict[str, bytes] = field(repr=False)
+    message_frames: int = 1
     next_frame: int = 0
 
     @classmethod
-    def render(cls, plan: CallPlan, library: TurnLibrary, noise: NoiseBed) -> CallStream:
-        return cls(plan, {leg: render_leg(plan, leg, library, noise) for leg in LEGS})
+    def render(cls, plan: CallPlan, library: TurnLibrary, noise: NoiseBed, message_frames: int = 1) -> CallStream:
+        return cls(plan, {leg: render_leg(plan, leg, library, noise) for leg in LEGS}, message_frames)
 
     @property
     def done(self) -> bool:
@@ -57,6 +59,11 @@ class CallStream:
     def agent_id(self) -> str:
         return f"agent-{zlib.crc32(self.plan.call_id.encode()) % 100:02d}"
 
+    @property
+    def messages(self) -> int:
+        """Messages a leg of the call takes (the last one may be short)."""
+        return -(-self.plan.frames // self.message_frames)
+
     def start_event(self) -> CallEvent:
         return CallEvent(self.plan.call_id, "start", tenant=TENANT, agent_id=self.agent_id, queue="bench",
                          legs=list(LEGS), sample_rate=RATE, encoding="mulaw")
@@ -64,21 +71,26 @@ class CallStream:
     def end_event(self) -> CallEvent:
         return CallEvent(self.plan.call_id, "end", tenant=TENANT, agent_id=self.agent_id, queue="bench",
                          legs=list(LEGS), sample_rate=RATE, encoding="mulaw",
-                         frame_counts=dict.fromkeys(LEGS, self.plan.frames))
+                         frame_counts=dict.fromkeys(LEGS, self.messages))
 
     def frames_until(self, end_frame: int) -> list[AudioFrame]:
-        """Both legs' frames from the next one up to ``end_frame`` (exclusive, capped at the call's end)."""
-        frames = []
+        """Both legs' messages whose frames are all due before ``end_frame`` (the call's last message
+        once its end is due), from the next one on."""
+        messages = []
         produced = now_ms()
-        for k in range(self.next_frame, min(end_frame, self.plan.frames)):
+        n, total = self.message_frames, self.plan.frames
+        while self.next_frame < min(end_frame, total):
+            first, last = self.next_frame, min(self.next_frame + n, total)
+            if last > end_frame:
+                break  # the message's last frame is not due yet
             for leg, audio in self.legs.items():
-                frames.append(AudioFrame(
+                messages.append(AudioFrame(
                     call_id=self.plan.call_id, leg=leg,  # type: ignore[arg-type]
-                    seq=k, start_ms=k * FRAME_MS, sample_rate=RATE, encoding="mulaw",
-                    payload=audio[k * FRAME_BYTES:(k + 1) * FRAME_BYTES], produced_at_ms=produced,
+                    seq=first // n, start_ms=first * FRAME_MS, sample_rate=RATE, encoding="mulaw",
+                    payload=audio[first * FRAME_BYTES:last * FRAME_BYTES], produced_at_ms=produced,
                 ))
-            self.next_frame = k + 1
-        return frames
+            self.next_frame = last
+        return messages
 
 
 @dataclass
@@ -104,8 +116,9 @@ class LiveSender:
     """Sends calls at their arrival times, in real time, through one producer."""
 
     def __init__(self, producer: ContractProducer, audio_topic: str, events_topic: str, library: TurnLibrary,
-                 noise: NoiseBed) -> None:
+                 noise: NoiseBed, message_ms: int = FRAME_MS) -> None:
         self.producer = producer
+        self.message_frames = max(1, message_ms // FRAME_MS)
         self.audio_topic = audio_topic
         self.events_topic = events_topic
         self.library = library
@@ -140,7 +153,7 @@ class LiveSender:
         return report
 
     def _start(self, plan: CallPlan, report: SendReport) -> CallStream:
-        stream = CallStream.render(plan, self.library, self.noise)
+        stream = CallStream.render(plan, self.library, self.noise, self.message_frames)
         self.producer.send(self.events_topic, plan.call_id, stream.start_event())
         report.events_sent += 1
         report.started.add(plan.call_id)
@@ -207,5 +220,6 @@ def replay(settings: Settings, calls: list[tuple[str, CallRecording]], live_from
     called with the monotonic time the real-time part began; ``stop`` aborts the calls."""
     player = TelephonyReplay(ContractProducer.from_settings(settings, Serde.from_settings()),
                              settings.topic_audio, settings.topic_call_events)
-    return player.run([rec for _, rec in calls], replace(REPLAY, calls=len(calls)),
+    options = replace(REPLAY, calls=len(calls), frame_ms=settings.audio_message_ms)  # as a gateway sends them
+    return player.run([rec for _, rec in calls], options,
                       call_ids=[call_id for call_id, _ in calls], live_from_s=live_from_s, on_live=on_live, stop=stop)

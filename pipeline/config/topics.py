@@ -16,6 +16,17 @@ class TopicSettings(BaseModel):
         "callqa.call-checkpoints",
         description="Compacted: the newest resume point of each open call, keyed by call ID, partitioned as the audio.",
     )
+    # Issue 36: a message per 20 ms frame had the worker's event loop take 50 messages a second per leg (faust,
+    # decoding, checks and the jitter buffer per message). A longer message costs the producer up to its
+    # length in latency: its first sample waits for its last. bench live, 10 calls on 2 pinned cores, one run
+    # (bench/results/message-span): event loop CPU s per speech s 0.0372 / 0.0236 / 0.0184 at 20 / 100 / 200 ms,
+    # the worker's 0.1092 / 0.0974 / 0.0914; endpoint P50 0.505 / 0.540 / 0.586 s; P99 final 2.06 / 1.65 / 1.78 s.
+    audio_message_ms: int = Field(
+        200, ge=20, le=1000, multiple_of=20,
+        description="Audio a producer packs into one audio message (ms, a multiple of 20): callqa gateway, "
+        "callqa replay and the benchmarks' traffic. Longer messages cost the worker less per second of audio "
+        "and delay each one's first sample by up to this much.",
+    )
     audio_partitions: int = Field(12, description="Partitions of the audio frames topic.")
     events_partitions: int = Field(12, description="Partitions of the call events topic (same as audio so a call co-partitions).")
     output_partitions: int = Field(6, description="Partitions of the transcripts, latency and QA topics.")

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pipeline.contracts.messages import LEGS, AudioFrame, CallEvent, Leg, now_ms
 from pipeline.gateway.metrics import GatewayMetrics
 from pipeline.gateway.ports import CallSink
-from pipeline.gateway.timeline import FRAME_MS, FRAME_SAMPLES, SAMPLE_RATE, LegFrame, LegTimeline
+from pipeline.gateway.timeline import FRAME_MS, SAMPLE_RATE, LegFrame, LegTimeline
 
 log = logging.getLogger("callqa.gateway")
 
@@ -51,6 +51,7 @@ class LiveCall:
     detached_at: float | None = None  # when its last stream closed
     end_reason: str = ""
     held_at_ms: int | None = None
+    message_ms: int = FRAME_MS  # audio per frame message (CALLQA_AUDIO_MESSAGE_MS)
 
     @property
     def position(self) -> int:
@@ -59,7 +60,7 @@ class LiveCall:
 
     def timeline(self, leg: Leg) -> LegTimeline:
         if leg not in self.timelines:
-            self.timelines[leg] = LegTimeline()
+            self.timelines[leg] = LegTimeline(SAMPLE_RATE * self.message_ms // 1000)
         return self.timelines[leg]
 
 
@@ -75,8 +76,9 @@ class Attachment:
 
 class OpenCalls:
     def __init__(self, sink: CallSink, metrics: GatewayMetrics, end_grace_s: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, message_ms: int = FRAME_MS) -> None:
         self.sink = sink
+        self.message_ms = message_ms
         self.metrics = metrics
         self.end_grace_s = end_grace_s
         self.clock = clock
@@ -90,7 +92,7 @@ class OpenCalls:
         call = self.calls.get(call_id)
         continued = call is not None
         if call is None:
-            call = LiveCall(call_id, info, list(wanted))
+            call = LiveCall(call_id, info, list(wanted), message_ms=self.message_ms)
             self.calls[call_id] = call
             self.sink.call_started(CallEvent(call_id, "start", tenant=info.tenant, agent_id=info.agent_id,
                                              queue=info.queue, legs=list(wanted), sample_rate=SAMPLE_RATE,
@@ -111,7 +113,8 @@ class OpenCalls:
         position = call.position
         if call.detached_at is not None:  # the time with no stream at all passed on the call too
             position += int((self.clock() - call.detached_at) * SAMPLE_RATE)
-        return -(-position // FRAME_SAMPLES) * FRAME_SAMPLES
+        message = SAMPLE_RATE * call.message_ms // 1000
+        return -(-position // message) * message
 
     def write(self, att: Attachment, leg: Leg, at: int, payload: bytes) -> bool:
         """Place audio at the stream's sample ``at``; False (and nothing written) for a leg it doesn't own."""
@@ -192,7 +195,7 @@ class OpenCalls:
 
     def _send(self, call: LiveCall, leg: Leg, frames: list[LegFrame]) -> None:
         for f in frames:
-            self.sink.frame(AudioFrame(call.call_id, leg, f.seq, f.seq * FRAME_MS, SAMPLE_RATE, "mulaw", f.payload,
+            self.sink.frame(AudioFrame(call.call_id, leg, f.seq, f.seq * call.message_ms, SAMPLE_RATE, "mulaw", f.payload,
                                        produced_at_ms=now_ms()))
         # Counted here, published by the tick: a counter's lock per message was 3 % of a frame's CPU.
         self._built += len(frames)

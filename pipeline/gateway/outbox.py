@@ -44,9 +44,9 @@ class Batch:
 class Outbox:
     """The core's ``CallSink``: frames and call events waiting for Kafka."""
 
-    def __init__(self, metrics: GatewayMetrics, leg_buffer_s: float) -> None:
+    def __init__(self, metrics: GatewayMetrics, leg_buffer_s: float, message_ms: int = FRAME_MS) -> None:
         self.metrics = metrics
-        self.leg_capacity = max(1, round(leg_buffer_s * 1000 / FRAME_MS))
+        self.leg_capacity = max(1, round(leg_buffer_s * 1000 / message_ms))
         # A plain lock (Condition's default is an RLock, slower to take 50 times a second per leg).
         self._lock = threading.Condition(threading.Lock())
         self._sender_waiting = False  # notify only then: most frames arrive while the sender is busy

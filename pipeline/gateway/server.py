@@ -54,8 +54,8 @@ class GatewayServer:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.settings = settings
         self.metrics = metrics or GatewayMetrics()
-        self.outbox = Outbox(self.metrics, settings.gateway_leg_buffer_s)
-        self.calls = OpenCalls(self.outbox, self.metrics, settings.gateway_end_grace_s, clock)
+        self.outbox = Outbox(self.metrics, settings.gateway_leg_buffer_s, settings.audio_message_ms)
+        self.calls = OpenCalls(self.outbox, self.metrics, settings.gateway_end_grace_s, clock, settings.audio_message_ms)
         self.sender = KafkaSender(self.outbox, producer, settings.topic_audio, settings.topic_call_events,
                                   self.metrics, settings.gateway_send_batch)
         self.audiohook_auth = AudioHookAuthenticator(

@@ -1,7 +1,8 @@
-"""One leg's audio on the call's clock, cut into the 20 ms μ-law frames replay sends.
+"""One leg's audio on the call's clock, cut into μ-law messages of one length (``audio_message_ms``, 20 ms
+and up), as replay sends them.
 
-Frame ``seq`` k covers samples [k * 160, (k + 1) * 160) of the call: seq is the leg's time, as in
-replay, so the worker places frames by it. Audio arrives at a sample position (Twilio's ``timestamp``,
+Message ``seq`` k covers samples [k * n, (k + 1) * n) of the call (n samples a message): seq is the leg's
+time, as in replay, so the worker places messages by it. Audio arrives at a sample position (Twilio's ``timestamp``,
 AudioHook's running count); what lies between is either filled with μ-law silence (a gap in the
 stream: the frames exist, they were just not sent) or skipped (a pause: no frames at all, the seq
 jumps as replay's holds do, and the worker fills the gap when frames resume).
@@ -16,7 +17,7 @@ FRAME_MS = 20
 FRAME_SAMPLES = SAMPLE_RATE * FRAME_MS // 1000  # μ-law: one byte per sample, so also bytes per frame
 MULAW_SILENCE = 0xFF
 # Twilio's ms timestamps and chunking jitter by a sample or so: a chunk this close to where the previous
-# one ended continues it (half a frame, so a real lost chunk is still filled).
+# one ended continues it (half a 20 ms chunk, so a real lost chunk is still filled).
 JITTER_SAMPLES = FRAME_SAMPLES // 2
 
 
@@ -34,7 +35,8 @@ class TimelineCounts:
 
 
 class LegTimeline:
-    def __init__(self) -> None:
+    def __init__(self, frame_samples: int = FRAME_SAMPLES) -> None:
+        self.frame_samples = frame_samples  # one message's samples (μ-law: its bytes)
         self.next_seq = 0
         self._pending = bytearray()  # the samples of frame `next_seq` received so far
         self.counts = TimelineCounts()
@@ -42,7 +44,7 @@ class LegTimeline:
     @property
     def position(self) -> int:
         """The sample after the last one written (the leg's clock)."""
-        return self.next_seq * FRAME_SAMPLES + len(self._pending)
+        return self.next_seq * self.frame_samples + len(self._pending)
 
     def write(self, at: int, payload: bytes) -> list[LegFrame]:
         """Place ``payload`` at sample ``at``: a gap before it is filled with silence, audio for a time
@@ -72,10 +74,10 @@ class LegTimeline:
         target = self.position + samples
         frames: list[LegFrame] = []
         if self._pending:
-            fill = min(FRAME_SAMPLES - len(self._pending), samples)
+            fill = min(self.frame_samples - len(self._pending), samples)
             frames = self._extend(bytes([MULAW_SILENCE]) * fill)
         if self.position < target:
-            self.next_seq, into = divmod(target, FRAME_SAMPLES)
+            self.next_seq, into = divmod(target, self.frame_samples)
             self._pending = bytearray([MULAW_SILENCE]) * into
         return frames
 
@@ -92,10 +94,10 @@ class LegTimeline:
         frames = []
         view = memoryview(payload)
         while len(view):
-            take = FRAME_SAMPLES - len(self._pending)
+            take = self.frame_samples - len(self._pending)
             self._pending += view[:take]
             view = view[take:]
-            if len(self._pending) == FRAME_SAMPLES:
+            if len(self._pending) == self.frame_samples:
                 frames.append(LegFrame(self.next_seq, bytes(self._pending)))
                 self.next_seq += 1
                 self._pending.clear()

@@ -25,6 +25,7 @@ from pipeline.worker.legs import LegState
 from pipeline.worker.metrics import WorkerMetrics
 from pipeline.worker.offsets import OffsetTracker, TopicPartition
 from pipeline.worker.registry import CallRegistry
+from pipeline.worker.reorder import ReleasedFrame
 from pipeline.worker.state import CallState
 
 log = logging.getLogger("callqa.worker")
@@ -101,7 +102,7 @@ class FrameIntake:
         finished calls are consumed and dropped; unusable frames touch no state (their seqs stay gaps)."""
         batch = IntakeBatch([], [], now_ms())
         owned = [f for f in frames if self.registry.owns(f[0])]
-        touched: dict[tuple[str, str], LegAudio] = {}
+        touched: dict[tuple[str, str], tuple[LegAudio, list[ReleasedFrame]]] = {}
         for tp, offset, frame in owned:
             try:
                 check_frame(frame)
@@ -120,14 +121,17 @@ class FrameIntake:
                 continue
             leg = self._consume(tp, offset, frame, call, batch.consumed_ms)
             tally = ReorderTally.of(leg)
-            released = leg.take(frame.seq, frame.payload, frame.produced_at_ms)
+            released = leg.push(frame.seq, frame.payload, frame.produced_at_ms)
             tally.count_since(leg, self.metrics)
-            audio = touched.get((call.call_id, leg.leg))
-            if audio is None:
-                audio = touched[(call.call_id, leg.leg)] = LegAudio(call, leg)
-            audio.chunks.extend(released)
+            entry = touched.get((call.call_id, leg.leg))
+            if entry is None:
+                entry = touched[(call.call_id, leg.leg)] = (LegAudio(call, leg), [])
+            entry[1].extend(released)
         self.metrics.frames.inc(len(owned))
-        batch.legs = list(touched.values())
+        # Each leg's frames of the batch decoded and resampled together: one numpy call per leg, not per frame.
+        for audio, released_frames in touched.values():
+            audio.chunks = audio.leg.to_16k(released_frames)
+        batch.legs = [audio for audio, _ in touched.values()]
         return batch
 
     def dead_letter_message(

@@ -39,6 +39,9 @@ class LegState:
     reorder: FrameReorderBuffer
     keep_frames: int
     frames_released: int = 0
+    # How much shorter than frame_ms the last released frame was: a leg's last message may be short, and
+    # with 200 ms messages rounding it up would add up to 200 ms to the call's length.
+    last_frame_short_ms: int = 0
     # Producer time of recent frames by seq, so a segment knows when its audio was produced.
     produced_at_ms: dict[int, int] = field(default_factory=dict)
     finished: bool = False
@@ -69,6 +72,11 @@ class LegState:
     def frame_samples(self) -> int:
         return self.front_end.sample_rate * self.frame_ms // 1000
 
+    @property
+    def audio_ms(self) -> int:
+        """The leg's audio released so far (ms): its frames, the last one at its own length."""
+        return self.frames_released * self.frame_ms - self.last_frame_short_ms
+
     def release(self, seq: int, payload: bytes, produced_at_ms: int) -> np.ndarray | None:
         """``take``, with any run of silence made into zeros: the 16 kHz samples one frame lets through
         (None while it waits in the jitter buffer), for callers that feed the segmenter themselves."""
@@ -85,6 +93,12 @@ class LegState:
         The audio still has to go through the leg's segmenter (``Segmenter.take``): the processor does
         that for many legs at once (one VAD run for all of them).
         """
+        return self.to_16k(self.push(seq, payload, produced_at_ms))
+
+    def push(self, seq: int, payload: bytes, produced_at_ms: int) -> list[ReleasedFrame]:
+        """Take one frame into the jitter buffer; the frames it lets through, in order, still encoded:
+        ``to_16k`` of several pushes' frames decodes and resamples them in one go (the intake does that
+        once per leg and batch, not once per message)."""
         if seq < self.resumed_from_seq:
             self.before_checkpoint += 1
             return []
@@ -93,7 +107,7 @@ class LegState:
             keep_from = seq - self.keep_frames
             for k in [k for k in self.produced_at_ms if k < keep_from]:
                 del self.produced_at_ms[k]
-        return self._to_16k(self.reorder.push(seq, payload))
+        return self.reorder.push(seq, payload)
 
     def finish(self, total_frames: int | None) -> list[SpeechSegment]:
         """End of the leg: release held frames (filling gaps up to ``total_frames``), close any segment."""
@@ -101,7 +115,7 @@ class LegState:
             return []
         self.finished = True
         segmenter = self.front_end.segmenter
-        closed = [s for audio in self._to_16k(self.reorder.flush(total_frames)) for s in segmenter.take(audio)]
+        closed = [s for audio in self.to_16k(self.reorder.flush(total_frames)) for s in segmenter.take(audio)]
         return closed + self.front_end.finish()
 
     def produced_at(self, at_ms: int) -> int:
@@ -112,26 +126,49 @@ class LegState:
                 return self.produced_at_ms[k]
         return 0
 
-    def _to_16k(self, released: list[ReleasedFrame]) -> list[np.ndarray | Silence]:
-        """Released frames through the resampler, in order. A gap is filled with silence so the call's
-        timing holds; at ``gap_boundary_ms`` and longer (a hold), its zeros are not made but counted
-        (``LegFrontEnd.silence_to_16k``), and the segmenter skips them the same way."""
+    def to_16k(self, released: list[ReleasedFrame]) -> list[np.ndarray | Silence]:
+        """Released frames through the codec and the resampler, in order: each run of frames between long
+        gaps decoded and resampled once (one numpy call each, however many messages it came in). A gap
+        is filled with silence so the call's timing holds; at ``gap_boundary_ms`` and longer (a hold),
+        its zeros are not made but counted (``LegFrontEnd.silence_to_16k``), and the segmenter skips them
+        the same way."""
         out: list[np.ndarray | Silence] = []
-        samples: list[np.ndarray] = []
+        run: list[bytes | int] = []  # payloads, and short gaps as their sample counts
+        width = codecs.bytes_per_sample(self.front_end.encoding)
         for frame in released:
             self.frames_released += frame.frames
+            self.last_frame_short_ms = 0
             if frame.payload is not None:
-                samples.append(codecs.decode(frame.payload, self.front_end.encoding))
+                run.append(frame.payload)
+                missing = self.frame_samples - len(frame.payload) // width
+                self.last_frame_short_ms = max(0, missing) * 1000 // self.front_end.sample_rate
             elif frame.frames * self.frame_ms < self.gap_boundary_ms:
-                samples.append(np.zeros(frame.frames * self.frame_samples, dtype=np.float32))
+                run.append(frame.frames * self.frame_samples)
             else:
-                if samples:
-                    out.append(self.front_end.to_16k(np.concatenate(samples)))
-                    samples = []
+                if run:
+                    out.append(self.front_end.to_16k(self._decode(run)))
+                    run = []
                 out.extend(self.front_end.silence_to_16k(frame.frames * self.frame_samples))
-        if samples:
-            out.append(self.front_end.to_16k(np.concatenate(samples)))
+        if run:
+            out.append(self.front_end.to_16k(self._decode(run)))
         return [a for a in out if isinstance(a, Silence) or a.size]
+
+    def _decode(self, run: list[bytes | int]) -> np.ndarray:
+        """Payloads and short gaps (sample counts) as one float32 array, the payloads decoded in one call.
+        A gap is exact zeros, not encoded silence (A-law has no zero code; the segmenter's hold detection
+        looks for digital silence)."""
+        encoding = self.front_end.encoding
+        decoded = codecs.decode(b"".join(p for p in run if isinstance(p, bytes)), encoding)
+        if all(isinstance(p, bytes) for p in run):
+            return decoded
+        width, at, pieces = codecs.bytes_per_sample(encoding), 0, []
+        for part in run:
+            if isinstance(part, int):
+                pieces.append(np.zeros(part, dtype=np.float32))
+            else:
+                pieces.append(decoded[at:at + len(part) // width])
+                at += len(part) // width
+        return np.concatenate(pieces)
 
     @property
     def gap_boundary_ms(self) -> int:

@@ -157,7 +157,7 @@ class CallLifecycle:
         await asyncio.gather(*[t for t in call.pending if t is not current], return_exceptions=True)
         assert call.analyzer is not None
         await self.gate.flush(call)
-        audio_ms = max((leg.frames_released * leg.frame_ms for leg in call.legs.values()), default=0)
+        audio_ms = max((leg.audio_ms for leg in call.legs.values()), default=0)
         result = call.analyzer.finalize(audio_ms, call.hold_intervals(audio_ms))
         audio_end = self.offsets.consumed_up_to(call.audio_tp) if call.audio_tp else None
         await self.outputs.call_result(call, result, how, audio_ms, audio_end)

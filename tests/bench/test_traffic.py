@@ -172,6 +172,24 @@ def test_frames_are_160_bytes_of_mulaw_like_a_gateway_sends(library: TurnLibrary
     assert end.event_type == "end" and end.frame_counts == dict.fromkeys(LEGS, plan.frames)
 
 
+def test_messages_of_100_ms_carry_five_frames_each_and_the_last_one_short(library: TurnLibrary) -> None:
+    plan = plan_traffic(library, TrafficSpec(calls=1, seed=5), 1.0, "f")[0]
+    stream = CallStream.render(plan, library, NoiseBed(TrafficSpec(1).max_call_s), message_frames=5)
+    assert stream.frames_until(4) == []  # the first message's last frame is not due yet
+    messages = stream.frames_until(5) + stream.frames_until(plan.frames - 1)
+    assert not stream.done  # the call's last message waits for its end
+    messages += stream.frames_until(plan.frames)
+    assert stream.done
+    count = -(-plan.frames // 5)
+    for leg in LEGS:
+        own = [m for m in messages if m.leg == leg]
+        assert [m.seq for m in own] == list(range(count))
+        assert all(m.start_ms == m.seq * 5 * FRAME_MS for m in own)
+        assert all(len(m.payload) == 5 * FRAME_BYTES for m in own[:-1]) and 0 < len(own[-1].payload) <= 5 * FRAME_BYTES
+        assert b"".join(m.payload for m in own) == stream.legs[leg]
+    assert stream.end_event().frame_counts == dict.fromkeys(LEGS, count)
+
+
 # ---- the ground truth as the latency reference -------------------------------------------------------------
 def _plan(arrival_s: float, turns: list[tuple[str, int, int]], library: TurnLibrary) -> CallPlan:
     source = library.calls[0][0]

@@ -243,8 +243,10 @@ async def start_gateway(kafka_settings) -> AsyncIterator[Any]:  # type: ignore[n
 
     async def start(producer: ContractProducer | None = None, **overrides: Any) -> RunningGateway:
         # The tests send audio faster than real time: a leg buffer of 30 s takes their bursts without
-        # back-pressure, unless a test asks for a small one.
-        values = {"gateway_end_grace_s": 0.3, "gateway_drain_s": 0.0, "gateway_leg_buffer_s": 30.0, **overrides}
+        # back-pressure, unless a test asks for a small one. They count 20 ms frames (Twilio's chunk): the
+        # default message span has test_a_twilio_call_reaches_the_topics_as_sent and tests/gateway/test_end_to_end.py.
+        values = {"gateway_end_grace_s": 0.3, "gateway_drain_s": 0.0, "gateway_leg_buffer_s": 30.0,
+                  "audio_message_ms": 20, **overrides}
         settings = kafka_settings.model_copy(update=values)
         producer = producer or ContractProducer.from_settings(settings, Serde.from_settings(""))
         server = GatewayServer(settings, producer)

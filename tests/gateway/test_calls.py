@@ -89,3 +89,25 @@ def test_shutdown_ends_every_call_at_once(calls, sink) -> None:  # type: ignore[
     calls.end_all("gateway shutdown")
     assert {e.call_id: e.reason for e in sink.ends} == {"CA1": "gateway shutdown", "CA2": "stop"}
     assert {e.call_id: e.frame_counts for e in sink.ends} == {"CA1": {"customer": 2}, "CA2": {}}
+
+
+def test_messages_of_100_ms_carry_the_call_time_and_a_continued_stream_starts_on_a_message(
+        sink, metrics, clock) -> None:  # type: ignore[no-untyped-def]
+    from pipeline.gateway.calls import OpenCalls
+
+    calls = OpenCalls(sink, metrics, end_grace_s=5.0, clock=clock, message_ms=100)  # CALLQA_AUDIO_MESSAGE_MS
+    first = calls.attach("s1", "CA1", CallInfo(), ["customer"])
+    calls.write(first, "customer", 0, audio(1000))  # 125 ms: one message, a quarter of the next
+    calls.detach("s1", "CA1", "stop")
+    clock.advance(0.5)
+    second = calls.attach("s2", "CA1", CallInfo(), ["customer"])
+    assert second.base == 7 * 800  # 1000 samples and 0.5 s of no stream, up to the next message
+    calls.write(second, "customer", 0, audio(900, 9))
+    calls.detach("s2", "CA1", "stop")
+    clock.advance(5.1)
+    calls.tick()
+    frames = sink.leg_frames("customer")
+    # Messages 1-6 are the gap (silence), 7 and 8 the second stream's audio, 8 short at the end.
+    assert [(f.seq, f.start_ms, len(f.payload)) for f in frames] == [*[(k, 100 * k, 800) for k in range(8)], (8, 800, 100)]
+    assert frames[7].payload == audio(800, 9) and frames[8].payload == audio(100, 9)
+    assert sink.ends[0].frame_counts == {"customer": 9}

@@ -225,7 +225,8 @@ async def test_a_dropped_socket_still_ends_its_call_once(stack: Stack, recording
     assert row["end_reason"] == "end"
     ends = [e for e in await asyncio.to_thread(stack.events, call_sid) if e.event_type == "end"]
     assert len(ends) == 1 and ends[0].reason == "disconnected"
-    assert ends[0].frame_counts == {"customer": 750, "agent": 750}
+    messages = 15_000 // stack.settings.audio_message_ms  # 15 s in messages of CALLQA_AUDIO_MESSAGE_MS
+    assert ends[0].frame_counts == {"customer": messages, "agent": messages}
     assert len(stack.worker.query("SELECT call_id FROM calls FINAL WHERE call_id = {c:String}", c=call_sid)) == 1
 
 

@@ -16,6 +16,8 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
+from pipeline.config import Settings
+
 pytestmark = pytest.mark.broker
 
 REPO = Path(__file__).resolve().parents[2]
@@ -70,10 +72,13 @@ async def test_sigterm_closes_open_streams_and_ends_every_call(kafka_settings, t
         if process.poll() is None:
             process.kill()
             process.wait()
-    frames, events = await read_calls(kafka_settings, frames=10 + 50, events=4)
+    def messages(ms: int) -> int:  # of the gateway's default span (CALLQA_AUDIO_MESSAGE_MS), the last one short
+        return -(-ms // Settings().audio_message_ms)
+
+    frames, events = await read_calls(kafka_settings, frames=messages(200) + 2 * messages(500), events=4)
     ends = {e.call_id: e for e in events if e.event_type == "end"}
     assert len([e for e in events if e.event_type == "end"]) == 2
     assert ends["CA-open"].reason == "gateway shutdown"
-    assert ends["CA-open"].frame_counts == {"customer": 25, "agent": 25}
-    assert ends["CA-ended"].reason == "stop" and ends["CA-ended"].frame_counts == {"customer": 10}
+    assert ends["CA-open"].frame_counts == {"customer": messages(500), "agent": messages(500)}
+    assert ends["CA-ended"].reason == "stop" and ends["CA-ended"].frame_counts == {"customer": messages(200)}
     assert "frames acknowledged" in output

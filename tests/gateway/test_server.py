@@ -14,6 +14,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from pipeline.broker.producer import ContractProducer
+from pipeline.config import Settings
 from pipeline.contracts import AudioFrame, CallEvent
 
 pytestmark = pytest.mark.broker
@@ -41,9 +42,10 @@ async def recv_json(ws: ClientConnection, timeout: float = 10.0) -> dict[str, An
 
 
 # ---- Twilio ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("message_ms", [20, Settings().audio_message_ms])
 async def test_a_twilio_call_reaches_the_topics_as_sent(start_gateway, credentials, twilio_messages, twilio_headers,
-                                                        recording_mulaw, read_calls) -> None:  # type: ignore[no-untyped-def]
-    gw = await start_gateway(**credentials)
+                                                        recording_mulaw, read_calls, message_ms: int) -> None:  # type: ignore[no-untyped-def]
+    gw = await start_gateway(**credentials, audio_message_ms=message_ms)
     customer, agent = recording_mulaw[:16000], recording_mulaw[8000:20000]  # 2 s and 1.5 s
     tw = twilio_messages("CA-live-1", tenant="acme", agent_id="agent-7", queue="billing", caller="+15551234567")
     url = gw.ws("/twilio/CA-live-1")  # a per-call path, as a load balancer routes on (the same endpoint)
@@ -51,15 +53,16 @@ async def test_a_twilio_call_reaches_the_topics_as_sent(start_gateway, credentia
         for message in [tw.connected(), tw.start(), *tw.chunks_of({"inbound": customer, "outbound": agent}),
                         tw.stop()]:
             await ws.send(message)
-    frames, events = await read_calls(gw.settings, frames=100 + 75, events=2)
+    counts = {"customer": -(-2000 // message_ms), "agent": -(-1500 // message_ms)}
+    frames, events = await read_calls(gw.settings, frames=sum(counts.values()), events=2)
     assert leg_audio(frames, "customer") == customer and leg_audio(frames, "agent") == agent
-    for leg, n in (("customer", 100), ("agent", 75)):
+    for leg, n in counts.items():
         assert sorted(f.seq for f in frames if f.leg == leg) == list(range(n))
-        assert all(f.start_ms == f.seq * 20 and f.call_id == "CA-live-1" for f in frames if f.leg == leg)
+        assert all(f.start_ms == f.seq * message_ms and f.call_id == "CA-live-1" for f in frames if f.leg == leg)
     start, end = only(events, "start"), only(events, "end")
     assert (start.tenant, start.agent_id, start.queue, start.legs) == ("acme", "agent-7", "billing",
                                                                        ["agent", "customer"])
-    assert end.frame_counts == {"customer": 100, "agent": 75} and end.reason == "stop"
+    assert end.frame_counts == counts and end.reason == "stop"
     assert "5551234567" not in json.dumps([e.to_record() for e in events])
 
 

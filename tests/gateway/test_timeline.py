@@ -61,3 +61,16 @@ def test_the_last_frame_is_sent_short_as_replay_sends_it() -> None:
     assert [(f.seq, len(f.payload)) for f in frames] == [(0, 160), (1, 90)]
     assert timeline.next_seq == 2
     assert timeline.flush() == []
+
+
+def test_longer_messages_hold_their_span_and_a_pause_and_the_end_keep_the_clock() -> None:
+    timeline = LegTimeline(frame_samples=800)  # CALLQA_AUDIO_MESSAGE_MS=100
+    frames = timeline.write(0, audio(500)) + timeline.write(500, audio(700))  # one whole message, 400 begun
+    assert [(f.seq, len(f.payload)) for f in frames] == [(0, 800)]
+    # Message 1 is completed with silence and sent; the pause (2300 samples) ends at sample 3500, inside
+    # message 4, which begins with silence up to it; the leg's end sends message 5 short.
+    frames = timeline.skip(2300) + timeline.append(audio(900, 9)) + timeline.flush()
+    assert [(f.seq, len(f.payload)) for f in frames] == [(1, 800), (4, 800), (5, 400)]
+    assert frames[0].payload == audio(400) + bytes([MULAW_SILENCE]) * 400
+    assert frames[1].payload == bytes([MULAW_SILENCE]) * 300 + audio(500, 9)
+    assert timeline.position == 6 * 800

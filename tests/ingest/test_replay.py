@@ -16,6 +16,7 @@ import soundfile
 from pipeline.audio import codecs
 from pipeline.audio.files import AudioFileError, load_audio
 from pipeline.broker.producer import ContractProducer
+from pipeline.config import Settings
 from pipeline.contracts import AudioFrame, CallEvent, Serde
 from pipeline.ingest.replay import ReplayOptions, TelephonyReplay, load_recording
 
@@ -166,7 +167,11 @@ def test_cli_replays_a_mulaw_wav_and_a_44k_flac_with_both_legs(
     frames = [serde.decode(m.value(), AudioFrame) for m in
               read_topic(kafka_settings.bootstrap, kafka_settings.topic_audio, expected=total)]
     assert len(frames) == total
-    expected_frames = -(-legs_8k.shape[1] // 160)
+    # Messages of CALLQA_AUDIO_MESSAGE_MS (the replay command's default), the last of a leg short.
+    message_bytes = 8 * Settings().audio_message_ms
+    expected_frames = -(-legs_8k.shape[1] // message_bytes)
+    assert {len(f.payload) for f in frames if f.seq < min(e.frame_counts["agent"] for e in ends.values()) - 1} \
+        == {message_bytes}
     for call_id in sorted(ends):  # call ids follow the order of the files: recorder.wav, then export.flac
         assert ends[call_id].legs == ["agent", "customer"]
         assert abs(ends[call_id].frame_counts["agent"] - expected_frames) <= 1
