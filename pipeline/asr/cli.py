@@ -43,7 +43,7 @@ err_console = Console(stderr=True, soft_wrap=True)
 
 @models_app.command("build")
 def build(
-    name: Annotated[str, typer.Argument(help="tiny.en, base, moonshine-tiny or moonshine-base")] = "tiny.en",
+    name: Annotated[str, typer.Argument(help="tiny.en, base, moonshine-tiny or moonshine-base (default: CALLQA_MODEL)")] = "",
     version: Annotated[int | None, typer.Option(help="Version number (default: next free).")] = None,
     if_needed: Annotated[bool, typer.Option(
         "--if-needed", help="Only build when no version of this graph format and revision exists (what make runs).",
@@ -58,6 +58,7 @@ def build(
     from pipeline.asr.manifest import Manifest, ModelNotBuiltError, current_format, latest_model_folder
 
     models_dir = Path(get_settings().models_dir)
+    name = name or get_settings().model
     if if_needed:
         try:
             folder = latest_model_folder(models_dir, name)
@@ -127,7 +128,7 @@ def list_models(
         print_json(built)
         return
     if not built:
-        console.print(f"no model built in {models_dir} (run: callqa models build tiny.en)")
+        console.print(f"no model built in {models_dir} (run: callqa models build {get_settings().model})")
         return
     table = keep_whole(Table("model", "version", "source", "graphs", "tools"), "model", "version", "source")
     for m in built:

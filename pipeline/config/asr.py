@@ -8,9 +8,15 @@ from pydantic import BaseModel, Field
 
 
 class AsrSettings(BaseModel):
+    # Issue 36: the live transcript drives the alerts and, without the post-call pass, the QA record. On 8 kHz
+    # mu-law (`callqa bench accuracy`, bench/results/postcall): Asterisk prompts 8.6 -> 5.5 % WER, library number
+    # clips 39.2 -> 26.3 %, the eval set 4.3 -> 5.1 % (117 words: one word); a held-out real set of 212 words
+    # 9.9 -> 5.7 % (issue 36). bench live on 2 pinned cores: 1.10x tiny.en's worker CPU per speech second at 10
+    # calls. tiny.en stays selectable (and is what the test suite's workers run: tests/conftest.py).
     model: str = Field(
-        "tiny.en",
-        description="Model to build and load: Whisper tiny.en or base, or Moonshine moonshine-tiny or moonshine-base (greedy only; no previous-text context).",
+        "moonshine-base",
+        description="Model to build and load: Moonshine moonshine-base (default) or moonshine-tiny (greedy only; no "
+        "previous-text context), or Whisper tiny.en or base.",
     )
     # The post-call pass (issue 26): the call's segments decoded again by a more accurate model, QA scored on
     # that transcript and kept as the call's revision 1 beside the live result: the worker's pass
