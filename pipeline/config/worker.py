@@ -55,8 +55,11 @@ class WorkerSettings(BaseModel):
         SecretStr(""), description="32-byte key (hex or base64) sealing checkpoint records at rest; the same in every "
                                    "worker of a group; empty: records are plain Avro (secret: never printed or logged).",
     )
-    reorder_window_frames: int = Field(
-        10, description="Frames held per leg to put reordered frames back in order before a gap is filled with silence.",
+    # In audio time, not in messages (it was 10 frames until issue 36): with 200 ms messages, 10 messages made a
+    # missing one wait 2 s of later audio before its gap was filled, and every later segment with it.
+    reorder_window_ms: int = Field(
+        200, ge=1, description="Audio (ms) a leg holds to put reordered messages back in order before a gap is "
+        "filled with silence (at least one message).",
     )
     # faust's default is 60 s: after a crash, the crashed worker's calls would wait a minute for a new owner.
     # Heartbeats come from the consumer's own thread, so a busy event loop does not lose the group.

@@ -150,7 +150,7 @@ def call_checkpoint(call: CallState, status: CheckpointStatus, legs: dict[str, L
 
 def restore_call(checkpoint: CallCheckpoint, qa_config: QaConfig,
                  front_end: Callable[[int, str], LegFrontEnd], max_segment_ms: int,
-                 reorder_window: int) -> CallState:
+                 reorder_window_ms: int) -> CallState:
     """The call as it was at ``checkpoint``: legs resume where it was taken, QA state rebuilt."""
     call = CallState(checkpoint.call_id)
     if checkpoint.has_start:
@@ -171,7 +171,7 @@ def restore_call(checkpoint: CallCheckpoint, qa_config: QaConfig,
         call.announced.setdefault(seg.leg, []).append(seg.segment_id)
     for cp in checkpoint.legs:
         leg = call.legs[cp.leg] = restore_leg(cp, call.call_id, front_end(cp.sample_rate, cp.encoding),
-                                              max_segment_ms, reorder_window)
+                                              max_segment_ms, reorder_window_ms)
         # What the next checkpoint keeps for a leg that has not moved on to a newer snapshot by then.
         call.durable_legs[cp.leg] = LegSnapshot(cp, len(call.announced.get(cp.leg, [])), checkpoint.resume_offset,
                                                 leg_position_ms(leg))
@@ -180,13 +180,13 @@ def restore_call(checkpoint: CallCheckpoint, qa_config: QaConfig,
 
 
 def restore_leg(cp: LegCheckpoint, call_id: str, front_end: LegFrontEnd, max_segment_ms: int,
-                reorder_window: int) -> LegState:
+                reorder_window_ms: int) -> LegState:
     front_end.restore(
         ResamplerSnapshot(cp.samples_in, cp.samples_out, _arr(cp.resampler_history)),
         SegmenterSnapshot(_arr(cp.vad_state), _arr(cp.vad_context), _arr(cp.vad_pending), cp.windows_done,
                           cp.last_end, cp.emitted, cp.audio_start, _arr(cp.audio)),
     )
-    leg = LegState.open(call_id, cp.leg, front_end, cp.frame_ms, max_segment_ms, reorder_window)
+    leg = LegState.open(call_id, cp.leg, front_end, cp.frame_ms, max_segment_ms, reorder_window_ms)
     leg.reorder.next_seq = leg.resumed_from_seq = cp.next_seq
     leg.frames_released = cp.frames_released
     return leg

@@ -173,7 +173,7 @@ class FrameIntake:
             frame_ms = max(1, round(len(frame.payload) / bytes_per_ms(frame)))
             leg = call.legs[frame.leg] = LegState.open(
                 call.call_id, frame.leg, self.front_ends(frame.sample_rate, frame.encoding), frame_ms,
-                self.settings.max_segment_ms, self.settings.reorder_window_frames,
+                self.settings.max_segment_ms, self.settings.reorder_window_ms,
             )
         return leg
 

@@ -61,11 +61,14 @@ class LegState:
 
     @classmethod
     def open(cls, call_id: str, leg: str, front_end: LegFrontEnd, frame_ms: int, max_segment_ms: int,
-             reorder_window: int) -> LegState:
+             reorder_window_ms: int) -> LegState:
+        """A new leg whose messages are ``frame_ms`` long; its jitter buffer holds ``reorder_window_ms`` of
+        them (at least one message)."""
+        window = max(1, -(-reorder_window_ms // frame_ms))
         return cls(
             call_id=call_id, leg=leg, front_end=front_end, frame_ms=frame_ms,
-            reorder=FrameReorderBuffer(reorder_window),
-            keep_frames=(max_segment_ms + 2000) // frame_ms + 2 * reorder_window,
+            reorder=FrameReorderBuffer(window),
+            keep_frames=(max_segment_ms + 2000) // frame_ms + 2 * window,
         )
 
     @property

@@ -146,7 +146,7 @@ class CallRegistry:
 
     def _resume(self, checkpoint: CallCheckpoint) -> CallState:
         call = restore_call(checkpoint, self.qa_config, self.front_ends, self.settings.max_segment_ms,
-                            self.settings.reorder_window_frames)
+                            self.settings.reorder_window_ms)
         self.metrics.calls_resumed.inc()
         return call
 

@@ -187,7 +187,7 @@ def test_a_leg_checkpointed_in_or_after_long_silence_resumes_as_the_uninterrupte
 
     def open_leg() -> LegState:
         return LegState.open("c1", "agent", LegFrontEnd(8000, "mulaw", settings), 20, settings.max_segment_ms,
-                             settings.reorder_window_frames)
+                             settings.reorder_window_ms)
 
     reference = _leg_segments(open_leg(), frames, total)
     assert len(reference) >= 4
@@ -198,7 +198,7 @@ def test_a_leg_checkpointed_in_or_after_long_silence_resumes_as_the_uninterrupte
         if not leg_is_quiet(first):
             continue
         resumed = restore_leg(leg_checkpoint(first), "c1", LegFrontEnd(8000, "mulaw", settings),
-                              settings.max_segment_ms, settings.reorder_window_frames)
+                              settings.max_segment_ms, settings.reorder_window_ms)
         assert before + _leg_segments(resumed, frames[at:], total) == reference, f"checkpoint at frame {at}"
         stream = first.front_end.segmenter.vad_stream
         checked.add("dormant" if stream.dormant else "in the run" if stream.zero_windows else "after")

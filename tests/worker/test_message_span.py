@@ -22,6 +22,7 @@ from pipeline.contracts.messages import AudioFrame, CallEvent, TranscriptSegment
 from pipeline.ingest.replay import ReplayOptions, load_recording
 from pipeline.qa.call import QaConfig
 from pipeline.worker.calls import CallProcessor
+from pipeline.worker.legs import LegState
 from pipeline.worker.memory import MemoryPorts
 from pipeline.worker.ports import Transcription
 
@@ -86,3 +87,19 @@ async def test_a_missing_200_ms_message_is_200_ms_of_silence_as_its_ten_frames_w
     frames = await _finals(legs, 20, missing_ms=gap)
     assert frames != await _finals(legs, 20)  # the gap changes what the agent's segment holds
     assert await _finals(legs, 200, missing_ms=gap) == frames
+
+
+def test_a_leg_waits_for_a_missing_message_the_reorder_window_s_audio_not_ten_messages() -> None:
+    settings = Settings()  # reorder_window_ms 200: ten 20 ms frames, one 200 ms message
+    frames = LegState.open("c1", "agent", LegFrontEnd(8000, "mulaw", settings), 20, settings.max_segment_ms,
+                           settings.reorder_window_ms)
+    messages = LegState.open("c1", "agent", LegFrontEnd(8000, "mulaw", settings), 200, settings.max_segment_ms,
+                             settings.reorder_window_ms)
+    assert (frames.reorder.window, messages.reorder.window) == (10, 1)
+    # A window of 400 ms is two 200 ms messages: a missing one is filled once 400 ms of audio past it came.
+    leg = LegState.open("c1", "agent", LegFrontEnd(8000, "mulaw", settings), 200, settings.max_segment_ms, 400)
+    message = b"\xff" * 1600
+    assert [r.seq for r in leg.push(0, message, 0)] == [0]
+    assert leg.push(2, message, 0) == []  # message 1 may still come: held
+    released = leg.push(3, message, 0)
+    assert [(r.seq, r.payload is None) for r in released] == [(1, True), (2, False), (3, False)]

@@ -87,7 +87,7 @@ def test_streamed_calls_equal_offline_transcription_segment_for_segment(
 def test_reordered_duplicated_and_missing_frames_and_a_call_without_end(
     kafka_settings, start_worker, recordings, offline, read_topic  # type: ignore[no-untyped-def]
 ) -> None:
-    worker = start_worker(call_inactivity_timeout_s="3", reorder_window_frames="10")
+    worker = start_worker(call_inactivity_timeout_s="3", reorder_window_ms="200")
     serde = Serde.from_settings()
     producer = ContractProducer(kafka_settings.bootstrap, serde)
     rec = recordings[0]

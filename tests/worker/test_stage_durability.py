@@ -44,7 +44,7 @@ class Stage:
         assert call is not None
         self.offsets.consumed(EVENTS, 0, "c1")
         leg = call.legs["agent"] = LegState.open("c1", "agent", self.front_end(8000, "mulaw"), 20,
-                                                 SETTINGS.max_segment_ms, SETTINGS.reorder_window_frames)
+                                                 SETTINGS.max_segment_ms, SETTINGS.reorder_window_ms)
         for seq in range(frames):
             self.offsets.consumed(AUDIO, seq, "c1")
             leg.release(seq, SILENCE, seq * 20)

@@ -126,7 +126,7 @@ async def test_closing_flushes_the_open_segment_and_its_final_comes_before_the_c
     await stage.lifecycle.on_event(EVENTS, 0, CallEvent("c1", "start"))
     call = stage.registry.calls["c1"]
     leg = call.legs["agent"] = LegState.open("c1", "agent", stage.front_end(8000, "mulaw"), 20,
-                                             SETTINGS.max_segment_ms, SETTINGS.reorder_window_frames)
+                                             SETTINGS.max_segment_ms, SETTINGS.reorder_window_ms)
     payload = load_recording(SAMPLE, ReplayOptions(encoding="mulaw", frame_ms=20)).encoded["agent"]
     seq, segmenter = 0, leg.front_end.segmenter
     while not segmenter.in_speech or len(segmenter.open_segment_audio()) < 16_000:  # 1 s into a segment

@@ -33,7 +33,7 @@ def _call(names: list[str]) -> CallState:
     call = CallState("c1", analyzer=CallAnalyzer("c1", QaConfig.from_settings(SETTINGS)))
     for name in names:
         call.legs[name] = LegState.open("c1", name, LegFrontEnd(8000, "mulaw", SETTINGS), 20,
-                                        SETTINGS.max_segment_ms, SETTINGS.reorder_window_frames)
+                                        SETTINGS.max_segment_ms, SETTINGS.reorder_window_ms)
     return call
 
 
