@@ -11,8 +11,10 @@ class AsrSettings(BaseModel):
     # Issue 36: the live transcript drives the alerts and, without the post-call pass, the QA record. On 8 kHz
     # mu-law (`callqa bench accuracy`, bench/results/postcall): Asterisk prompts 8.6 -> 5.5 % WER, library number
     # clips 39.2 -> 26.3 %, the eval set 4.3 -> 5.1 % (117 words: one word); a held-out real set of 212 words
-    # 9.9 -> 5.7 % (issue 36). bench live on 2 pinned cores: 1.10x tiny.en's worker CPU per speech second at 10
-    # calls. tiny.en stays selectable (and is what the test suite's workers run: tests/conftest.py).
+    # 9.9 -> 5.7 % (issue 36). bench live, 10 calls on 2 pinned cores (bench/results/defaults): 1.16x tiny.en's
+    # worker CPU per speech second in the same 200 ms messages (inference 1.26x). Its cost is latency: a long turn
+    # decodes slower, and P99 <= 1.5 s held 6 calls (bench/results/capacity) where tiny.en held 11. tiny.en stays
+    # selectable (and is what the test suite's workers run: tests/conftest.py).
     model: str = Field(
         "moonshine-base",
         description="Model to build and load: Moonshine moonshine-base (default) or moonshine-tiny (greedy only; no "
