@@ -30,7 +30,7 @@ from pipeline.asr.signing import sign_model
 SAMPLE_RATE = 16000
 VOCABULARY_FILE = "vocabulary.txt"
 # int8row: 8-bit weights as MatMulNBits, activations quantized per row (matmul_nbits): text independent
-# of the batch, unlike int8's batch-wide activation scale.
+# of the batch, unlike int8's batch-wide activation scale. int8row-decoder: fp32 encoder, int8row decoder.
 QUANTIZATIONS = ("fp32", "int8", "int8row")
 
 
@@ -64,6 +64,7 @@ def _write_graphs(folder: Path, name: str) -> tuple[dict[str, dict[str, str]], o
         graphs["fp32"][part] = fp32.name
         graphs["int8"][part] = f"{part}.int8.onnx"
         graphs["int8row"][part] = f"{part}.int8row.onnx"
+    graphs["int8row-decoder"] = {"encoder": graphs["fp32"]["encoder"], "decoder": graphs["int8row"]["decoder"]}
     return graphs, weights.sha256
 
 

@@ -17,9 +17,9 @@ GRAPH_FORMAT = 4
 GRAPH_REVISION = 1
 # Moonshine folders (pipeline/asr/moonshine_graphs.py) have formats of their own: 1: fp32 graphs with
 # the weight casts folded and a cross-attention mask; the shipped tokenizer.bin. 2: tiny-en's own mask
-# term replaced by ours (it failed on segments over 10 s).
+# term replaced by ours (it failed on segments over 10 s). Revision 2: an ``int8row`` variant beside fp32.
 MOONSHINE_GRAPH_FORMAT = 2
-MOONSHINE_GRAPH_REVISION = 1
+MOONSHINE_GRAPH_REVISION = 2
 FAMILY_FORMATS = {"whisper": (GRAPH_FORMAT, GRAPH_REVISION), "moonshine": (MOONSHINE_GRAPH_FORMAT, MOONSHINE_GRAPH_REVISION)}
 
 

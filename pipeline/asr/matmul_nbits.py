@@ -42,42 +42,101 @@ def dequantize_weight(b: np.ndarray, scales: np.ndarray) -> np.ndarray:
 
 
 def quantize_model(src: Path, dst: Path, block_size: int = 32, accuracy_level: int = 4) -> int:
-    """Write ``src`` with every weight MatMul as MatMulNBits to ``dst``; returns how many were replaced."""
+    """Write ``src`` with every weight MatMul as MatMulNBits to ``dst``; returns how many were replaced.
+
+    A weight MatMul multiplies by a 2-D initializer, or by the ``Transpose`` of one (a tied output
+    projection: Moonshine's logits are the embedding table transposed), in the graph or in a subgraph
+    (Moonshine's merged decoder holds every layer inside the two branches of an ``If``, reading the
+    weights from the outer graph). A weight shared by several MatMuls is quantized once."""
     model = onnx.load(str(src))
     graph = model.graph
-    inits = {init.name: init for init in graph.initializer}
-    used_elsewhere = _uses(graph)
-    nodes, replaced, dropped = [], 0, set()
-    for node in graph.node:
-        weight = inits.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) == 2 else None
-        if weight is None or len(weight.dims) != 2 or weight.dims[0] % block_size:
-            nodes.append(node)
-            continue
-        w = numpy_helper.to_array(weight)
-        b, scales = quantize_weight(w, block_size)
-        k, n = w.shape
-        b_name, s_name = f"{weight.name}_q8", f"{weight.name}_q8_scales"
-        graph.initializer.extend([numpy_helper.from_array(b, b_name), numpy_helper.from_array(scales, s_name)])
-        nodes.append(helper.make_node("MatMulNBits", [node.input[0], b_name, s_name], list(node.output),
-                                      name=f"{node.name or node.output[0]}_q8", domain=MS_DOMAIN, K=k, N=n,
-                                      bits=BITS, block_size=block_size, accuracy_level=accuracy_level))
-        replaced += 1
-        if used_elsewhere[weight.name] == 1:
-            dropped.add(weight.name)
-    del graph.node[:]
-    graph.node.extend(nodes)
-    kept = [init for init in graph.initializer if init.name not in dropped]
-    del graph.initializer[:]
-    graph.initializer.extend(kept)
+    quantizer = _WeightQuantizer(graph, block_size, accuracy_level)
+    replaced = quantizer.rewrite(graph)
     if not any(op.domain == MS_DOMAIN for op in model.opset_import):
         model.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
     onnx.save(model, str(dst))
     return replaced
 
 
-def _uses(graph: onnx.GraphProto) -> dict[str, int]:
-    uses: dict[str, int] = {}
+class _WeightQuantizer:
+    """Replaces weight MatMuls by MatMulNBits; the quantized weights go into the top graph's initializers."""
+
+    def __init__(self, top: onnx.GraphProto, block_size: int, accuracy_level: int) -> None:
+        self.top = top
+        self.block_size = block_size
+        self.accuracy_level = accuracy_level
+        self.quantized: dict[tuple[str, bool], tuple[str, str, int, int]] = {}
+
+    def rewrite(self, graph: onnx.GraphProto, outer: dict[str, onnx.TensorProto] | None = None) -> int:
+        weights = dict(outer or {}) | {init.name: init for init in graph.initializer}
+        # Transposes of a 2-D initializer: their MatMul reads the transposed weight.
+        transposed = {node.output[0]: weights[node.input[0]] for node in graph.node
+                      if node.op_type == "Transpose" and node.input[0] in weights
+                      and len(weights[node.input[0]].dims) == 2 and _is_plain_transpose(node)}
+        nodes, replaced = [], 0
+        for node in graph.node:
+            for sub in _subgraphs(node):
+                replaced += self.rewrite(sub, weights)
+            if node.op_type != "MatMul" or len(node.input) != 2:
+                nodes.append(node)
+                continue
+            source, transpose = weights.get(node.input[1]), False
+            if source is None and node.input[1] in transposed:
+                source, transpose = transposed[node.input[1]], True
+            if source is None or len(source.dims) != 2 or _k_of(source, transpose) % self.block_size:
+                nodes.append(node)
+                continue
+            b_name, s_name, k, n = self._quantized(source, transpose)
+            nodes.append(helper.make_node(
+                "MatMulNBits", [node.input[0], b_name, s_name], list(node.output),
+                name=f"{node.name or node.output[0]}_q8", domain=MS_DOMAIN, K=k, N=n, bits=BITS,
+                block_size=self.block_size, accuracy_level=self.accuracy_level,
+            ))
+            replaced += 1
+        del graph.node[:]
+        graph.node.extend(nodes)
+        # The weights' fp32 copies and transposes nothing reads any more (a subgraph reads its outer ones).
+        used = _used_names(graph)
+        live = [node for node in graph.node if node.output[0] not in transposed or node.output[0] in used]
+        del graph.node[:]
+        graph.node.extend(live)
+        used = _used_names(graph)
+        kept = [init for init in graph.initializer if init.name in used]
+        del graph.initializer[:]
+        graph.initializer.extend(kept)
+        return replaced
+
+    def _quantized(self, source: onnx.TensorProto, transpose: bool) -> tuple[str, str, int, int]:
+        key = (source.name, transpose)
+        if key not in self.quantized:
+            w = numpy_helper.to_array(source)
+            w = np.ascontiguousarray(w.T) if transpose else w
+            b, scales = quantize_weight(w, self.block_size)
+            stem = f"{source.name}{'_T' if transpose else ''}_q8"
+            self.top.initializer.extend([numpy_helper.from_array(b, stem), numpy_helper.from_array(scales, f"{stem}_scales")])
+            self.quantized[key] = (stem, f"{stem}_scales", *w.shape)
+        return self.quantized[key]
+
+
+def _k_of(weight: onnx.TensorProto, transpose: bool) -> int:
+    return int(weight.dims[1] if transpose else weight.dims[0])
+
+
+def _is_plain_transpose(node: onnx.NodeProto) -> bool:
+    perm = [list(a.ints) for a in node.attribute if a.name == "perm"]
+    return not perm or perm[0] == [1, 0]
+
+
+def _subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    return [a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH] + [
+        g for a in node.attribute for g in a.graphs]
+
+
+def _used_names(graph: onnx.GraphProto) -> set[str]:
+    """Every value name a node of ``graph`` or of its subgraphs reads, plus the graph's outputs."""
+    used = {o.name for o in graph.output}
     for node in graph.node:
-        for name in node.input:
-            uses[name] = uses.get(name, 0) + 1
-    return uses
+        used.update(node.input)
+        for sub in _subgraphs(node):
+            used |= _used_names(sub)
+    return used

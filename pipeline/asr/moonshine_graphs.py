@@ -18,6 +18,11 @@ writes the graph it loaded back out as plain ONNX, node for node. On that copy t
   of different lengths could not share a decoder batch. The build adds (or reuses) that input [B, S]
   (1 = audio frame) and a -1e9 bias before each cross-attention softmax (nodes named
   ``.../encoder_attn/Softmax``): a padded row's logits are then bit-identical to its own.
+
+From the fp32 pair it also writes ``int8row`` (pipeline/asr/matmul_nbits.py): 8-bit weights in blocks,
+activations quantized per row, so a segment's text still does not depend on its batch, and each decoder
+step reads a quarter of the weights' bytes (a step at batch 1 is bound by memory, not arithmetic); and
+names ``int8row-decoder``: the fp32 encoder with the int8row decoder (no file of its own).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from pipeline.asr.matmul_nbits import quantize_model
 from pipeline.asr.moonshine_model import CROSS_MASK
 
 ENCODER_FILE = "encoder_model.ort"
@@ -335,6 +341,10 @@ def write_graphs(source: MoonshineSource, folder: Path) -> tuple[dict[str, dict[
             file = f"{part}.{variant}.onnx"
             onnx.save(model, str(folder / file))
             graphs.setdefault(variant, {})[part] = file
+    for part, file in graphs["fp32"].items():  # 8-bit weights, per-row activations (matmul_nbits)
+        quantize_model(folder / file, folder / f"{part}.int8row.onnx")
+        graphs.setdefault("int8row", {})[part] = f"{part}.int8row.onnx"
+    graphs["int8row-decoder"] = {"encoder": graphs["fp32"]["encoder"], "decoder": graphs["int8row"]["decoder"]}
     shutil.copyfile(source.file(TOKENIZER_FILE), folder / TOKENIZER_FILE)
     return graphs, converted.notes
 

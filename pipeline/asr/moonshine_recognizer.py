@@ -47,7 +47,7 @@ class MoonshineRecognizer(Recognizer):
     def load(cls, folder: Path, settings: AsrSettings) -> MoonshineRecognizer:
         """Load a Moonshine model version, as ``Recognizer.load`` loads Whisper's (BLAS pool limited too)."""
         limit_blas_threads(settings.blas_threads)
-        model = MoonshineOnnx.load(folder, settings.quantization, settings.intra_op_threads, trusted_key(settings))
+        model = MoonshineOnnx.load(folder, settings.graphs_for("moonshine"), settings.intra_op_threads, trusted_key(settings))
         return cls(model, moonshine_options(settings))
 
     def _features(self, segment: SegmentAudio) -> np.ndarray:

@@ -105,7 +105,7 @@ class Recognizer:
         limited to ``settings.blas_threads`` (blas_threads.py: a process that loads a recognizer decodes
         with it)."""
         limit_blas_threads(settings.blas_threads)
-        model = WhisperOnnx.load(folder, settings.quantization, settings.intra_op_threads, trusted_key(settings),
+        model = WhisperOnnx.load(folder, settings.graphs_for("whisper"), settings.intra_op_threads, trusted_key(settings),
                                  wide_encoder_threads(settings.idle_encoder_threads))
         return cls(model, decode_options(settings, model))
 

@@ -199,6 +199,7 @@ def load_trusted_manifest(
         )
     graphs = manifest.graphs.get(quantization)
     if graphs is None:
-        raise ModelIntegrityError(f"{folder}: no {quantization!r} graphs (have {sorted(manifest.graphs)})")
+        raise ModelIntegrityError(f"{folder}: no {quantization!r} graphs (have {sorted(manifest.graphs)}): built "
+                                  f"before that variant; `callqa models build {manifest.name}` builds a version with it")
     manifest.verify(folder, [graphs["encoder"], graphs["decoder"], manifest.vocabulary_file])
     return manifest, graphs

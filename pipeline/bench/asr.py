@@ -148,7 +148,7 @@ def run_speed(options: AsrOptions, console: Console) -> tuple[dict[str, Any], li
                 rows.append(SpeedRow(f"ours {quantization}", batch, timed.wall_s, timed.cpu_s, audio_s,
                                      word_error_rate(references, timed.texts)))
                 console.print(f"ours {quantization} batch {batch}: {audio_s / timed.wall_s:.1f} audio s / s")
-            if quantization == settings.quantization:
+            if quantization == settings.graphs_for("whisper"):
                 with console.status(f"the batcher at {options.load:g} audio s/s offered..."):
                     batcher = asyncio.run(run_batcher(recognizer, segments, settings, options.load))
                 ours_rss = peak_rss_mb()  # the default variant alone (the other one loads next)
@@ -158,8 +158,8 @@ def run_speed(options: AsrOptions, console: Console) -> tuple[dict[str, Any], li
                 rows.append(SpeedRow(name, 16 if "batched" in name else 1, timed.wall_s, timed.cpu_s, audio_s,
                                      word_error_rate(references, timed.texts)))
     if batcher is None:
-        raise RuntimeError(f"quantization {settings.quantization!r} is neither int8 nor fp32")
-    ratios = speed_ratios(rows, settings.quantization)
+        raise RuntimeError(f"quantization {settings.quantization!r} is neither int8 nor fp32 for Whisper")
+    ratios = speed_ratios(rows, settings.graphs_for("whisper"))
     rss = {"ours": ours_rss, "with_faster_whisper": peak_rss_mb()}
     print_speed(rows, batcher, rss, ratios, settings, len(segments), console)
     doc = record("asr", settings_that_matter(settings), {

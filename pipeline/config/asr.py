@@ -34,15 +34,30 @@ class AsrSettings(BaseModel):
         1000, ge=0, le=5000, description="Silence (ms) appended to each segment before Moonshine's encoder (Whisper: unused).",
     )
     models_dir: str = Field("models", description="Where built ONNX models live (models/<name>/<version>/).")
-    # fp32 by default: int8's dynamic quantization scales activations over the whole batch, so a
+    # auto = fp32 for Whisper: int8's dynamic quantization scales activations over the whole batch, so a
     # segment's text changed with the segments it was batched with; fp32 gives the same text alone or
     # batched (a replay after a crash, or `callqa transcribe`, reproduces the stream), and a lower WER
-    # on 8 kHz mu-law (4.3 % vs 6.8 %), for ~19 % less pipeline throughput (callqa bench end-to-end).
-    quantization: Literal["fp32", "int8", "int8row"] = Field(
-        "fp32", description="ONNX graph variant: fp32 (batch-independent, matches faster-whisper fp32), int8 (faster; "
-        "text depends on the batch) or int8row (8-bit weights, per-row int8 activations: batch-independent; "
-        "model folders built since it was added).",
+    # on 8 kHz mu-law (4.3 % vs 6.8 %), for ~19 % less pipeline throughput (callqa bench end-to-end);
+    # int8row kept tiny.en's eval WER but lost on library-numbers (issue 25).
+    # auto = int8row-decoder for Moonshine (issue 36): its decoder step at batch 1 reads every weight once
+    # (166 MB in fp32) and is bound by memory: 8-bit weights take a base-en step from 17.8 to 9.0 ms (one
+    # pinned core; six 4-12 s call segments alone 3.10 -> 2.11 s, the same text). The encoder is bound by
+    # arithmetic: int8row there bought 1.3 -> 1.2 s, and together with the decoder's it made the library's
+    # 16-digit test card number loop (library-numbers 8k mu-law 26.3 -> 30.4 % WER, that one utterance);
+    # the decoder alone: 25.7 %. FIGURES_PENDING
+    quantization: Literal["auto", "fp32", "int8", "int8row", "int8row-decoder"] = Field(
+        "auto", description="ONNX graph variant: auto (int8row-decoder for Moonshine, fp32 for Whisper), fp32 "
+        "(batch-independent, matches faster-whisper fp32), int8 (faster; text depends on the batch), int8row "
+        "(8-bit weights, per-row int8 activations: batch-independent) or int8row-decoder (fp32 encoder, int8row "
+        "decoder); the int8row kinds need a model folder built since they were added.",
     )
+
+    def graphs_for(self, family: str) -> str:
+        """The graph variant ``quantization`` picks for a model family (``whisper`` or ``moonshine``)."""
+        if self.quantization != "auto":
+            return self.quantization
+        return "int8row-decoder" if family == "moonshine" else "fp32"
+
     # 5 s with fp32: same WER as 10 s on the eval set (6.8/4.3/4.3 %), 14.4 vs 12.1 audio s per s.
     window_bucket_s: float = Field(
         5.0, description="Encoder window: segment length rounded up to this many seconds (0 = Whisper's 30 s)."

@@ -66,6 +66,14 @@ class WorkerSettings(BaseModel):
     kafka_session_timeout_s: float = Field(
         15.0, gt=3, description="A worker silent this long (crashed, killed) loses its partitions to the others (s).",
     )
+    # A worker that joins while the broker does not list its topics yet (a broker just restarted, topics just
+    # created) takes an empty assignment, and its consumer only asks again at this metadata age: faust's 5 min
+    # default left the chaos test's three workers idle from 08:35:02 to 08:39:46 after a broker restart (and
+    # `bench live` and `make demo` once). A refresh costs one metadata request.
+    kafka_metadata_max_age_s: float = Field(
+        10.0, gt=0, description="How often the worker's consumer refreshes topic metadata, so topics that appear "
+        "after it joined are subscribed within this long (s).",
+    )
     # A rebalance waits for every member's revocation; a store outage must not hang the whole group, so
     # the hand-over (let ending calls finish, flush, commit) gives up after this, and what it could not
     # make durable is replayed by the next owner from the last commit. Capped at 60 % of the session timeout.

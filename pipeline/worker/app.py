@@ -103,6 +103,7 @@ def build_worker(settings: Settings) -> Worker:
         stream_buffer_maxsize=settings.stream_buffer_maxsize,
         broker_max_poll_records=settings.max_poll_records,
         broker_session_timeout=settings.kafka_session_timeout_s,
+        consumer_metadata_max_age_ms=round(settings.kafka_metadata_max_age_s * 1000),
         consumer_auto_offset_reset="earliest",
         topic_replication_factor=settings.replication_factor,
         producer_acks=-1,

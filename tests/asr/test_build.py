@@ -30,7 +30,8 @@ def test_manifest_records_source_and_every_file(built: BuildResult) -> None:
     assert m.source_version == source.version
     assert m.source_sha256 == hashlib.sha256(source.read_model_bytes()).hexdigest()
     assert (m.sample_rate, m.n_mels) == (16000, 80)
-    assert set(m.graphs) == {"fp32", "int8", "int8row"}
+    assert set(m.graphs) == {"fp32", "int8", "int8row", "int8row-decoder"}
+    assert m.graphs["int8row-decoder"] == {"encoder": m.graphs["fp32"]["encoder"], "decoder": m.graphs["int8row"]["decoder"]}
     on_disk = {p.name for p in built.folder.iterdir()} - {"manifest.json"}
     assert set(m.files) == on_disk
     assert Manifest.read(built.folder) == m

@@ -82,7 +82,7 @@ def test_load_builds_when_only_an_outdated_build_exists(tmp_path: Path, asr_sett
     outdated.mkdir(parents=True)
     replace(Manifest.read(built_folder), graph_format=0).write(outdated)
     engine = Engine.load("tiny.en", settings=asr_settings.model_copy(update={"models_dir": str(tmp_path)}))
-    assert engine.model_label == f"tiny.en@2/{asr_settings.quantization}"
+    assert engine.model_label == f"tiny.en@2/{asr_settings.graphs_for('whisper')}"
     assert Manifest.read(tmp_path / "tiny.en" / "2").graph_format == GRAPH_FORMAT
 
 

@@ -83,3 +83,41 @@ def test_int8row_gives_a_segment_the_same_text_alone_and_in_a_batch_of_16(
         alone = recognizer.recognize([segment])[0]
         assert isinstance(batched, TranscriptResult) and isinstance(alone, TranscriptResult)
         assert (batched.text, batched.tokens) == (alone.text, alone.tokens)
+
+
+def test_weights_read_inside_if_branches_and_through_a_transpose_are_quantized_once(tmp_path: Path) -> None:
+    """Moonshine's merged decoder: every layer sits in both branches of an ``If`` and reads the outer graph's
+    weights, and the logits multiply by the embedding table's ``Transpose`` (tied weights)."""
+    rng = np.random.default_rng(2)
+    w = (rng.standard_normal((64, 96)) * 0.05).astype(np.float32)
+    table = (rng.standard_normal((40, 64)) * 0.05).astype(np.float32)  # [vocab, dim]: logits = y @ table.T
+    x_info = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 64])
+
+    def branch(name: str) -> onnx.GraphProto:
+        return helper.make_graph(
+            [helper.make_node("MatMul", ["x", "w"], [f"{name}_h"]),
+             helper.make_node("Slice", [f"{name}_h", "zero", "dim", "one"], [f"{name}_y"]),
+             helper.make_node("Transpose", ["table"], [f"{name}_tT"], perm=[1, 0]),
+             helper.make_node("MatMul", [f"{name}_y", f"{name}_tT"], [f"{name}_logits"])],
+            name, [], [helper.make_tensor_value_info(f"{name}_logits", TensorProto.FLOAT, ["b", 40])])
+
+    graph = helper.make_graph(
+        [helper.make_node("If", ["cond"], ["logits"], then_branch=branch("then"), else_branch=branch("else"))],
+        "g", [x_info, helper.make_tensor_value_info("cond", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["b", 40])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(table, "table"),
+         numpy_helper.from_array(np.array([0], np.int64), "zero"), numpy_helper.from_array(np.array([64], np.int64), "dim"),
+         numpy_helper.from_array(np.array([1], np.int64), "one")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "fp32.onnx"))
+    assert quantize_model(tmp_path / "fp32.onnx", tmp_path / "q8.onnx") == 4  # two MatMuls in each branch
+    q8 = onnx.load(str(tmp_path / "q8.onnx"))
+    names = {t.name for t in q8.graph.initializer}
+    assert {"w_q8", "table_T_q8"} <= names and not {"w", "table"} & names  # once each; the fp32 copies gone
+    for node in q8.graph.node[0].attribute:
+        assert [n.op_type for n in node.g.node] == ["MatMulNBits", "Slice", "MatMulNBits"]
+    session = ort.InferenceSession(str(tmp_path / "q8.onnx"), providers=["CPUExecutionProvider"])
+    x = rng.standard_normal((3, 64)).astype(np.float32)
+    exact = (x @ w)[:, :64] @ table.T
+    for cond in (True, False):
+        got = session.run(None, {"x": x, "cond": np.array(cond)})[0]
+        assert np.abs(got - exact).max() < 0.05 * np.abs(exact).max()

@@ -324,9 +324,14 @@ async def test_a_slow_kafka_pauses_audiohook_and_resumes_it(start_gateway, kafka
     sent_frames = (at + 3200) // 2 // 160
     frames, events = await read_calls(gw.settings, frames=2 * sent_frames, events=2)
     assert gw.server.metrics.value("callqa_gateway_frames_dropped_total") == 0
+    assert gw.server.metrics.value("callqa_gateway_delivery_failures_total") == 0
     for leg in ("customer", "agent"):
         seqs = sorted(f.seq for f in frames if f.leg == leg)
-        assert len(seqs) == sent_frames and seqs[-1] == sent_frames + 50 - 1  # 1 s skipped, nothing lost
+        # 1 s skipped, nothing lost. (Once in ~5 runs on 2 busy cores the customer's seq 0 and 1 were missing
+        # with nothing dropped: the seqs, the events and the other leg's count say where next time.)
+        assert len(seqs) == sent_frames and seqs[-1] == sent_frames + 50 - 1, (
+            leg, seqs, sent_frames, [(e.event_type, e.offset_ms, e.frame_counts) for e in events],
+            len([f for f in frames if f.leg != leg]))
     assert only(events, "end").frame_counts == {"customer": sent_frames + 50, "agent": sent_frames + 50}
 
 
