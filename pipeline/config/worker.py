@@ -122,12 +122,16 @@ class WorkerSettings(BaseModel):
     model_watch_interval_s: float = Field(
         5.0, description="How often the worker looks for a newer model version to hot-reload (0: never).",
     )
-    # pipeline/worker/early.py: the final's text is the same, only sooner. Off by default: measured
-    # with callqa bench live (2 cores), on at 1 call took P50 0.86 -> 0.59 s and P95 1.29 -> 0.89 s; at
-    # 4 calls three runs gave P50 0.74-0.86 s (off: 0.99, 0.99) but three others fell behind the input
-    # (lag spikes of 400-800 frames, P50 1.65-2.22 s), a cause not yet found (issue 9's note).
-    early_decode: bool = Field(
-        False, description="Decode a segment once its end is known (post-roll passed), before its endpoint, while the batcher is idle.",
+    # pipeline/worker/early.py: the final's text is the same, only sooner. Auto (None) since issue 36: on when
+    # batches decode in child processes (inference_processes, auto 2 on 2+ cores), off in-process. Issue 9 had
+    # it off: in-process, at 4 calls three of six runs fell behind the input (lag spikes of 400-800 frames);
+    # the early decodes then held the event loop's GIL. With child processes (bench live --search, 2 cores,
+    # Moonshine base, bench/results/capacity/): 9 calls held at P99 <= 1.5 s against 6 without; at 9 calls in
+    # one run P50 0.86 -> 0.71 s, P99 1.52 -> 1.39 s, worker CPU 1.12x (decodes of segments whose speech
+    # resumed are thrown away), the lag flat.
+    early_decode: bool | None = Field(
+        None, description="Decode a segment once its end is known (post-roll passed), before its endpoint, while "
+        "the batcher is idle; unset: on when batches decode in child processes (CALLQA_INFERENCE_PROCESSES).",
     )
     partial_interval_ms: int = Field(
         0, description="Emit partial transcripts of open segments this often (ms); 0 turns partials off.",

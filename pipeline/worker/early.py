@@ -11,9 +11,10 @@ Only while the batcher has nothing queued or running: spare capacity is spent, a
 inference is never delayed by a guess. At most one early decode per leg is in flight; its audio is a
 copy of the open segment's, which the leg holds anyway, so it is not charged to the in-flight budget.
 
-Off by default (``early_decode``): it sped up finals at one call, but in three of six runs at four calls
-the worker fell behind its input (pipeline/config/worker.py has the figures); until that is understood,
-it is a setting.
+On by default where batches decode in child processes (``early_decode`` unset, ``enabled``): in the
+worker's own threads the early decodes held the event loop's GIL and the worker fell behind its input in
+three of six runs at four calls (issue 9); off the GIL it took the capacity on 2 cores from 6 to 9 calls
+at P99 <= 1.5 s (pipeline/config/worker.py has the figures).
 """
 
 from __future__ import annotations
@@ -21,12 +22,21 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from pipeline.asr.batcher import inference_processes
+from pipeline.config import Settings
 from pipeline.segmentation.segmenter import SAMPLES_PER_MS, SpeechSegment
 from pipeline.worker.legs import EarlyDecode, LegState
 from pipeline.worker.metrics import WorkerMetrics
 from pipeline.worker.ports import SegmentTranscriber, Transcription
 
 log = logging.getLogger("callqa.worker")
+
+
+def enabled(settings: Settings) -> bool:
+    """``early_decode``, or unset: whether batches decode in child processes (off the event loop's GIL)."""
+    if settings.early_decode is not None:
+        return settings.early_decode
+    return inference_processes(settings.inference_processes) > 0
 
 
 class EarlyDecoder:

@@ -21,6 +21,7 @@ from pipeline.worker.budget import InflightBudget
 from pipeline.worker.call_outputs import CallOutputs
 from pipeline.worker.dead_letters import describe_error
 from pipeline.worker.early import EarlyDecoder
+from pipeline.worker.early import enabled as early_decode_enabled
 from pipeline.worker.legs import LegState
 from pipeline.worker.metrics import WorkerMetrics
 from pipeline.worker.partials import PartialTranscripts, take_partial
@@ -49,7 +50,7 @@ class TranscriptionScheduler:
         output: OutputPort = outputs.output
         sink: RowSink = outputs.sink
         self.partials = PartialTranscripts(settings, transcriber, budget, output, sink, metrics)
-        self.early = EarlyDecoder(transcriber, metrics, settings.early_decode, settings.context_tokens > 0)
+        self.early = EarlyDecoder(transcriber, metrics, early_decode_enabled(settings), settings.context_tokens > 0)
 
     async def submit(self, closed: ClosedSegment, consumed_ms: int) -> None:
         """Schedule a closed segment's transcription once the budget has room for its audio."""

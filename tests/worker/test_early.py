@@ -100,3 +100,16 @@ async def test_no_early_decode_while_the_batcher_is_busy(legs: dict[str, bytes])
     processor, _, transcriber = await _run(legs, idle=False)
     assert _count(processor, "started") == 0
     assert len(transcriber.heard) == len(set(transcriber.heard))
+
+
+@pytest.mark.parametrize(("early_decode", "processes", "on"), [
+    (None, 2, True), (None, 0, False),  # unset: on only when decodes leave the event loop's GIL
+    (False, 2, False), (True, 0, True),  # set: as set
+])
+def test_early_decoding_is_on_by_default_where_batches_decode_in_child_processes(
+    early_decode: bool | None, processes: int, on: bool
+) -> None:
+    from pipeline.worker.early import enabled
+
+    assert Settings().early_decode is None
+    assert enabled(Settings(early_decode=early_decode, inference_processes=processes)) is on
