@@ -17,6 +17,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from pipeline.asr.onnx_walk import subgraphs, used_names
+
 BITS = 8
 MS_DOMAIN = "com.microsoft"
 
@@ -75,7 +77,7 @@ class _WeightQuantizer:
                       and len(weights[node.input[0]].dims) == 2 and _is_plain_transpose(node)}
         nodes, replaced = [], 0
         for node in graph.node:
-            for sub in _subgraphs(node):
+            for sub in subgraphs(node):
                 replaced += self.rewrite(sub, weights)
             if node.op_type != "MatMul" or len(node.input) != 2:
                 nodes.append(node)
@@ -96,11 +98,11 @@ class _WeightQuantizer:
         del graph.node[:]
         graph.node.extend(nodes)
         # The weights' fp32 copies and transposes nothing reads any more (a subgraph reads its outer ones).
-        used = _used_names(graph)
+        used = used_names(graph)
         live = [node for node in graph.node if node.output[0] not in transposed or node.output[0] in used]
         del graph.node[:]
         graph.node.extend(live)
-        used = _used_names(graph)
+        used = used_names(graph)
         kept = [init for init in graph.initializer if init.name in used]
         del graph.initializer[:]
         graph.initializer.extend(kept)
@@ -125,18 +127,3 @@ def _k_of(weight: onnx.TensorProto, transpose: bool) -> int:
 def _is_plain_transpose(node: onnx.NodeProto) -> bool:
     perm = [list(a.ints) for a in node.attribute if a.name == "perm"]
     return not perm or perm[0] == [1, 0]
-
-
-def _subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
-    return [a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH] + [
-        g for a in node.attribute for g in a.graphs]
-
-
-def _used_names(graph: onnx.GraphProto) -> set[str]:
-    """Every value name a node of ``graph`` or of its subgraphs reads, plus the graph's outputs."""
-    used = {o.name for o in graph.output}
-    for node in graph.node:
-        used.update(node.input)
-        for sub in _subgraphs(node):
-            used |= _used_names(sub)
-    return used

@@ -40,6 +40,7 @@ from onnx import helper, numpy_helper
 
 from pipeline.asr.matmul_nbits import quantize_model
 from pipeline.asr.moonshine_model import CROSS_MASK
+from pipeline.asr.onnx_walk import subgraphs, used_names
 
 ENCODER_FILE = "encoder_model.ort"
 DECODER_FILE = "decoder_model_merged.ort"
@@ -107,25 +108,6 @@ def ort_to_onnx(path: Path) -> onnx.ModelProto:
         return onnx.load(str(out))
 
 
-def _subgraphs(node: onnx.NodeProto) -> Iterator[onnx.GraphProto]:
-    for attribute in node.attribute:
-        if attribute.type == onnx.AttributeProto.GRAPH:
-            if not attribute.g.name:  # ONNX Runtime writes If branches unnamed, and refuses them on reading
-                attribute.g.name = f"{node.name or node.op_type}_{attribute.name}"
-            yield attribute.g
-        yield from attribute.graphs
-
-
-def _used_names(graph: onnx.GraphProto) -> set[str]:
-    """Every value name a node of `graph` or of its subgraphs reads, plus the graph's outputs."""
-    used = {o.name for o in graph.output}
-    for node in graph.node:
-        used.update(node.input)
-        for sub in _subgraphs(node):
-            used |= _used_names(sub)
-    return used
-
-
 _FOLDABLE = {
     "Cast": lambda x, to: x.astype(onnx.helper.tensor_dtype_to_np_dtype(to)),
     "Mul": lambda a, b: np.multiply(a, b),
@@ -158,7 +140,7 @@ def fold_constant_chains(graph: onnx.GraphProto, outer: dict[str, np.ndarray] | 
             new.append(numpy_helper.from_array(np.ascontiguousarray(value), node.output[0]))
             folded += 1
             continue
-        for sub in _subgraphs(node):
+        for sub in subgraphs(node):
             folded += fold_constant_chains(sub, constants)
         kept.append(node)
     del graph.node[:]
@@ -170,7 +152,7 @@ def fold_constant_chains(graph: onnx.GraphProto, outer: dict[str, np.ndarray] | 
 def drop_unused(graph: onnx.GraphProto) -> None:
     """Remove initializers and nodes nothing reads any more (after folding or dequantizing), repeatedly."""
     while True:
-        used = _used_names(graph)
+        used = used_names(graph)
         nodes = [n for n in graph.node if any(o in used for o in n.output) or not n.output]
         inits = [t for t in graph.initializer if t.name in used]
         if len(nodes) == len(graph.node) and len(inits) == len(graph.initializer):
@@ -180,7 +162,7 @@ def drop_unused(graph: onnx.GraphProto) -> None:
         del graph.initializer[:]
         graph.initializer.extend(inits)
     for node in graph.node:
-        for sub in _subgraphs(node):
+        for sub in subgraphs(node):
             drop_unused(sub)
 
 
@@ -225,7 +207,7 @@ def dequantize_matmuls(graph: onnx.GraphProto, outer: dict[str, np.ndarray] | No
             a = source.input[0]
             w = weight(b, b_scale, b_zero or None)
         else:
-            for sub in _subgraphs(node):
+            for sub in subgraphs(node):
                 replaced += dequantize_matmuls(sub, constants, producers, owners, made)
             kept.append(node)
             continue
@@ -285,7 +267,7 @@ def _bias_cross_softmax(graph: onnx.GraphProto) -> int:
             kept.append(helper.make_node("Add", [scores, CROSS_BIAS], [biased], name=f"{node.name}_mask"))
             node.input[0] = biased
             count += 1
-        for sub in _subgraphs(node):
+        for sub in subgraphs(node):
             count += _bias_cross_softmax(sub)
         kept.append(node)
     del graph.node[:]
@@ -326,7 +308,7 @@ def convert(source: MoonshineSource) -> ConvertedGraphs:
 def all_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
     for node in graph.node:
         yield node
-        for sub in _subgraphs(node):
+        for sub in subgraphs(node):
             yield from all_nodes(sub)
 
 

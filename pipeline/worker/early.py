@@ -11,7 +11,7 @@ Only while the batcher has nothing queued or running: spare capacity is spent, a
 inference is never delayed by a guess. At most one early decode per leg is in flight; its audio is a
 copy of the open segment's, which the leg holds anyway, so it is not charged to the in-flight budget.
 
-On by default where batches decode in child processes (``early_decode`` unset, ``enabled``): in the
+On by default where batches decode in child processes (``early_decode`` unset, ``early_decode_enabled``): in the
 worker's own threads the early decodes held the event loop's GIL and the worker fell behind its input in
 three of six runs at four calls (issue 9); off the GIL it took the capacity on 2 cores from 6 to 9 calls
 at P99 <= 1.5 s (pipeline/config/worker.py has the figures).
@@ -32,7 +32,7 @@ from pipeline.worker.ports import SegmentTranscriber, Transcription
 log = logging.getLogger("callqa.worker")
 
 
-def enabled(settings: Settings) -> bool:
+def early_decode_enabled(settings: Settings) -> bool:
     """``early_decode``, or unset: whether batches decode in child processes (off the event loop's GIL)."""
     if settings.early_decode is not None:
         return settings.early_decode

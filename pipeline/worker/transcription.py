@@ -20,8 +20,7 @@ from pipeline.store.base import RowSink
 from pipeline.worker.budget import InflightBudget
 from pipeline.worker.call_outputs import CallOutputs
 from pipeline.worker.dead_letters import describe_error
-from pipeline.worker.early import EarlyDecoder
-from pipeline.worker.early import enabled as early_decode_enabled
+from pipeline.worker.early import EarlyDecoder, early_decode_enabled
 from pipeline.worker.legs import LegState
 from pipeline.worker.metrics import WorkerMetrics
 from pipeline.worker.partials import PartialTranscripts, take_partial

@@ -63,6 +63,12 @@ def recognizers(builds: dict[str, BuildResult], settings: Settings) -> dict[str,
 
 
 @pytest.fixture(scope="module")
+def base_fp32(builds: dict[str, BuildResult], settings: Settings) -> Recognizer:
+    """Moonshine base on its fp32 graphs (the default is int8row-decoder)."""
+    return load_recognizer(builds["moonshine-base"].folder, settings.model_copy(update={"quantization": "fp32"}))
+
+
+@pytest.fixture(scope="module")
 def eval_8k_mulaw() -> list[EvalUtterance]:
     return conditioned(load_eval_set(), "8k-mulaw")
 
@@ -151,13 +157,13 @@ def test_real_speech_is_transcribed_within_a_wer_bound(
 
 
 def test_the_default_8_bit_decoder_keeps_the_fp32_text(
-    recognizers: dict[str, Recognizer], settings: Settings, builds: dict[str, BuildResult],
+    recognizers: dict[str, Recognizer], settings: Settings, base_fp32: Recognizer,
     eval_8k_mulaw: list[EvalUtterance], batched: dict[str, list[TranscriptResult | Exception]],
 ) -> None:
     """Moonshine's default graphs (quantization auto: int8row-decoder) against fp32 on the evaluation set,
     8 kHz mu-law: the same word errors within one (the set has 117 words)."""
     assert settings.graphs_for("moonshine") == "int8row-decoder"
-    fp32 = load_recognizer(builds["moonshine-base"].folder, settings.model_copy(update={"quantization": "fp32"}))
+    fp32 = base_fp32
     references = [u.reference for u in eval_8k_mulaw]
     exact = sum(word_errors(r, t).errors for r, t in zip(references, _texts(fp32.recognize(_segments(eval_8k_mulaw))), strict=True))
     ours = sum(word_errors(r, t).errors for r, t in zip(references, _texts(batched["moonshine-base"]), strict=True))
@@ -166,8 +172,8 @@ def test_the_default_8_bit_decoder_keeps_the_fp32_text(
 
 
 def test_batched_text_equals_one_by_one(
-    recognizers: dict[str, Recognizer], eval_8k_mulaw: list[EvalUtterance], builds: dict[str, BuildResult],
-    settings: Settings, batched: dict[str, list[TranscriptResult | Exception]],
+    recognizers: dict[str, Recognizer], eval_8k_mulaw: list[EvalUtterance], base_fp32: Recognizer,
+    batched: dict[str, list[TranscriptResult | Exception]],
 ) -> None:
     """Segments of 1-7 s share the decoder batch, padded and masked: each row's tokens are its own
     (checked one by one on the longest, the shortest and some between). fp32 graphs give the same tokens;
@@ -175,7 +181,7 @@ def test_batched_text_equals_one_by_one(
     attention over a padded batch into another last token: a trailing full stop at most ("Rear left" alone,
     "Rear left." in the batch of 20, eval row 16)."""
     rows = (0, 2, 5, 6, 9, 11, 16)  # 7.1, 5.3, 1.1, 2.0, 3.5, 2.4, 1.3 s
-    fp32 = load_recognizer(builds["moonshine-base"].folder, settings.model_copy(update={"quantization": "fp32"}))
+    fp32 = base_fp32
     exact = fp32.recognize(_segments([eval_8k_mulaw[row] for row in rows]))
     for row, b in zip(rows, exact, strict=True):
         a = fp32.recognize(_segments([eval_8k_mulaw[row]]))[0]

@@ -109,7 +109,7 @@ async def test_no_early_decode_while_the_batcher_is_busy(legs: dict[str, bytes])
 def test_early_decoding_is_on_by_default_where_batches_decode_in_child_processes(
     early_decode: bool | None, processes: int, on: bool
 ) -> None:
-    from pipeline.worker.early import enabled
+    from pipeline.worker.early import early_decode_enabled
 
     assert Settings().early_decode is None
-    assert enabled(Settings(early_decode=early_decode, inference_processes=processes)) is on
+    assert early_decode_enabled(Settings(early_decode=early_decode, inference_processes=processes)) is on
