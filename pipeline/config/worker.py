@@ -108,7 +108,7 @@ class WorkerSettings(BaseModel):
     # faust fixes aiokafka's fetch_max_wait_ms at 1500 and leaves fetch_min_bytes at 1. aiokafka keeps one
     # fetch in flight per broker and leaves out partitions whose records are still being handed on, so a
     # fetch of only idle partitions (the call-events topic) held the broker's slot for 1.5 s while frames
-    # queued (pipeline/broker/fetch.py). Measured with callqa bench live at 23 calls on 2 cores (run
+    # queued (pipeline/broker/consumer.py). Measured with callqa bench live at 23 calls on 2 cores (run
     # 20261203T070044Z): P99 4.47 s at faust's 1 B / 1500 ms, 1.82 s at 1 B / 20 ms, 1.64 s at 16 KB / 20 ms
     # (CPU per speech s 0.99x), 7.43 s at 64 KB / 50 ms (the wait taken on every fetch; lag grew).
     fetch_min_bytes: int = Field(

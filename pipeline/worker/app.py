@@ -31,7 +31,7 @@ from pipeline.api.auth import ApiAuth, auth_middleware, check_api_settings
 from pipeline.api.pool import QueryPool
 from pipeline.api.server import register_api_views
 from pipeline.asr.engine import Engine
-from pipeline.broker.fetch import use_fetch_sizes
+from pipeline.broker.consumer import use_worker_consumer
 from pipeline.broker.security import faust_credentials
 from pipeline.config import Settings
 from pipeline.contracts import AudioFrame, CallEvent, Message, Serde
@@ -114,7 +114,7 @@ def build_worker(settings: Settings) -> Worker:
         web_graph_enabled=False,
         web_stats_enabled=False,
     )
-    use_fetch_sizes(app, settings.fetch_min_bytes, settings.fetch_max_wait_ms)
+    use_worker_consumer(app, settings.fetch_min_bytes, settings.fetch_max_wait_ms)
     serde = Serde.from_settings(settings.schema_registry_url)
     metrics = WorkerMetrics()
     store_client = connect(settings.writer_url, settings.clickhouse_database)
