@@ -137,6 +137,10 @@ class GatewayServer:
             token = self.settings.twilio_auth_token.get_secret_value()
             if not token:
                 return None if self._loopback else "no_auth_token_configured"
+            if not signed_call_sid(request.path):
+                # The signature covers the URL only: without the call in it, one captured handshake could
+                # be replayed with any callSid in its start message.
+                return "call_sid_not_in_path"
             return twilio_refusal(token, address.url(request.path), headers.get("x-twilio-signature"))
         if not self.settings.audiohook_api_key.get_secret_value() and not self._loopback:
             return "no_api_key_configured"
@@ -149,7 +153,9 @@ class GatewayServer:
         stream_id = uuid.uuid4().hex[:16]
         session: Session
         if protocol == "twilio":
-            session = TwilioStream(self.calls, self.metrics, stream_id)
+            signed = self.settings.twilio_auth_token.get_secret_value() != ""
+            session = TwilioStream(self.calls, self.metrics, stream_id,
+                                   signed_call_sid(ws.request.path) if signed else None)
         else:
             headers = _lower(ws.request.headers)
             session = AudioHookSession(self.calls, self.metrics, stream_id,
@@ -279,6 +285,12 @@ def _protocol_of(path: str) -> str | None:
     """``twilio`` for /twilio and /twilio/<anything> (a per-call path a load balancer can route on), ..."""
     first = path.split("/", 2)[1] if path.startswith("/") else ""
     return first if first in PROTOCOLS else None
+
+
+def signed_call_sid(path: str) -> str:
+    """The call SID of a per-call Twilio path, ``/twilio/<CallSid>`` (a query string aside), else ""."""
+    parts = path.partition("?")[0].split("/")
+    return parts[2] if len(parts) == 3 and parts[1] == "twilio" else ""
 
 
 def _lower(headers: CIMultiDict[str]) -> dict[str, str]:

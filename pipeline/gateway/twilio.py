@@ -44,10 +44,14 @@ class TwilioStream:
 
     protocol = "twilio"
 
-    def __init__(self, calls: OpenCalls, metrics: GatewayMetrics, stream_id: str) -> None:
+    def __init__(self, calls: OpenCalls, metrics: GatewayMetrics, stream_id: str,
+                 signed_call_sid: str | None = None) -> None:
         self.calls = calls
         self.metrics = metrics
         self.stream_id = stream_id
+        # The call SID of the signed URL (/twilio/<CallSid>) when the handshake's signature was checked: the
+        # start's callSid must be it, else a captured signature would open or join any call.
+        self.signed_call_sid = signed_call_sid
         self.attachment: Attachment | None = None
         self.legs_by_track: dict[str, Leg] = {}
         self.stream_sid = ""
@@ -120,6 +124,9 @@ class TwilioStream:
         call_sid = start.get("callSid")
         if not isinstance(call_sid, str) or not call_sid.strip():
             raise ProtocolError(CLOSE_INVALID_DATA, "malformed", "start without a callSid")
+        if self.signed_call_sid is not None and call_sid != self.signed_call_sid:
+            raise ProtocolError(CLOSE_POLICY, "call_mismatch",
+                                "the start's callSid is not the one in the signed URL (/twilio/<CallSid>)")
         _check_media_format(start.get("mediaFormat"))
         params = start.get("customParameters") or {}
         if not isinstance(params, dict):

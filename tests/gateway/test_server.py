@@ -224,11 +224,15 @@ async def test_an_audiohook_client_that_never_closes_after_an_error_is_closed_wi
 async def test_bad_credentials_are_refused_before_the_upgrade(start_gateway, credentials, twilio_headers,
                                                               audiohook_client, audiohook_headers) -> None:  # type: ignore[no-untyped-def]
     gw = await start_gateway(**credentials)
-    url = gw.ws("/twilio")
+    url = gw.ws("/twilio/CA-refused")
     for headers in ({}, twilio_headers(url, token="not-the-token"), twilio_headers(url + "?x=1")):
         with pytest.raises(InvalidStatus) as refused:
             await connect(url, additional_headers=headers)
         assert refused.value.response.status_code == 403
+    bare = gw.ws("/twilio")  # rightly signed, but a signature without the call could start any call
+    with pytest.raises(InvalidStatus) as refused:
+        await connect(bare, additional_headers=twilio_headers(bare))
+    assert refused.value.response.status_code == 403
     client = audiohook_client()
     url = gw.ws("/audiohook")
     nonce = "a-nonce-of-thirty-two-characters"
@@ -243,8 +247,29 @@ async def test_bad_credentials_are_refused_before_the_upgrade(start_gateway, cre
     metrics = gw.server.metrics
     assert metrics.value("callqa_gateway_auth_failures_total", protocol="twilio", reason="missing_signature") == 1
     assert metrics.value("callqa_gateway_auth_failures_total", protocol="twilio", reason="bad_signature") == 2
+    assert metrics.value("callqa_gateway_auth_failures_total", protocol="twilio", reason="call_sid_not_in_path") == 1
     for reason in ("replayed_nonce", "bad_api_key", "bad_signature"):
         assert metrics.value("callqa_gateway_auth_failures_total", protocol="audiohook", reason=reason) == 1
+
+
+async def test_a_signed_twilio_url_opens_only_its_own_call(start_gateway, credentials, twilio_messages,
+                                                          twilio_headers, recording_mulaw, read_calls) -> None:  # type: ignore[no-untyped-def]
+    """Twilio's signature covers the URL, not the messages: a handshake signed for /twilio/CA-mine whose
+    start names another call (a captured signature replayed) is closed before it touches any call."""
+    gw = await start_gateway(**credentials)
+    url = gw.ws("/twilio/CA-mine")
+    async with connect(url, additional_headers=twilio_headers(url)) as ws:
+        await ws.send(twilio_messages("CA-someone-else").start(("inbound",)))
+        with pytest.raises(ConnectionClosed) as closed:
+            await asyncio.wait_for(ws.recv(), 10)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
+    assert gw.server.metrics.value("callqa_gateway_protocol_errors_total", protocol="twilio", kind="call_mismatch") == 1
+    mine = twilio_messages("CA-mine")
+    async with connect(url, additional_headers=twilio_headers(url)) as ws:
+        for message in [mine.start(("inbound",)), *mine.chunks_of({"inbound": recording_mulaw[:1600]}), mine.stop()]:
+            await ws.send(message)
+    _, events = await read_calls(gw.settings, events=2)
+    assert {e.call_id for e in events} == {"CA-mine"}  # nothing of the other call reached the topics
 
 
 async def test_sessions_over_the_limit_get_503(start_gateway) -> None:  # type: ignore[no-untyped-def]
