@@ -14,6 +14,10 @@ from pipeline.contracts import Message as ContractMessage
 from pipeline.contracts import Serde
 
 POLL_EVERY = 64  # sends between serving delivery reports
+# librdkafka's message.timeout.ms (its default, not overridden here): by then every message is delivered or
+# failed. A flush that must not give up first (a broker restart under load took over 60 s to take the
+# first messages again: the idempotent producer waits for its producer id) waits this long.
+DELIVERY_TIMEOUT_S = 300.0
 
 
 class DeliveryError(RuntimeError):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 
@@ -20,12 +20,23 @@ class GatewaySettings(BaseModel):
     gateway_tls_key: Path | None = Field(None, description="PEM private key of gateway_tls_cert.")
     twilio_auth_token: SecretStr = Field(
         SecretStr(""),
-        description="Twilio auth token that signs X-Twilio-Signature (secret); empty accepts unsigned streams, "
-        "allowed only on a loopback host.",
+        description="Twilio auth token that signs X-Twilio-Signature (secret); empty refuses every /twilio stream "
+        "unless gateway_auth is off.",
     )
     audiohook_api_key: SecretStr = Field(
         SecretStr(""),
-        description="X-API-KEY Genesys AudioHook must send (secret); empty accepts any, allowed only on a loopback host.",
+        description="X-API-KEY Genesys AudioHook must send (secret); empty refuses every /audiohook session "
+        "unless gateway_auth is off.",
+    )
+    # A loopback bind used to be trusted without credentials; the usual production setup, a TLS proxy on
+    # the same host, then forwarded the internet's streams to it unauthenticated (issue 41). Now taking
+    # streams without credentials is an explicit choice, as CALLQA_API_AUTH=off is for the worker's API.
+    gateway_auth: Literal["on", "off"] = Field(
+        "on",
+        description="on: /twilio needs twilio_auth_token signatures and /audiohook audiohook_api_key, and a "
+        "protocol without its credential refuses every stream. off: a protocol without its credential takes "
+        "streams unauthenticated, allowed only with a loopback --host (local trials, tests); credentials that "
+        "are set are checked either way.",
     )
     audiohook_client_secret: SecretStr = Field(
         SecretStr(""),

@@ -26,7 +26,7 @@ console = Console()
 @gateway_app.callback()
 def gateway(
     ctx: typer.Context,
-    host: Annotated[str, typer.Option(help="Interface to listen on (streams without credentials only on loopback).")]
+    host: Annotated[str, typer.Option(help="Interface to listen on (CALLQA_GATEWAY_AUTH=off only on loopback).")]
     = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8765,
     loglevel: Annotated[str, typer.Option(help="Log level of the gateway (debug, info, warning, error).")] = "info",
@@ -50,7 +50,13 @@ def gateway(
     # The sender thread needs the GIL a few times per batch; a busy event loop gives it up only every
     # switch interval (5 ms by default), which the frames waiting for that batch's acks paid for.
     sys.setswitchinterval(0.001)
-    uvloop.run(_serve(settings, host, port, producer))  # libuv's loop: less CPU per websocket message
+    from pipeline.gateway.server import GatewayConfigError
+
+    try:
+        uvloop.run(_serve(settings, host, port, producer))  # libuv's loop: less CPU per websocket message
+    except GatewayConfigError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
 
 
 async def _serve(settings: Settings, host: str, port: int, producer: ContractProducer) -> None:
@@ -76,12 +82,12 @@ async def _serve(settings: Settings, host: str, port: int, producer: ContractPro
 
 
 def _warn_open_paths(settings: Settings) -> None:
+    open_or_shut = "takes unauthenticated streams (CALLQA_GATEWAY_AUTH=off)" if settings.gateway_auth == "off" \
+        else "refuses every stream"
     if not settings.twilio_auth_token.get_secret_value():
-        console.print("[yellow]CALLQA_TWILIO_AUTH_TOKEN is not set: /twilio takes unsigned streams on loopback "
-                      "and refuses every stream on other interfaces[/yellow]")
+        console.print(f"[yellow]CALLQA_TWILIO_AUTH_TOKEN is not set: /twilio {open_or_shut}[/yellow]")
     if not settings.audiohook_api_key.get_secret_value():
-        console.print("[yellow]CALLQA_AUDIOHOOK_API_KEY is not set: /audiohook takes any key on loopback "
-                      "and refuses every session on other interfaces[/yellow]")
+        console.print(f"[yellow]CALLQA_AUDIOHOOK_API_KEY is not set: /audiohook {open_or_shut}[/yellow]")
 
 
 @gateway_app.command("simulate")

@@ -49,6 +49,10 @@ ERROR_CLOSE_WAIT_S = 2.0  # after an AudioHook disconnect, how long the client h
 Session = TwilioStream | AudioHookSession
 
 
+class GatewayConfigError(ValueError):
+    """Settings the gateway refuses to start with (one line, naming the setting)."""
+
+
 class GatewayServer:
     def __init__(self, settings: Settings, producer: ContractProducer, *, metrics: GatewayMetrics | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -67,7 +71,7 @@ class GatewayServer:
         self._idle_closed: set[ServerConnection] = set()  # sockets the tick is closing for silence
         self.draining = False
         self._closing_all = False
-        self._loopback = True
+        self._unauthenticated = settings.gateway_auth == "off"  # credentials not set: streams taken anyway
         self._server: Server | None = None
         self._ticker: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -75,7 +79,9 @@ class GatewayServer:
     # ---- lifecycle ----------------------------------------------------------------------------------------
     async def start(self, host: str, port: int) -> int:
         """Listen; returns the port (useful with port 0)."""
-        self._loopback = _is_loopback(host)
+        if self._unauthenticated and not _is_loopback(host):
+            raise GatewayConfigError(f"CALLQA_GATEWAY_AUTH=off is only allowed with a loopback host, not {host!r}: "
+                                     "set CALLQA_TWILIO_AUTH_TOKEN and CALLQA_AUDIOHOOK_API_KEY instead")
         self.sender.start()
         self._server = await serve(self._handle, host, port, process_request=self._process_request,
                                    max_size=MAX_MESSAGE_BYTES, compression=None, ssl=self.tls,
@@ -136,13 +142,13 @@ class GatewayServer:
         if protocol == "twilio":
             token = self.settings.twilio_auth_token.get_secret_value()
             if not token:
-                return None if self._loopback else "no_auth_token_configured"
+                return None if self._unauthenticated else "no_auth_token_configured"
             if not signed_call_sid(request.path):
                 # The signature covers the URL only: without the call in it, one captured handshake could
                 # be replayed with any callSid in its start message.
                 return "call_sid_not_in_path"
             return twilio_refusal(token, address.url(request.path), headers.get("x-twilio-signature"))
-        if not self.settings.audiohook_api_key.get_secret_value() and not self._loopback:
+        if not self.settings.audiohook_api_key.get_secret_value() and not self._unauthenticated:
             return "no_api_key_configured"
         return self.audiohook_auth.refusal(request.path, address.host, headers)
 

@@ -22,7 +22,7 @@ import numpy as np
 from pipeline.audio import codecs
 from pipeline.audio.files import AudioFileError, LoadedAudio, load_audio
 from pipeline.audio.resample import resample
-from pipeline.broker.producer import ContractProducer
+from pipeline.broker.producer import DELIVERY_TIMEOUT_S, ContractProducer
 from pipeline.contracts.messages import LEGS, AudioFrame, CallEvent, Encoding, Leg, now_ms
 
 TELEPHONY_RATE = 8000
@@ -157,7 +157,8 @@ class TelephonyReplay:
                 item = heapq.heappop(queue)
                 if item.at_s >= live_from:
                     if live_at is None:
-                        self.producer.flush()  # the backlog is on the broker before the live part begins
+                        # The backlog is on the broker before the live part begins.
+                        self.producer.flush(DELIVERY_TIMEOUT_S)
                         live_at = time.monotonic()
                         if on_live is not None:
                             on_live(live_at)
@@ -171,7 +172,9 @@ class TelephonyReplay:
                 report.frames_sent += item.frames
                 if item.frames and on_frames is not None:
                     on_frames(item.frames)
-            self.producer.flush()
+            # As long as librdkafka may still deliver: a call's end event, queued while the broker restarted,
+            # was lost when this gave up after 60 s (the chaos test on busy cores).
+            self.producer.flush(DELIVERY_TIMEOUT_S)
         finally:
             for call_id in sorted(open_calls):  # only reached on error: close what we opened
                 self.producer.send(

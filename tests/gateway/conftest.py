@@ -245,8 +245,9 @@ async def start_gateway(kafka_settings) -> AsyncIterator[Any]:  # type: ignore[n
         # The tests send audio faster than real time: a leg buffer of 30 s takes their bursts without
         # back-pressure, unless a test asks for a small one. They count 20 ms frames (Twilio's chunk): the
         # default message span has test_a_twilio_call_reaches_the_topics_as_sent and tests/gateway/test_end_to_end.py.
+        # Without credentials (most tests) streams are taken unauthenticated: an explicit opt-out.
         values = {"gateway_end_grace_s": 0.3, "gateway_drain_s": 0.0, "gateway_leg_buffer_s": 30.0,
-                  "audio_message_ms": 20, **overrides}
+                  "audio_message_ms": 20, "gateway_auth": "off", **overrides}
         settings = kafka_settings.model_copy(update=values)
         producer = producer or ContractProducer.from_settings(settings, Serde.from_settings(""))
         server = GatewayServer(settings, producer)

@@ -252,6 +252,29 @@ async def test_bad_credentials_are_refused_before_the_upgrade(start_gateway, cre
         assert metrics.value("callqa_gateway_auth_failures_total", protocol="audiohook", reason=reason) == 1
 
 
+async def test_without_credentials_even_a_loopback_gateway_refuses_every_stream(start_gateway) -> None:  # type: ignore[no-untyped-def]
+    """Loopback is no proof of trust (a TLS proxy on the same host forwards the internet): only the
+    explicit CALLQA_GATEWAY_AUTH=off takes streams without credentials."""
+    gw = await start_gateway(gateway_auth="on")
+    for path, status in (("/twilio/CA-1", 403), ("/audiohook", 401)):
+        with pytest.raises(InvalidStatus) as refused:
+            await connect(gw.ws(path), additional_headers={"audiohook-organization-id": "o", "audiohook-session-id": "s"})
+        assert refused.value.response.status_code == status
+    metrics = gw.server.metrics
+    assert metrics.value("callqa_gateway_auth_failures_total", protocol="twilio", reason="no_auth_token_configured") == 1
+    assert metrics.value("callqa_gateway_auth_failures_total", protocol="audiohook", reason="no_api_key_configured") == 1
+    async with connect((await start_gateway(gateway_auth="off")).ws("/twilio")):  # the opt-out, on loopback
+        pass
+
+
+async def test_auth_off_is_refused_on_any_host_but_loopback(kafka_settings) -> None:  # type: ignore[no-untyped-def]
+    from pipeline.gateway.server import GatewayConfigError, GatewayServer
+
+    server = GatewayServer(kafka_settings.model_copy(update={"gateway_auth": "off"}), producer=None)  # type: ignore[arg-type]
+    with pytest.raises(GatewayConfigError, match="CALLQA_GATEWAY_AUTH=off is only allowed with a loopback host"):
+        await server.start("0.0.0.0", 0)  # noqa: S104 - refused before it binds
+
+
 async def test_a_signed_twilio_url_opens_only_its_own_call(start_gateway, credentials, twilio_messages,
                                                           twilio_headers, recording_mulaw, read_calls) -> None:  # type: ignore[no-untyped-def]
     """Twilio's signature covers the URL, not the messages: a handshake signed for /twilio/CA-mine whose
