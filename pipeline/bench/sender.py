@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.bench.traffic import FRAME_BYTES, FRAME_MS, RATE, CallPlan, NoiseBed, TurnLibrary, render_leg
-from pipeline.broker.producer import ContractProducer
+from pipeline.broker.producer import DELIVERY_TIMEOUT_S, ContractProducer
 from pipeline.config import Settings
 from pipeline.contracts import Serde
 from pipeline.contracts.messages import LEGS, AudioFrame, CallEvent, now_ms
@@ -149,7 +149,7 @@ class LiveSender:
             if on_tick is not None:
                 on_tick(tick * FRAME_MS / 1000)
             tick += 1
-        self.producer.flush()
+        self.producer.flush(DELIVERY_TIMEOUT_S)
         return report
 
     def _start(self, plan: CallPlan, report: SendReport) -> CallStream:
