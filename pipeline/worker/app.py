@@ -39,7 +39,7 @@ from pipeline.postcall.runner import PostCallRunner
 from pipeline.qa.call import QaConfig
 from pipeline.store.client import connect
 from pipeline.store.migrations import migrate
-from pipeline.store.sink import ClickHouseSink
+from pipeline.store.sink import ClickHouseSink, SinkClosedError
 from pipeline.web.views import register_web_views
 from pipeline.worker.allocator import set_mmap_threshold
 from pipeline.worker.calls import CallProcessor
@@ -152,8 +152,15 @@ def build_worker(settings: Settings) -> Worker:
         log.warning("dead letter from %s[%d]@%d: %s", msg.topic, msg.partition, msg.offset, describe_error(exc))
         letter = processor.dead_letter_message((msg.topic, msg.partition), msg.offset, msg.key, msg.value or b"",
                                                exc, frame)
-        delivery = await dead_letters.publish(settings.topic_dead_letters, letter.call_id, letter)
-        await delivery
+        try:
+            delivery = await dead_letters.publish(settings.topic_dead_letters, letter.call_id, letter)
+            await delivery
+        except Exception as err:  # noqa: BLE001 - see below
+            # Neither processed nor dead-lettered: its offset stays held. Raised out of the agent, it made
+            # faust restart the agent quietly and the batch's other frames were lost; failing stops every
+            # commit and the worker exits, so the next one reads the message again.
+            failed(f"dead letter of {msg.topic}[{msg.partition}]@{msg.offset}", err)
+            return
         processor.dead_letter_delivered((msg.topic, msg.partition), msg.offset)
 
     def failed(what: str, exc: Exception) -> None:
@@ -219,7 +226,12 @@ def build_worker(settings: Settings) -> Worker:
         await commit_now()
 
     async def commit_now() -> None:
-        offsets = await processor.make_durable()
+        try:
+            offsets = await processor.make_durable()
+        except SinkClosedError:
+            # Shutting down (flush_on_shutdown closes the sink on a bound) while this
+            # waited for the store: nothing is committed, what was not stored is read again by the next owner.
+            return
         assigned = app.consumer.assignment()
         offsets = {tp: o for tp, o in offsets.items() if TP(*tp) in assigned}
         # faust has no public call that commits given offsets: Consumer.commit() commits what faust's
@@ -308,7 +320,9 @@ def build_worker(settings: Settings) -> Worker:
         if postcall is not None:  # its job in hand is left uncommitted: the next owner redoes it
             await postcall.close()
         try:
-            await sink.close()
+            # Bounded: during a store outage it retried until the store came back, and a supervisor's SIGKILL
+            # came first. What it gives up is not committed (make_durable flushes before any commit): replayed.
+            await sink.close(timeout_s=settings.unhealthy_exit_timeout_s / 2)
         except Exception as exc:  # noqa: BLE001 - not committed, so replayed: still close the rest
             log.error("store sink did not close cleanly: %s", describe_error(exc))
         await transcriber.close()

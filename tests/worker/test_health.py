@@ -17,6 +17,7 @@ import pytest
 from pipeline.asr.batcher import BatcherDeadError, SegmentBatcher
 from pipeline.asr.results import AudioSegment
 from pipeline.bench.workers import WorkerProcess, worker_env
+from pipeline.broker.groups import committed_offsets
 from pipeline.broker.local import free_port
 from pipeline.broker.producer import ContractProducer
 from pipeline.config import Settings
@@ -149,3 +150,37 @@ def test_a_worker_whose_batcher_dies_exits_non_zero(kafka_settings: Settings, tm
         assert "worker unhealthy, exiting for a restart: batcher died: RuntimeError: injected collector fault" in log
     finally:
         worker.stop()
+
+
+@pytest.mark.broker
+@pytest.mark.slow
+def test_a_dead_letter_the_broker_refuses_stops_the_worker_and_commits_nothing_past_it(
+        kafka_settings: Settings, start_worker: Any) -> None:
+    """An undecodable frame whose dead letter cannot be published is neither processed nor dead-lettered:
+    the worker must exit non-zero with nothing committed past it (it used to raise out of the audio agent,
+    which faust restarted quietly, and the other frames of its batch were lost)."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
+
+    admin = AdminClient({"bootstrap.servers": kafka_settings.bootstrap})
+    refuse_letters = ConfigResource(  # any dead letter is larger than 64 bytes
+        ConfigResource.Type.TOPIC, kafka_settings.topic_dead_letters,
+        incremental_configs=[ConfigEntry("max.message.bytes", "64", incremental_operation=AlterConfigOpType.SET)])
+    for future in admin.incremental_alter_configs([refuse_letters]).values():
+        future.result(30)
+    worker = start_worker(unhealthy_exit_timeout_s="6")
+    producer = Producer({"bootstrap.servers": kafka_settings.bootstrap})
+    delivered: list[Any] = []
+    producer.produce(kafka_settings.topic_audio, key=b"call-undecodable", value=b"\x00not an audio frame",
+                     on_delivery=lambda err, msg: delivered.append(msg))
+    assert producer.flush(30) == 0 and delivered
+    bad = delivered[0]
+
+    deadline = time.monotonic() + 120
+    while worker.alive() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert worker.exit_code is not None, f"worker still running: {worker.log_tail()}"
+    assert worker.exit_code != 0
+    assert f"dead letter of {kafka_settings.topic_audio}[{bad.partition()}]@{bad.offset()} failed" in worker.log_text()
+    committed = committed_offsets(kafka_settings, kafka_settings.worker_id, kafka_settings.topic_audio)
+    assert committed.get(bad.partition(), 0) <= bad.offset()  # the next worker reads it again
