@@ -123,9 +123,9 @@ class OpenCalls:
         call = self.calls[att.call_id]
         timeline = call.timeline(leg)
         counts = timeline.counts
-        before = (counts.silence_samples, counts.overlap_samples)
+        before = (counts.silence_samples, counts.overlap_samples, counts.skipped_samples)
         self._send(call, leg, timeline.write(att.base + at, payload))
-        if counts.silence_samples != before[0] or counts.overlap_samples != before[1]:
+        if (counts.silence_samples, counts.overlap_samples, counts.skipped_samples) != before:
             self._count_adjusted(timeline, before)
         return True
 
@@ -206,13 +206,16 @@ class OpenCalls:
         if built:
             self.metrics.frames_built.inc(built)
 
-    def _count_adjusted(self, timeline: LegTimeline, before: tuple[int, int]) -> None:
+    def _count_adjusted(self, timeline: LegTimeline, before: tuple[int, int, int]) -> None:
         silence = timeline.counts.silence_samples - before[0]
         overlap = timeline.counts.overlap_samples - before[1]
+        skipped = timeline.counts.skipped_samples - before[2]  # a gap too long to fill (timeline.py)
         if silence:
             self.metrics.audio_adjusted.labels("silence").inc(silence / SAMPLE_RATE)
         if overlap:
             self.metrics.audio_adjusted.labels("overlap").inc(overlap / SAMPLE_RATE)
+        if skipped:
+            self.metrics.audio_adjusted.labels("skipped").inc(skipped / SAMPLE_RATE)
 
     @staticmethod
     def _call_ms(call: LiveCall) -> int:

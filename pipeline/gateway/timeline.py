@@ -19,6 +19,10 @@ MULAW_SILENCE = 0xFF
 # Twilio's ms timestamps and chunking jitter by a sample or so: a chunk this close to where the previous
 # one ended continues it (half a 20 ms chunk, so a real lost chunk is still filled).
 JITTER_SAMPLES = FRAME_SAMPLES // 2
+# A gap up to this long is filled with silence frames; a longer one is skipped as a pause (no frames, the
+# seq jumps; the worker fills it by its length). One Twilio message with a timestamp a day ahead used to
+# fill 690 MB of silence on the event loop; the worker refuses a jump longer than any pause may be.
+MAX_FILLED_GAP_SAMPLES = SAMPLE_RATE
 
 
 @dataclass(frozen=True)
@@ -47,9 +51,11 @@ class LegTimeline:
         return self.next_seq * self.frame_samples + len(self._pending)
 
     def write(self, at: int, payload: bytes) -> list[LegFrame]:
-        """Place ``payload`` at sample ``at``: a gap before it is filled with silence, audio for a time
-        already written is dropped; returns the frames it completed."""
+        """Place ``payload`` at sample ``at``: a gap before it is filled with silence (a long one skipped as
+        a pause), audio for a time already written is dropped; returns the frames it completed."""
         gap = at - self.position
+        if gap > MAX_FILLED_GAP_SAMPLES:
+            return self.skip(gap) + self._extend(payload)
         if gap > JITTER_SAMPLES:
             self.counts.silence_samples += gap
             frames = self._extend(bytes([MULAW_SILENCE]) * gap)

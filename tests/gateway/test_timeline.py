@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pipeline.gateway.timeline import FRAME_SAMPLES, MULAW_SILENCE, LegTimeline
+import tracemalloc
+
+from pipeline.gateway.timeline import FRAME_SAMPLES, MAX_FILLED_GAP_SAMPLES, MULAW_SILENCE, LegTimeline
 
 
 def audio(n: int, value: int = 7) -> bytes:
@@ -24,6 +26,26 @@ def test_a_gap_in_the_stream_is_filled_with_silence_frames() -> None:
     assert frames[1].payload == frames[2].payload == bytes([MULAW_SILENCE]) * 160
     assert frames[3].payload == audio(160, 9)
     assert timeline.counts.silence_samples == 320
+
+
+def test_a_timestamp_a_day_ahead_costs_no_memory_its_gap_is_a_pause() -> None:
+    """One message whose timestamp lies a day ahead (a bad or hostile sender) allocated the day's silence;
+    a gap beyond MAX_FILLED_GAP_SAMPLES is skipped like a pause: no frames for it, the seq jumps."""
+    timeline = LegTimeline()
+    frames = timeline.write(0, audio(160))
+    day = 86_400 * 8000
+    tracemalloc.start()
+    frames += timeline.write(day, audio(160, 9))
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 1_000_000  # the day's silence would be 691 MB
+    assert [f.seq for f in frames] == [0, day // FRAME_SAMPLES]
+    assert frames[1].payload == audio(160, 9) and timeline.position == day + 160
+    assert timeline.counts.skipped_samples == day - 160 and timeline.counts.silence_samples == 0
+    # A gap up to the bound is still filled, frame by frame.
+    filled = LegTimeline()
+    frames = filled.write(0, audio(160)) + filled.write(160 + MAX_FILLED_GAP_SAMPLES, audio(160))
+    assert len(frames) == 2 + MAX_FILLED_GAP_SAMPLES // FRAME_SAMPLES
 
 
 def test_jitter_of_less_than_half_a_frame_continues_the_stream() -> None:
