@@ -233,7 +233,7 @@ def worker(
     """Run the streaming worker: audio frames in; transcripts, latency and QA out (Kafka and ClickHouse)."""
     from pipeline.api.auth import check_api_settings, with_local_token
     from pipeline.api.token_file import token_path
-    from pipeline.broker.topics import ensure_topics
+    from pipeline.broker.topics import check_copartitioned, ensure_topics
     from pipeline.worker.app import run_worker
 
     configured = get_settings()
@@ -241,6 +241,7 @@ def worker(
     settings = with_local_token(configured)
     check_api_settings(settings)  # before anything starts: an exposed /api/* is refused in one line
     ensure_topics(settings)
+    check_copartitioned(settings)  # topics made elsewhere: a count that splits calls is refused in one line
     console.print(f"worker {settings.worker_id}: Kafka {settings.bootstrap}, web http://{settings.web_host}:{settings.web_port}")
     if not configured.api_token.get_secret_value().strip() and settings.api_token.get_secret_value():
         console.print(f"call pages: http://{settings.web_host}:{settings.web_port}/calls (log in with the API token "

@@ -75,3 +75,24 @@ def ensure_topics(settings: Settings, specs: list[TopicSpec] | None = None, time
                 continue
             raise
     return created
+
+
+class TopicLayoutError(ValueError):
+    """Input topics whose partition counts would split a call between workers (one line, naming them)."""
+
+
+def check_copartitioned(settings: Settings, timeout_s: float = 30.0) -> None:
+    """Raise ``TopicLayoutError`` unless the audio, call-events and checkpoint topics have one partition
+    count. The worker assumes it (Kafka Streams checks it and refuses to start): a call's frames and events,
+    keyed by its id, land on partitions of the same number, which one worker owns, and that worker reads the
+    call's resume point from the checkpoint partition of that number."""
+    errors = ClientErrors(settings)
+    topics = cluster_metadata(admin_client(settings, errors), errors, timeout_s).topics
+    names = (settings.topic_audio, settings.topic_call_events, settings.topic_checkpoints)
+    counts = {name: len(topics[name].partitions) for name in names if name in topics}
+    audio = counts.get(settings.topic_audio)
+    differing = [f"{name} has {n}" for name, n in counts.items() if n != audio]
+    if differing:
+        raise TopicLayoutError(
+            f"{settings.topic_audio} has {audio} partitions but {', '.join(differing)}: a call's frames, events and "
+            "checkpoints must share a partition number (one count for all three, as `callqa topics create` makes them)")

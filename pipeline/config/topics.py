@@ -28,7 +28,8 @@ class TopicSettings(BaseModel):
         "and delay each one's first sample by up to this much.",
     )
     audio_partitions: int = Field(12, description="Partitions of the audio frames topic.")
-    events_partitions: int = Field(12, description="Partitions of the call events topic (same as audio so a call co-partitions).")
+    events_partitions: int = Field(12, description="Partitions of the call events topic: the audio's count, so a call "
+                                   "co-partitions (the worker refuses to start otherwise).")
     output_partitions: int = Field(6, description="Partitions of the transcripts, latency and QA topics.")
     dead_letter_partitions: int = Field(1, description="Partitions of the dead-letter topic.")
     audio_retention_ms: int = Field(6 * 3600 * 1000, description="Retention of raw audio frames (ms); short, audio is bulky.")
