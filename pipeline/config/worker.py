@@ -53,7 +53,16 @@ class WorkerSettings(BaseModel):
     # sample): sealed with AES-256-GCM when a key is set (pipeline/worker/checkpoint_cipher.py).
     checkpoint_key: SecretStr = Field(
         SecretStr(""), description="32-byte key (hex or base64) sealing checkpoint records at rest; the same in every "
-                                   "worker of a group; empty: records are plain Avro (secret: never printed or logged).",
+                                   "worker of a group; empty: records are plain Avro (secret: never printed or logged). "
+                                   "With a key, plain records are refused (pipeline/worker/checkpoint_cipher.py).",
+    )
+    checkpoint_previous_keys: SecretStr = Field(
+        SecretStr(""), description="Keys checkpoints were sealed with before checkpoint_key (comma-separated, hex or "
+                                   "base64): still opened, never used to seal; for a rotation (secret).",
+    )
+    checkpoint_plain_accepted: bool = Field(
+        False, description="With checkpoint_key set, read plain checkpoint records too: for the switch-over from "
+                           "no key, until the calls open before it have ended (a plain record is refused otherwise).",
     )
     # In audio time, not in messages (it was 10 frames until issue 36): with 200 ms messages, 10 messages made a
     # missing one wait 2 s of later audio before its gap was filled, and every later segment with it.

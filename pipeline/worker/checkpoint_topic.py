@@ -34,7 +34,9 @@ class KafkaCheckpointStore:
     def __init__(self, app: faust.App, settings: Settings, serde: Serde) -> None:
         self.settings = settings
         self.serde = serde
-        self.cipher = CheckpointCipher(settings.checkpoint_key.get_secret_value())
+        self.cipher = CheckpointCipher(settings.checkpoint_key.get_secret_value(),
+                                       settings.checkpoint_previous_keys.get_secret_value(),
+                                       settings.checkpoint_plain_accepted)
         self._topic = app.topic(settings.topic_checkpoints, key_serializer="raw", value_serializer="raw")
 
     async def save(self, partition: int, call_id: str, checkpoint: CallCheckpoint | None) -> Awaitable[Any]:
