@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from confluent_kafka import KafkaError, Message, Producer
@@ -54,13 +56,17 @@ class ContractProducer:
         bootstrap = config.pop("bootstrap.servers")
         return cls(bootstrap, serde, errors, **config, **overrides)
 
-    def send(self, topic: str, key: str, message: ContractMessage) -> None:
-        self.send_raw(topic, key.encode(), self.serde.encode(message))
+    def send(self, topic: str, key: str, message: ContractMessage,
+             on_failure: Callable[[KafkaError], None] | None = None) -> None:
+        """Produce ``message``; ``on_failure`` is called (from a later poll or flush) if Kafka refuses it."""
+        self.send_raw(topic, key.encode(), self.serde.encode(message), on_failure)
 
-    def send_raw(self, topic: str, key: bytes | None, value: bytes) -> None:
+    def send_raw(self, topic: str, key: bytes | None, value: bytes,
+                 on_failure: Callable[[KafkaError], None] | None = None) -> None:
+        report = self._on_delivery if on_failure is None else partial(self._on_delivery, on_failure=on_failure)
         while True:
             try:
-                self._producer.produce(topic, value=value, key=key, on_delivery=self._on_delivery)
+                self._producer.produce(topic, value=value, key=key, on_delivery=report)
                 break
             except BufferError:
                 # Local queue full: let librdkafka send some, then retry (back-pressure, not loss).
@@ -90,9 +96,12 @@ class ContractProducer:
         if self.errors is not None:
             self.errors.raise_if_failed()
 
-    def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
+    def _on_delivery(self, err: KafkaError | None, msg: Message,
+                     on_failure: Callable[[KafkaError], None] | None = None) -> None:
         with self._lock:
             if err is None:
                 self.delivered += 1
             else:
                 self.failures.append(f"{msg.topic()}: {err.str()}")
+        if err is not None and on_failure is not None:
+            on_failure(err)

@@ -86,6 +86,8 @@ class GatewayMetrics:
         self.buffered_frames = Gauge("callqa_gateway_buffered_frames", "Frames waiting for Kafka.", registry=r)
         self.delivery_failures = Counter("callqa_gateway_delivery_failures_total",
                                          "Messages Kafka did not take.", registry=r)
+        self.event_retries = Counter("callqa_gateway_event_retries_total",
+                                     "Call events Kafka refused, queued to be sent again.", registry=r)
         self.ack_latency = BatchHistogram("callqa_gateway_frame_ack_seconds",
                                           "Frame built (its audio received) -> acknowledged by Kafka.", ACK_BUCKETS, r)
 

@@ -19,9 +19,11 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Literal
 
 import numpy as np
+from confluent_kafka import KafkaError
 
 from pipeline.broker.producer import ContractProducer, DeliveryError
 from pipeline.contracts.messages import LEGS, AudioFrame, CallEvent
@@ -108,6 +110,12 @@ class Outbox:
             self._lock.notify()
 
     # ---- the sender's side --------------------------------------------------------------------------------
+    def retry(self, event: CallEvent) -> None:
+        """A call event Kafka refused: sent again with the next batch (an end after the call's frames)."""
+        with self._lock:
+            (self._ends if event.event_type in ("end", "abort") else self._starts).appendleft(event)
+            self._lock.notify()
+
     def take(self, max_messages: int, wait_s: float) -> Batch:
         """What to produce next (waiting up to ``wait_s`` for anything)."""
         with self._lock:
@@ -194,11 +202,11 @@ class KafkaSender:
 
     def _send(self, batch: Batch) -> None:
         for event in batch.starts:
-            self.producer.send(self.events_topic, event.call_id, event)
+            self.producer.send(self.events_topic, event.call_id, event, partial(self._refused, event))
         for frame in batch.frames:
             self.producer.send(self.audio_topic, frame.call_id, frame)
         for event in batch.ends:
-            self.producer.send(self.events_topic, event.call_id, event)
+            self.producer.send(self.events_topic, event.call_id, event, partial(self._refused, event))
         try:
             self.producer.flush(30.0)
         except DeliveryError as exc:
@@ -211,3 +219,13 @@ class KafkaSender:
         self.metrics.ack_latency.observe_many(np.maximum(0.0, acked_at_ms - built_ms) / 1000)
         self.metrics.frames_acked.inc(len(batch.frames))
         self.outbox.acknowledged(batch)
+
+    def _refused(self, event: CallEvent, error: KafkaError) -> None:
+        """A call event Kafka refused (in a flush of this thread) goes back to the outbox, to be sent again:
+        a lost end left its call open until the worker's inactivity timeout (20 minutes), a lost start
+        its tenant and agent unknown. Events are idempotent for the worker (a repeated start or end changes
+        nothing); a lost frame is only counted (live audio: its seq gap becomes silence)."""
+        self.metrics.event_retries.inc()
+        log.warning("call %s: Kafka refused its %s event (%s); sending it again", event.call_id, event.event_type,
+                    error.str())
+        self.outbox.retry(event)

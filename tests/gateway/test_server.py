@@ -331,10 +331,10 @@ class SlowProducer(ContractProducer):
 
     delay_s = 0.01
 
-    def send(self, topic: str, key: str, message: Any) -> None:
+    def send(self, topic: str, key: str, message: Any, on_failure: Any = None) -> None:
         if isinstance(message, AudioFrame):
             time.sleep(self.delay_s)
-        super().send(topic, key, message)
+        super().send(topic, key, message, on_failure)
 
 
 def slow_producer(settings: Any) -> SlowProducer:

@@ -7,11 +7,10 @@ import base64
 import os
 
 import pytest
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from pipeline.contracts import Serde
 from pipeline.contracts.messages import CallCheckpoint, CheckpointSegment, LegCheckpoint
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-
 from pipeline.worker.checkpoint_cipher import (
     LEGACY_MAGIC,
     CheckpointCipher,
