@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from confluent_kafka import KafkaException
@@ -9,6 +10,8 @@ from confluent_kafka.admin import NewTopic
 
 from pipeline.broker.security import ClientErrors, admin_client, cluster_metadata
 from pipeline.config import Settings
+
+COMPACTED_SEGMENT_MS = 600_000
 
 
 @dataclass(frozen=True)
@@ -20,12 +23,20 @@ class TopicSpec:
     cleanup_policy: str = ""  # empty: the configured policy (settings.cleanup_policy)
 
     def config(self, settings: Settings) -> dict[str, str]:
-        return {
+        policy = self.cleanup_policy or settings.cleanup_policy
+        config = {
             "retention.ms": str(self.retention_ms),
-            "cleanup.policy": self.cleanup_policy or settings.cleanup_policy,
+            "cleanup.policy": policy,
             # Frames are small and many; LZ4 keeps the broker's disk and network use down.
             "compression.type": "producer",
         }
+        if policy == "compact":
+            # Kafka compacts only closed segments, and by default a segment closes at 1 GB or after 7 days:
+            # the checkpoint topic's records (25 KB per leg, every commit interval per open call) piled up
+            # uncompacted, and each rebalance read them all. A segment closes after 10 minutes, and a
+            # tenth of superseded records is enough to clean.
+            config.update({"segment.ms": str(COMPACTED_SEGMENT_MS), "min.cleanable.dirty.ratio": "0.1"})
+        return config
 
 
 def topic_specs(s: Settings) -> list[TopicSpec]:
@@ -87,9 +98,18 @@ def check_copartitioned(settings: Settings, timeout_s: float = 30.0) -> None:
     keyed by its id, land on partitions of the same number, which one worker owns, and that worker reads the
     call's resume point from the checkpoint partition of that number."""
     errors = ClientErrors(settings)
-    topics = cluster_metadata(admin_client(settings, errors), errors, timeout_s).topics
+    admin = admin_client(settings, errors)
     names = (settings.topic_audio, settings.topic_call_events, settings.topic_checkpoints)
-    counts = {name: len(topics[name].partitions) for name in names if name in topics}
+    deadline = time.monotonic() + timeout_s
+    while True:  # topics just created may take a moment to reach the metadata
+        topics = cluster_metadata(admin, errors, timeout_s).topics
+        missing = [name for name in names if name not in topics or not topics[name].partitions]
+        if not missing:
+            break
+        if time.monotonic() > deadline:
+            raise TopicLayoutError(f"topic {missing[0]} does not exist (`callqa topics create` makes it)")
+        time.sleep(0.2)
+    counts = {name: len(topics[name].partitions) for name in names}
     audio = counts.get(settings.topic_audio)
     differing = [f"{name} has {n}" for name, n in counts.items() if n != audio]
     if differing:

@@ -46,3 +46,18 @@ def test_an_events_topic_of_another_count_is_refused_and_the_worker_does_not_sta
                           text=True, timeout=120)
     assert done.returncode == 1
     assert f"{settings.topic_call_events} has 3" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_compacted_checkpoint_topic_rolls_its_segments_so_compaction_runs(broker: str, unique_name: str) -> None:
+    """Kafka compacts closed segments only; by default one closes at 1 GB or after 7 days, so checkpoints
+    were never compacted in practice."""
+    from confluent_kafka.admin import AdminClient, ConfigResource
+
+    settings = _settings(broker, unique_name, 4)
+    ensure_topics(settings)
+    check_copartitioned(settings)  # waits until the new topics are in the metadata
+    admin = AdminClient({"bootstrap.servers": broker})
+    resource = ConfigResource(ConfigResource.Type.TOPIC, settings.topic_checkpoints)
+    config = admin.describe_configs([resource])[resource].result(30)
+    assert config["cleanup.policy"].value == "compact"
+    assert (config["segment.ms"].value, config["min.cleanable.dirty.ratio"].value) == ("600000", "0.1")
