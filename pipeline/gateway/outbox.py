@@ -182,6 +182,7 @@ class KafkaSender:
         self.batch_max = batch_max
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="callqa-gateway-sender", daemon=True)
+        self.failure: str | None = None  # why the thread stopped on an error (a bug): the gateway is unhealthy
 
     def start(self) -> None:
         self._thread.start()
@@ -192,13 +193,18 @@ class KafkaSender:
         self._thread.join(timeout_s)
 
     def _run(self) -> None:
-        while True:
-            batch = self.outbox.take(self.batch_max, wait_s=0.05)
-            if not len(batch):
-                if self._stop.is_set() and self.outbox.empty():
-                    return
-                continue
-            self._send(batch)
+        try:
+            while True:
+                batch = self.outbox.take(self.batch_max, wait_s=0.05)
+                if not len(batch):
+                    if self._stop.is_set() and self.outbox.empty():
+                        return
+                    continue
+                self._send(batch)
+        except Exception as exc:  # noqa: BLE001 - a bug: said once, and /healthz fails, so a supervisor restarts
+            # A thread's exception used to end it silently while the sockets went on filling the buffers.
+            self.failure = f"{type(exc).__name__}: {exc}"[:300]
+            log.exception("the Kafka sender stopped: %s", self.failure)
 
     def _send(self, batch: Batch) -> None:
         for event in batch.starts:

@@ -115,6 +115,8 @@ class GatewayServer:
     def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
         path = request.path.partition("?")[0]
         if path == "/healthz":
+            if self.sender.failure is not None:
+                return connection.respond(503, f"Kafka sender stopped: {self.sender.failure}\n")
             return connection.respond(503 if self.draining else 200, "draining\n" if self.draining else "ok\n")
         if path == "/metrics":
             response = connection.respond(200, self.metrics.exposition().decode())

@@ -16,8 +16,6 @@ from pipeline.contracts import AudioFrame, CallEvent, Serde
 from pipeline.gateway.metrics import GatewayMetrics
 from pipeline.gateway.outbox import KafkaSender, Outbox
 
-pytestmark = pytest.mark.broker
-
 
 def _create(broker: str, topic: str) -> None:
     admin = AdminClient({"bootstrap.servers": broker})  # kept alive until the creation is answered
@@ -25,6 +23,7 @@ def _create(broker: str, topic: str) -> None:
         future.result(30)
 
 
+@pytest.mark.broker
 def test_refused_call_events_are_sent_again_until_kafka_takes_them(broker: str, unique_name: str,
                                                                     read_topic: Any) -> None:
     audio, events = f"test.{unique_name}.audio", f"test.{unique_name}.events"
@@ -50,3 +49,27 @@ def test_refused_call_events_are_sent_again_until_kafka_takes_them(broker: str, 
         sender.stop(timeout_s=10)
     assert sorted((e.call_id, e.event_type) for e in sent) == [("CA-retried", "end"), ("CA-retried", "start")]
     assert [f.seq for f in (serde.decode(m.value(), AudioFrame) for m in read_topic(broker, audio))] == [0]
+
+
+class BrokenProducer:
+    """A producer with a bug: its send raises (a fault injected, as tests/worker/test_health.py does)."""
+
+    failures: list[str] = []
+
+    def send(self, *args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("injected sender fault")
+
+
+def test_a_sender_that_fails_says_why_instead_of_stopping_silently() -> None:
+    """Its thread's exception ended it unseen while the sockets went on filling the buffers; now the
+    reason is kept, and the server's /healthz answers 503 with it (pipeline/gateway/server.py)."""
+    metrics = GatewayMetrics()
+    outbox = Outbox(metrics, leg_buffer_s=30)
+    sender = KafkaSender(outbox, BrokenProducer(), "audio", "events", metrics)  # type: ignore[arg-type]
+    sender.start()
+    outbox.call_started(CallEvent("CA-1", "start", legs=["customer"]))
+    deadline = time.monotonic() + 10
+    while sender.failure is None:
+        assert time.monotonic() < deadline, "the sender's failure was not recorded"
+        time.sleep(0.05)
+    assert sender.failure == "RuntimeError: injected sender fault"

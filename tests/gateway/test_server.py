@@ -325,6 +325,35 @@ async def test_healthz_metrics_and_unknown_paths_are_plain_http(start_gateway) -
     assert (await asyncio.to_thread(get, "/elsewhere"))[0] == 404
 
 
+class BrokenProducer(ContractProducer):
+    """A producer with a bug: its send raises (a fault injected)."""
+
+    def send(self, topic: str, key: str, message: Any, on_failure: Any = None) -> None:
+        raise RuntimeError("injected sender fault")
+
+
+async def test_a_gateway_whose_kafka_sender_died_fails_its_healthz(start_gateway, kafka_settings,
+                                                                  twilio_messages) -> None:  # type: ignore[no-untyped-def]
+    """The sender thread ended unseen on an exception while the sockets went on filling its buffers; now
+    /healthz answers 503 with the reason, for a supervisor or load balancer to act on."""
+    from pipeline.contracts import Serde
+
+    gw = await start_gateway(producer=BrokenProducer.from_settings(kafka_settings, Serde.from_settings("")))
+    async with connect(gw.ws("/twilio")) as ws:
+        await ws.send(twilio_messages("CA-1").start(("inbound",)))
+        await until(lambda: gw.server.sender.failure is not None)
+    url = gw.url.replace("ws://", "http://") + "/healthz"
+
+    def get() -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(url, timeout=10) as r:  # noqa: S310 - loopback
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+    assert await asyncio.to_thread(get) == (503, "Kafka sender stopped: RuntimeError: injected sender fault\n")
+
+
 # ---- back-pressure -----------------------------------------------------------------------------------------
 class SlowProducer(ContractProducer):
     """Kafka as a slow cluster looks from here: each frame takes ``delay_s`` to hand over."""
