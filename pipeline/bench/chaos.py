@@ -221,7 +221,7 @@ class Traffic:
             self.threads.append(thread)
 
     def _replay(self, call_id: str, rec: CallRecording) -> None:
-        def live(_: float) -> None:
+        def live() -> None:
             self.live_wall_ms[call_id] = time.time() * 1000
 
         try:

@@ -329,7 +329,7 @@ def part_crash(work: Path, call_s: float, live_tail_s: float, kill_before_end_s:
             return live_from + time.monotonic() - live_at[0] if live_at else 0.0
 
         def send(stop: threading.Event) -> None:
-            replay(workers.settings, [(call_id, rec)], live_from, live_at.append, stop)
+            replay(workers.settings, [(call_id, rec)], live_from, lambda: live_at.append(time.monotonic()), stop)
 
         with Background("long-call replay", send) as sender:
             with console.status(f"  a {call_s:.0f} s call: fast, then its last {live_tail_s:.0f} s live; "

@@ -214,10 +214,10 @@ def leg_audio_s(rec: CallRecording) -> float:
 
 
 def replay(settings: Settings, calls: list[tuple[str, CallRecording]], live_from_s: float | None = 0.0,
-           on_live: Callable[[float], None] | None = None, stop: threading.Event | None = None) -> ReplayReport:
+           on_live: Callable[[], None] | None = None, stop: threading.Event | None = None) -> ReplayReport:
     """Send the calls with the ids given, all starting now: the first ``live_from_s`` seconds of the calls'
     time as fast as possible, the rest in real time (None: all fast; 0: all in real time), ``on_live``
-    called with the monotonic time the real-time part began; ``stop`` aborts the calls."""
+    called before the real-time part, which begins when it returns; ``stop`` aborts the calls."""
     player = TelephonyReplay(ContractProducer.from_settings(settings, Serde.from_settings()),
                              settings.topic_audio, settings.topic_call_events)
     options = replace(REPLAY, calls=len(calls), frame_ms=settings.audio_message_ms)  # as a gateway sends them

@@ -122,14 +122,15 @@ class TelephonyReplay:
         *,
         call_ids: list[str] | None = None,
         live_from_s: float | None = None,
-        on_live: Callable[[float], None] | None = None,
+        on_live: Callable[[], None] | None = None,
         stop: threading.Event | None = None,
     ) -> ReplayReport:
         """Send the calls; returns what was sent.
 
         Pacing: ``options.realtime`` sends every frame when its audio has happened; ``live_from_s``
         sends the calls' first ``live_from_s`` seconds as fast as possible (a backlog), then the rest in
-        real time, calling ``on_live`` with the monotonic time the real-time part began. ``call_ids``
+        real time. ``on_live`` is called once the backlog is on the broker; the real-time part begins
+        when it returns (it may hold it back, e.g. until the consumers have read the backlog). ``call_ids``
         names the calls (one per call; default: prefix, a run id and a number); ``stop`` aborts the
         replay (RuntimeError), and every call started gets its abort event.
         """
@@ -159,9 +160,9 @@ class TelephonyReplay:
                     if live_at is None:
                         # The backlog is on the broker before the live part begins.
                         self.producer.flush(DELIVERY_TIMEOUT_S)
-                        live_at = time.monotonic()
                         if on_live is not None:
-                            on_live(live_at)
+                            on_live()
+                        live_at = time.monotonic()
                     wait = max(0.0, live_at + item.at_s - live_from - time.monotonic())
                     if stop is not None:
                         if stop.wait(wait):
