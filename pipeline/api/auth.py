@@ -83,14 +83,19 @@ class ApiAuth:
     mode: Literal["token", "off", "unconfigured"]
     token_digest: bytes = field(default=b"", repr=False)
     session_ttl_s: float = 12 * 3600  # how long a call-page login lasts
+    # One per worker, shared by the middleware and the views: the login sessions logged out.
+    revocations: sessions.SessionRevocations = field(default_factory=sessions.SessionRevocations, compare=False)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ApiAuth:
         ttl = settings.web_session_hours * 3600
+        revocations = sessions.SessionRevocations(settings.web_logout_sync_s)
         if settings.api_auth == "off":
-            return cls("off", session_ttl_s=ttl)
+            return cls("off", session_ttl_s=ttl, revocations=revocations)
         token = settings.api_token.get_secret_value().strip()
-        return cls("token", _digest(token), ttl) if token else cls("unconfigured", session_ttl_s=ttl)
+        if not token:
+            return cls("unconfigured", session_ttl_s=ttl, revocations=revocations)
+        return cls("token", _digest(token), ttl, revocations)
 
     def token_matches(self, presented: str) -> bool:
         """The login form's check: the token, compared as the bearer token is (digests, constant time)."""
@@ -102,13 +107,27 @@ class ApiAuth:
         return sessions.new_session(sessions.session_key(self.token_digest), now_s, self.session_ttl_s)
 
     def page_allowed(self, cookie: str | None, authorization: str | None, now_s: float) -> bool:
-        """May this request see the call pages: a valid session cookie, or the bearer token."""
+        """May this request see the call pages: a valid session cookie not logged out, or the bearer token."""
         if self.mode == "off":
             return True
         if self.mode == "unconfigured":
             return False
-        return (sessions.session_valid(sessions.session_key(self.token_digest), cookie, now_s)
+        return (self._live_session(cookie, now_s) is not None
                 or (bool(authorization) and self.refusal(authorization) is None))
+
+    async def logout(self, cookie: str | None, now_s: float) -> bool:
+        """Revoke the session of this cookie (for every worker once stored); False when it was not one."""
+        session = self._live_session(cookie, now_s)
+        if session is None:
+            return False
+        await self.revocations.revoke(*session, now_s=now_s)
+        return True
+
+    def _live_session(self, cookie: str | None, now_s: float) -> tuple[str, int] | None:
+        if self.mode != "token":
+            return None
+        session = sessions.signed_session(sessions.session_key(self.token_digest), cookie, now_s)
+        return None if session is None or self.revocations.is_revoked(session[0]) else session
 
     def refusal(self, authorization: str | None) -> tuple[int, str] | None:
         """(status, reason) when a request with this Authorization header may not use /api/*, else None."""
@@ -147,10 +166,13 @@ def auth_middleware(auth: ApiAuth) -> Callable[[aioweb.Request, Handler], Awaita
                 status, reason = refused
                 headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
                 return aioweb.json_response({"error": reason}, status=status, headers=headers)
-        elif (is_page_path(request.path) or is_page_path(route)) and not auth.page_allowed(
-                request.cookies.get(sessions.SESSION_COOKIE), request.headers.get("Authorization"), time.time()):
-            login = f"/login?{urlencode({'next': request.path_qs})}"
-            return aioweb.Response(status=303, headers={"Location": login, "Cache-Control": "no-store"})
+        elif is_page_path(request.path) or is_page_path(route):
+            cookie = request.cookies.get(sessions.SESSION_COOKIE)
+            if cookie and auth.mode == "token":  # sessions logged out on other workers
+                await auth.revocations.sync(time.time(), time.monotonic())
+            if not auth.page_allowed(cookie, request.headers.get("Authorization"), time.time()):
+                login = f"/login?{urlencode({'next': request.path_qs})}"
+                return aioweb.Response(status=303, headers={"Location": login, "Cache-Control": "no-store"})
         return await handler(request)
 
     return require_api_token

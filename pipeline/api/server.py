@@ -17,6 +17,7 @@ import faust
 
 from pipeline.api.auth import ApiAuth
 from pipeline.api.pool import ApiBusyError, QueryPool, ThreadClients
+from pipeline.api.revocations import StoredRevocations
 from pipeline.config import Settings
 from pipeline.store import queries
 from pipeline.store.client import StoreConnectionError, StoreError, connect
@@ -37,14 +38,16 @@ class ApiServer:
     auth: ApiAuth
 
 
-def register_api_views(app: faust.App, settings: Settings, pool: QueryPool) -> ApiServer:
-    """/api/calls, /api/calls/{call_id} and /api/query on ``app`` (the auth middleware guards them); the
-    ``ApiServer`` returned is what the call pages plug into."""
+def register_api_views(app: faust.App, settings: Settings, pool: QueryPool, auth: ApiAuth) -> ApiServer:
+    """/api/calls, /api/calls/{call_id} and /api/query on ``app``, guarded by ``auth``'s middleware (the one
+    ``auth``: logouts are kept in the store through it); the ``ApiServer`` returned is what the call pages
+    plug into."""
     # fresh: never the process's cached client, which may be the writer's (same URL with chdb).
     readers = ThreadClients(partial(connect, settings.reader_url, settings.clickhouse_database,
                                     create_database=False, fresh=True))
     pool.on_shutdown(readers.close)
-    server = ApiServer(app, settings, pool, readers, ApiAuth.from_settings(settings))
+    auth.revocations.source = StoredRevocations(settings, pool, readers)
+    server = ApiServer(app, settings, pool, readers, auth)
     _register_call_views(server)
     _register_query_view(server)
     return server

@@ -2,8 +2,13 @@
 
 A browser cannot send a bearer token, so /login takes the token in a form and sets a cookie that holds
 neither the token nor anything derived from it alone: ``<expires>.<nonce>.<mac>``, the MAC an
-HMAC-SHA256 under a key derived from the token. Stateless: any worker with the same token accepts it, it
-expires on its own, and changing the token ends every session.
+HMAC-SHA256 under a key derived from the token. Any worker with the same token accepts it, it expires on
+its own, and changing the token ends every session.
+
+Logging out revokes the session, not only the browser's copy of the cookie (a copy taken earlier, from a
+proxy log or a shared machine, would otherwise work until it expires): ``SessionRevocations`` keeps the
+nonces logged out until they expire, and its ``RevocationSource`` keeps them in the store, where other
+workers on the same store and a restarted worker read them (pipeline/api/revocations.py).
 """
 
 from __future__ import annotations
@@ -11,9 +16,13 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import logging
 import secrets
+from typing import Protocol
 
 SESSION_COOKIE = "callqa_session"
+
+log = logging.getLogger("callqa.worker.api")
 
 
 def session_key(token_digest: bytes) -> bytes:
@@ -34,10 +43,68 @@ def new_session(key: bytes, now_s: float, ttl_s: float) -> str:
 
 def session_valid(key: bytes, value: str | None, now_s: float) -> bool:
     """True for a value ``new_session`` made with ``key`` that has not expired."""
+    return signed_session(key, value, now_s) is not None
+
+
+def signed_session(key: bytes, value: str | None, now_s: float) -> tuple[str, int] | None:
+    """(nonce, expiry in unix seconds) of a value ``new_session`` made with ``key`` that has not expired."""
     if not value or value.count(".") != 2:
-        return False
+        return None
     expires, nonce, mac = value.split(".")
     # The MAC first, in constant time; only a value we signed has its expiry read.
     if not hmac.compare_digest(_mac(key, f"{expires}.{nonce}").encode(), mac.encode()):
-        return False
-    return expires.isdigit() and int(expires) > now_s
+        return None
+    if not expires.isdigit() or int(expires) <= now_s:
+        return None
+    return nonce, int(expires)
+
+
+class RevocationSource(Protocol):
+    """Where logged-out sessions are kept for every worker: nonce -> expiry (unix seconds)."""
+
+    async def load(self) -> dict[str, int]: ...
+
+    async def save(self, nonce: str, expires_s: int) -> None: ...
+
+
+class SessionRevocations:
+    """The sessions logged out before their expiry, refused though their MAC is good.
+
+    Held in memory and kept in a ``RevocationSource`` when one is attached: a logout saves its nonce
+    there, and the set is read again at most every ``sync_s`` seconds when a page is asked for, so a
+    session logged out on one worker is refused by the others on the same store within ``sync_s``.
+    """
+
+    def __init__(self, sync_s: float = 5.0) -> None:
+        self.sync_s = sync_s
+        self.source: RevocationSource | None = None
+        self._expiry: dict[str, int] = {}  # nonce -> expiry (unix seconds)
+        self._synced_at: float | None = None  # monotonic
+
+    def is_revoked(self, nonce: str) -> bool:
+        return nonce in self._expiry
+
+    def __len__(self) -> int:
+        return len(self._expiry)
+
+    async def revoke(self, nonce: str, expires_s: int, now_s: float) -> None:
+        """Refuse the session from now on, here at once and, once saved, on every worker of the store."""
+        self._expiry[nonce] = expires_s
+        self._prune(now_s)
+        if self.source is not None:
+            await self.source.save(nonce, expires_s)
+
+    async def sync(self, now_s: float, monotonic_s: float) -> None:
+        """Read the source again when the last read is older than ``sync_s``. A failed read keeps what is
+        known (a page then fails on the same store anyway) and is tried again after ``sync_s``."""
+        if self.source is None or (self._synced_at is not None and monotonic_s - self._synced_at < self.sync_s):
+            return
+        self._synced_at = monotonic_s
+        try:
+            self._expiry.update(await self.source.load())
+        except Exception as exc:  # noqa: BLE001 - the store's errors are many; the pages report them
+            log.warning("could not read the logged-out sessions: %s", str(exc).splitlines()[0] if str(exc) else exc)
+        self._prune(now_s)
+
+    def _prune(self, now_s: float) -> None:
+        self._expiry = {nonce: expires for nonce, expires in self._expiry.items() if expires > now_s}

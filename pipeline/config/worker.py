@@ -163,11 +163,17 @@ class WorkerSettings(BaseModel):
     api_auth: Literal["on", "off"] = Field(
         "on", description="off: /api/* needs no token; allowed only while web_host is a loopback address.",
     )
-    # The call pages' login (/login, pipeline/api/sessions.py) sets a signed cookie: nothing is kept on the
-    # worker, so a session cannot be revoked alone; changing CALLQA_API_TOKEN ends them all.
-    # CALLQA_WEB_SESSION_HOURS, default 12.
+    # The call pages' login (/login, pipeline/api/sessions.py) sets a signed cookie; /logout revokes it,
+    # keeping its nonce in the store's revoked_sessions until it expires. Changing CALLQA_API_TOKEN ends
+    # every session at once. CALLQA_WEB_SESSION_HOURS, default 12.
     web_session_hours: float = Field(
         12.0, gt=0, description="How long a login to the call pages (/calls) lasts (hours).",
+    )
+    # CALLQA_WEB_LOGOUT_SYNC_S, default 5: one small read of revoked_sessions per interval, only while
+    # pages are asked for.
+    web_logout_sync_s: float = Field(
+        5.0, ge=0, description="How stale (s) a worker's list of sessions logged out on other workers may be; "
+        "0: read on every page request.",
     )
     api_query_threads: int = Field(
         2, ge=1, description="Threads of the /api/* pool, apart from the worker's own (ingestion never waits on it).",

@@ -162,6 +162,17 @@ PARTITION BY toYYYYMM(detected_at)
 ORDER BY (call_id, rule, leg, kind, offset_ms)
 """
 
+# A nonce alone cannot be made into a cookie (the MAC needs the token), so the table holds no secret.
+_REVOKED_SESSIONS = """
+CREATE TABLE IF NOT EXISTS {db}.revoked_sessions (
+    session_id String COMMENT 'the nonce of a logged-out call-page session',
+    expires_at DateTime('UTC') COMMENT 'when the session would have expired; the row is dropped then',
+    revoked_at DateTime('UTC') DEFAULT now()
+) ENGINE = ReplacingMergeTree
+ORDER BY session_id
+TTL expires_at
+"""
+
 _SCHEMA_MIGRATIONS = """
 CREATE TABLE IF NOT EXISTS {db}.schema_migrations (
     version UInt32,
@@ -246,6 +257,8 @@ MIGRATIONS: tuple[Migration, ...] = (
     # The worker's post-call pass stores the rule verdicts of its transcript too (issue 26): without the
     # revision in their key, the final pass's events would mix with the live pass's in one list.
     Migration(6, "revisions of a call's QA events", (_revision_key("qa_events"), _QA_EVENTS_LATEST_VIEW)),
+    # /logout revokes a call-page session for every worker on the store (issue 41; pipeline/api/revocations.py).
+    Migration(7, "sessions logged out", (_REVOKED_SESSIONS,)),
 )
 
 

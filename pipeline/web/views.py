@@ -5,7 +5,7 @@ returns; the worker wires them, pipeline/worker/app.py).
 /calls and /calls/{id} are guarded by the API server's auth middleware (``pipeline/api/auth.py``): a valid
 session cookie or the bearer token, else a redirect to /login. /login takes the API token in a POST form
 (never in a URL), compares it in constant time and sets the session cookie: HttpOnly, SameSite=Strict,
-Secure when the request came over TLS, holding a signed opaque value (``pipeline/api/sessions.py``).
+Secure when the request came over TLS (or a proxy in front says it did), holding a signed opaque value (``pipeline/api/sessions.py``).
 
 The pages read through the API's own pool and read-only clients, each SELECT checked and limited as
 /api/query's are (``run_readonly_query``); rendering happens on the pool thread too, off the event loop.
@@ -14,6 +14,7 @@ The pages read through the API's own pool and read-only clients, each SELECT che
 from __future__ import annotations
 
 import logging
+import re
 import time
 import urllib.parse
 from collections.abc import Callable
@@ -52,6 +53,8 @@ PAGE_HEADERS = {
 }
 LIST_LIMIT = 500
 
+FORWARDED_HTTPS = re.compile(r'(?:^|[;,\s])proto="?https"?(?:$|[;,\s])', re.IGNORECASE)  # RFC 7239
+
 
 def safe_next(path: str | None) -> str:
     """Where to go after logging in: a page of this worker, never another site (``//host``, ``/\\host``)."""
@@ -63,6 +66,18 @@ def safe_next(path: str | None) -> str:
 
 def login_redirect(path_qs: str) -> aioweb.Response:
     return redirect(f"/login?{urllib.parse.urlencode({'next': path_qs})}")
+
+
+def came_over_tls(request: Any) -> bool:
+    """Did the browser reach us over TLS: directly, or through a proxy that says so (``X-Forwarded-Proto``
+    or ``Forwarded: proto=``; any hop saying https). Behind a TLS proxy the worker sees plain HTTP, and a
+    session cookie without Secure would also be sent over plain http:// to the same host. Believing the
+    header can only make the cookie stricter: a client that invents it gets a cookie that its own plain
+    connection does not send back."""
+    if request.secure:
+        return True
+    hops = [h.strip().lower() for h in request.headers.get("X-Forwarded-Proto", "").split(",")]
+    return "https" in hops or FORWARDED_HTTPS.search(request.headers.get("Forwarded", "")) is not None
 
 
 def redirect(location: str) -> aioweb.Response:
@@ -127,11 +142,16 @@ def register_web_views(server: ApiServer) -> None:
                             401 if auth.mode == "token" else 503)
             response = redirect(next_path)
             response.set_cookie(SESSION_COOKIE, auth.new_session(time.time()), max_age=int(auth.session_ttl_s),
-                                path="/", httponly=True, samesite="Strict", secure=request.secure)
+                                path="/", httponly=True, samesite="Strict", secure=came_over_tls(request))
             return response
 
     class LogoutView(faust.web.View):
         async def post(self, request: Any) -> aioweb.Response:
+            try:
+                await auth.logout(request.cookies.get(SESSION_COOKIE), time.time())
+            except Exception as exc:  # noqa: BLE001 - revoked here already; the store may be down or busy
+                log.warning("logout not stored (other workers accept the session until it expires): %s",
+                            str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
             response = redirect("/login")
             response.del_cookie(SESSION_COOKIE, path="/")
             return response

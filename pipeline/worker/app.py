@@ -89,6 +89,7 @@ class Worker:
 def build_worker(settings: Settings) -> Worker:
     check_api_settings(settings)
     (settings.state_dir / "faust").mkdir(parents=True, exist_ok=True)  # faust makes only the last folder
+    api_auth = ApiAuth.from_settings(settings)
     app = faust.App(
         settings.worker_id,
         broker=f"kafka://{settings.bootstrap}",
@@ -108,7 +109,7 @@ def build_worker(settings: Settings) -> Worker:
         topic_replication_factor=settings.replication_factor,
         producer_acks=-1,
         # /api/* needs the bearer token (pipeline/api/auth.py); faust's own pages are not served.
-        web_application_options={"middlewares": [auth_middleware(ApiAuth.from_settings(settings))]},
+        web_application_options={"middlewares": [auth_middleware(api_auth)]},
         web_router_enabled=False,
         web_tables_enabled=False,
         web_graph_enabled=False,
@@ -292,7 +293,8 @@ def build_worker(settings: Settings) -> Worker:
             await app.crash(reason)
 
     api_pool = QueryPool(settings.api_query_threads, settings.api_query_max_waiting)
-    register_web_views(register_api_views(app, settings, api_pool))  # the call pages plug into the API server
+    # The call pages plug into the API server.
+    register_web_views(register_api_views(app, settings, api_pool, api_auth))
 
     @app.task
     async def start_batcher() -> None:

@@ -33,10 +33,11 @@ def serve(filled: FilledStore, chdb_path: str) -> Callable[..., Any]:
     async def start(**overrides: Any) -> AsyncIterator[Client]:
         settings = Settings(**{"api_token": TOKEN, "clickhouse_url": f"chdb://{chdb_path}",
                                "clickhouse_database": filled.database, **overrides})
+        auth = ApiAuth.from_settings(settings)
         app = faust.App(f"web-{filled.database}", web_enabled=True, web_application_options={
-            "middlewares": [auth_middleware(ApiAuth.from_settings(settings))]})
+            "middlewares": [auth_middleware(auth)]})
         pool = QueryPool(2, 8)
-        register_web_views(register_api_views(app, settings, pool))
+        register_web_views(register_api_views(app, settings, pool, auth))
         try:
             # No cookie jar: each request carries exactly the cookie the test gives it.
             async with TestClient(TestServer(app.web.web_app), cookie_jar=DummyCookieJar()) as client:
@@ -126,6 +127,43 @@ async def test_a_forged_or_logged_out_cookie_goes_back_to_the_login(serve: Calla
     async for client in serve(api_token="q" * 40):  # a new token: every session made with the old one ends
         assert (await client.get("/calls", headers={"Cookie": f"{SESSION_COOKIE}={value}"},
                                  allow_redirects=False)).status == 303
+
+
+async def test_a_logout_revokes_the_session_here_on_another_worker_and_after_a_restart(
+    serve: Callable[..., Any], filled: FilledStore
+) -> None:
+    def cookie(value: str) -> dict[str, str]:
+        return {"Cookie": f"{SESSION_COOKIE}={value}"}
+
+    async for here in serve():
+        value = _session(await _login(here))
+        kept = _session(await _login(here))  # another browser's session, not logged out
+        async for other in serve(web_logout_sync_s=0):  # a second worker on the same store
+            assert (await other.get("/calls", headers=cookie(value), allow_redirects=False)).status == 200
+            out = await here.post("/logout", headers=cookie(value), allow_redirects=False)
+            assert (out.status, out.headers["Location"]) == (303, "/login")
+            # Refused where it logged out at once, and by the other worker from the store: a copy of the
+            # cookie taken before the logout opens nothing.
+            assert (await here.get("/calls", headers=cookie(value), allow_redirects=False)).status == 303
+            assert (await other.get("/calls", headers=cookie(value), allow_redirects=False)).status == 303
+            assert (await other.get("/calls", headers=cookie(kept), allow_redirects=False)).status == 200
+    stored = filled.client.query(f"SELECT session_id FROM {filled.database}.revoked_sessions").result_rows
+    assert stored == [(value.split(".")[1],)]  # the nonce only: nothing a cookie can be made from
+    async for restarted in serve():  # a worker started after the logout reads it on its first page
+        assert (await restarted.get("/calls", headers=cookie(value), allow_redirects=False)).status == 303
+        assert (await restarted.get("/calls", headers=cookie(kept), allow_redirects=False)).status == 200
+
+
+async def test_the_session_cookie_is_secure_behind_a_tls_proxy(serve: Callable[..., Any]) -> None:
+    async for client in serve():
+        for headers, secure in (({}, False), ({"X-Forwarded-Proto": "https"}, True),
+                                ({"X-Forwarded-Proto": "http, https"}, True),
+                                ({"Forwarded": 'for=10.0.0.1;proto="https"'}, True),
+                                ({"Forwarded": "for=10.0.0.1;proto=http"}, False)):
+            response = await client.post("/login", data={"token": TOKEN, "next": "/calls"}, headers=headers,
+                                         allow_redirects=False)
+            morsel = SimpleCookie(response.headers["Set-Cookie"])[SESSION_COOKIE]
+            assert bool(morsel["secure"]) is secure, headers
 
 
 async def test_pages_open_with_auth_off_and_say_what_is_missing_without_a_token(serve: Callable[..., Any]) -> None:
