@@ -72,6 +72,15 @@ class GatewaySettings(BaseModel):
         5.0, ge=0,
         description="How long an AudioHook `close` waits for the session's audio to reach Kafka before `closed` (s).",
     )
+    # The public port faces the internet (or a TLS proxy that forwards it); what a metric says about calls
+    # and load is for the operator's Prometheus only (issue 41).
+    gateway_metrics_host: str = Field(
+        "127.0.0.1", description="Interface of the gateway's /metrics (and /healthz) listener, apart from the "
+        "public port; 0.0.0.0 for a Prometheus on another host (e.g. the compose network).",
+    )
+    gateway_metrics_port: int = Field(
+        9465, ge=0, le=65535, description="Port of that listener; 0: a free one, printed at start.",
+    )
     gateway_send_batch: int = Field(
         2000, ge=1, description="Most messages the Kafka sender produces before waiting for their acknowledgement."
     )

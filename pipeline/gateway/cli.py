@@ -31,7 +31,7 @@ def gateway(
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8765,
     loglevel: Annotated[str, typer.Option(help="Log level of the gateway (debug, info, warning, error).")] = "info",
 ) -> None:
-    """Serve /twilio and /audiohook (websockets), /healthz and /metrics until SIGTERM or Ctrl-C, which
+    """Serve /twilio and /audiohook (websockets) and /healthz, and /metrics on the metrics port, until SIGTERM or Ctrl-C, which
     drain open calls (each gets its end event) before exiting."""
     if ctx.invoked_subcommand is not None:
         return
@@ -65,8 +65,8 @@ async def _serve(settings: Settings, host: str, port: int, producer: ContractPro
     server = GatewayServer(settings, producer)
     bound = await server.start(host, port)
     scheme = "wss" if server.tls is not None else "ws"
-    console.print(f"gateway on {scheme}://{host}:{bound}: /twilio, /audiohook; /healthz, /metrics "
-                  f"(Kafka {settings.bootstrap})")
+    console.print(f"gateway on {scheme}://{host}:{bound}: /twilio, /audiohook, /healthz; /metrics on "
+                  f"http://{settings.gateway_metrics_host}:{server.metrics_port} (Kafka {settings.bootstrap})")
     _warn_open_paths(settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

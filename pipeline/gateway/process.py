@@ -29,6 +29,7 @@ class GatewayProcess:
     env: dict[str, str] = field(default_factory=dict)  # CALLQA_* settings on top of this process's environment
     cpus: str = ""  # `taskset -c` CPU list; empty: not pinned
     port: int = field(default_factory=free_port)
+    metrics_port: int = field(default_factory=free_port)  # /metrics (CALLQA_GATEWAY_METRICS_PORT)
     # Generated per run: the gateway checks Twilio signatures with it, the simulator signs with it.
     twilio_auth_token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
     proc: subprocess.Popen[bytes] | None = None
@@ -46,7 +47,8 @@ class GatewayProcess:
         command = [sys.executable, "-m", "pipeline.cli", "gateway", "--port", str(self.port), "--loglevel", "warning"]
         if self.cpus:
             command = ["taskset", "-c", self.cpus, *command]  # taskset execs the gateway: same pid
-        env = {**os.environ, **self.env, "CALLQA_TWILIO_AUTH_TOKEN": self.twilio_auth_token}
+        env = {**os.environ, **self.env, "CALLQA_TWILIO_AUTH_TOKEN": self.twilio_auth_token,
+               "CALLQA_GATEWAY_METRICS_PORT": str(self.metrics_port)}
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -73,7 +75,7 @@ class GatewayProcess:
             return False
 
     def metrics(self) -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=10) as r:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as r:
             return str(r.read().decode())
 
     def stop(self, timeout_s: float = 60.0) -> None:

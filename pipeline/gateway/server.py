@@ -1,5 +1,6 @@
 """The websocket shell around the gateway's core: one asyncio server, paths /twilio and /audiohook, and
-plain HTTP /healthz and /metrics answered before any upgrade.
+plain HTTP /healthz answered before any upgrade; /metrics on a listener of its own
+(``gateway_metrics_host``/``_port``, loopback by default), not on the public port.
 
 Everything that can refuse a connection happens on the upgrade request (``process_request``): the
 session limit (503), the credentials (Twilio 403, AudioHook 401), unknown paths (404). After the
@@ -25,6 +26,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from aiohttp import web as aioweb
 from multidict import CIMultiDict
 from picows.websockets import ConnectionClosed, Request, Response, Server, ServerConnection, serve
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -74,6 +76,8 @@ class GatewayServer:
         self._unauthenticated = settings.gateway_auth == "off"  # credentials not set: streams taken anyway
         self._server: Server | None = None
         self._ticker: asyncio.Task[None] | None = None
+        self._metrics_runner: aioweb.AppRunner | None = None
+        self.metrics_port = 0  # the operators' listener, once started
         self._tasks: set[asyncio.Task[Any]] = set()
 
     # ---- lifecycle ----------------------------------------------------------------------------------------
@@ -87,8 +91,39 @@ class GatewayServer:
                                    max_size=MAX_MESSAGE_BYTES, compression=None, ssl=self.tls,
                                    logger=logging.getLogger("callqa.gateway.websockets"))
         self._ticker = asyncio.create_task(self._tick())
+        self.metrics_port = await self._serve_metrics(self.settings.gateway_metrics_host,
+                                                      self.settings.gateway_metrics_port)
         bound: int = self._server.sockets[0].getsockname()[1]
         return bound
+
+    async def _serve_metrics(self, host: str, port: int) -> int:
+        """/metrics and /healthz over plain HTTP on the operators' listener; returns its port."""
+        app = aioweb.Application()
+        app.router.add_get("/metrics", self._metrics_view)
+        app.router.add_get("/healthz", self._healthz_view)
+        self._metrics_runner = aioweb.AppRunner(app, access_log=None)
+        await self._metrics_runner.setup()
+        site = aioweb.TCPSite(self._metrics_runner, host, port)
+        try:
+            await site.start()
+        except OSError as exc:
+            raise GatewayConfigError(f"the metrics listener (CALLQA_GATEWAY_METRICS_HOST/_PORT) cannot listen "
+                                     f"on {host}:{port}: {exc.strerror or exc}") from None
+        metrics_port: int = self._metrics_runner.addresses[0][1]
+        return metrics_port
+
+    async def _metrics_view(self, request: aioweb.Request) -> aioweb.Response:
+        return aioweb.Response(body=self.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def _healthz_view(self, request: aioweb.Request) -> aioweb.Response:
+        status, text = self.health()
+        return aioweb.Response(status=status, text=text)
+
+    def health(self) -> tuple[int, str]:
+        """(status, body) of /healthz: 503 once the Kafka sender stopped or while draining."""
+        if self.sender.failure is not None:
+            return 503, f"Kafka sender stopped: {self.sender.failure}\n"
+        return (503, "draining\n") if self.draining else (200, "ok\n")
 
     async def shutdown(self) -> None:
         """Drain: refuse new sessions, let open ones go on up to ``gateway_drain_s``, close the rest,
@@ -110,22 +145,18 @@ class GatewayServer:
             self._server.close()
             await self._server.wait_closed()
         await asyncio.to_thread(self.sender.stop)
+        if self._metrics_runner is not None:  # last: a scrape during the drain still sees it
+            await self._metrics_runner.cleanup()
 
     # ---- before the upgrade -------------------------------------------------------------------------------
     def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
         path = request.path.partition("?")[0]
         if path == "/healthz":
-            if self.sender.failure is not None:
-                return connection.respond(503, f"Kafka sender stopped: {self.sender.failure}\n")
-            return connection.respond(503 if self.draining else 200, "draining\n" if self.draining else "ok\n")
-        if path == "/metrics":
-            response = connection.respond(200, self.metrics.exposition().decode())
-            del response.headers["Content-Type"]
-            response.headers["Content-Type"] = CONTENT_TYPE_LATEST
-            return response
+            return connection.respond(*self.health())
         protocol = _protocol_of(path)
         if protocol is None:
-            return connection.respond(404, "not found: the gateway serves /twilio, /audiohook, /healthz, /metrics\n")
+            # /metrics included: it is on the operators' listener (gateway_metrics_port), never here.
+            return connection.respond(404, "not found: the gateway serves /twilio, /audiohook, /healthz\n")
         if self.draining or len(self.sessions) >= self.settings.gateway_max_sessions:
             self.metrics.sessions.labels(protocol, "refused_busy").inc()
             log.warning("%s handshake refused: %s", protocol, "draining" if self.draining else "session limit reached")

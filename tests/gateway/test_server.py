@@ -306,23 +306,31 @@ async def test_sessions_over_the_limit_get_503(start_gateway) -> None:  # type: 
         pass
 
 
-async def test_healthz_metrics_and_unknown_paths_are_plain_http(start_gateway) -> None:  # type: ignore[no-untyped-def]
+async def test_healthz_is_plain_http_and_metrics_only_on_the_operators_listener(start_gateway) -> None:  # type: ignore[no-untyped-def]
+    """The public port faces the internet: it answers /healthz (for a load balancer) but not /metrics,
+    which is on a listener of its own, on loopback unless CALLQA_GATEWAY_METRICS_HOST says otherwise."""
     gw = await start_gateway()
-    base = gw.url.replace("ws://", "http://")
+    public = gw.url.replace("ws://", "http://")
+    operators = f"http://127.0.0.1:{gw.server.metrics_port}"
 
-    def get(path: str) -> tuple[int, str, str]:
+    def get(url: str) -> tuple[int, str, str]:
         try:
-            with urllib.request.urlopen(base + path, timeout=10) as r:
+            with urllib.request.urlopen(url, timeout=10) as r:
                 return r.status, r.headers["Content-Type"], r.read().decode()
         except urllib.error.HTTPError as e:
             return e.code, e.headers["Content-Type"], e.read().decode()
 
-    status, _, body = await asyncio.to_thread(get, "/healthz")
+    status, _, body = await asyncio.to_thread(get, public + "/healthz")
     assert (status, body) == (200, "ok\n")
-    status, content_type, body = await asyncio.to_thread(get, "/metrics")
+    status, _, body = await asyncio.to_thread(get, public + "/metrics")
+    assert status == 404 and "callqa_gateway" not in body
+    assert (await asyncio.to_thread(get, public + "/elsewhere"))[0] == 404
+    assert gw.server.metrics_port not in (0, int(public.rsplit(":", 1)[1]))
+    status, content_type, body = await asyncio.to_thread(get, operators + "/metrics")
     assert status == 200 and content_type.startswith("text/plain; version=")
     assert "callqa_gateway_sessions_active" in body
-    assert (await asyncio.to_thread(get, "/elsewhere"))[0] == 404
+    assert (await asyncio.to_thread(get, operators + "/healthz"))[:3:2] == (200, "ok\n")
+    assert Settings.model_fields["gateway_metrics_host"].default == "127.0.0.1"
 
 
 class BrokenProducer(ContractProducer):
