@@ -51,6 +51,9 @@ class WorkerConsumer(Consumer):
 
     fetch_min_bytes = 1
     fetch_max_wait_ms = FAUST_FETCH_MAX_WAIT_MS
+    # The group's committed offsets as read by the last ``perform_seek`` (every rebalance): what others
+    # committed on a partition before this worker got it, which its own commits do not tell it.
+    committed_at_assignment: Mapping[TP, int] = {}
 
     def _new_consumer_thread(self) -> AIOKafkaConsumerThread:
         return WorkerConsumerThread(self, loop=self.loop, beacon=self.beacon)
@@ -59,6 +62,7 @@ class WorkerConsumer(Consumer):
         """Every assigned partition back to its committed offset: also 0, and with none, its beginning."""
         committed = await self.seek_to_committed()  # seeks those above 0
         await self.seek_unsought(committed)
+        self.committed_at_assignment = {tp: o for tp, o in committed.items() if o is not None and o >= 0}
         # faust's own bookkeeping, as its perform_seek keeps it: read from there on, committed there.
         self._read_offset.update({tp: o if o is not None and o > 0 else None for tp, o in committed.items()})
         self._committed_offset.update({tp: o for tp, o in committed.items() if o})

@@ -227,13 +227,19 @@ def build_worker(settings: Settings) -> Worker:
         await commit_now()
 
     async def commit_now() -> None:
+        assigned = app.consumer.assignment()
+        # What the group had committed when this worker got its partitions: a "finished" record a previous
+        # owner left is deleted once commits pass it, also on a partition quiet since (this worker then
+        # commits nothing there; its own commits alone left such records on the topic for good).
+        earlier = getattr(app.consumer, "committed_at_assignment", {})
+        processor.offsets.committed({(tp.topic, tp.partition): o for tp, o in earlier.items()
+                                     if tp in assigned and tp.topic in input_topics})
         try:
             offsets = await processor.make_durable()
         except SinkClosedError:
             # Shutting down (flush_on_shutdown closes the sink on a bound) while this
             # waited for the store: nothing is committed, what was not stored is read again by the next owner.
             return
-        assigned = app.consumer.assignment()
         offsets = {tp: o for tp, o in offsets.items() if TP(*tp) in assigned}
         # faust has no public call that commits given offsets: Consumer.commit() commits what faust's
         # own acks track, which these topics do not use (acks=False, see offsets.py). _commit_offsets is

@@ -206,6 +206,15 @@ def test_kill_9_under_load_after_commits_and_a_new_worker_finishes_every_call(
     records = read_topic(kafka_settings.bootstrap, kafka_settings.topic_checkpoints)
     assert records and all(m.value() is None or m.value().startswith(MAGIC) for m in records)
 
+    # No state left behind: every call is over, so every key's newest record becomes a tombstone, also
+    # those the killed worker wrote "finished" and committed past without deleting.
+    def left_behind() -> list[str]:
+        newest = {m.key(): m.value() for m in read_topic(kafka_settings.bootstrap, kafka_settings.topic_checkpoints,
+                                                          idle_s=1.0)}
+        return sorted(k.decode() for k, v in newest.items() if v is not None)
+
+    wait_for("every checkpoint key tombstoned", lambda: not left_behind(), timeout_s=90, worker=second)
+
 
 def offline_finals(paths: list[Path]) -> list[list[tuple[str, int, int, str]]]:
     """Each recording's final segments as `callqa analyze` finds them: (leg, start_ms, end_ms, text)."""
