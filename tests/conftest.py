@@ -9,9 +9,11 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 # pytest-xdist's workers start with COLUMNS=80 in their environment, which no terminal set: the CLI's
 # tables would fit 80 columns in every test run in parallel, and not when run alone.
@@ -32,6 +34,14 @@ os.environ.setdefault("CALLQA_INFERENCE_PROCESSES", "0")
 # (tests/worker/test_default_model.py: a library call through a worker equals its offline analysis, under a
 # WER ceiling; tests/asr/test_moonshine.py), and `callqa bench check` measures it whole.
 os.environ.setdefault("CALLQA_MODEL", "tiny.en")
+
+
+# The property-based fuzzers (tests/*/test_fuzz.py): the same examples on every run (a CI failure reproduces
+# here; no example database), CALLQA_FUZZ_EXAMPLES of them per property (200; raise it for a longer hunt).
+settings.register_profile("callqa", max_examples=int(os.environ.get("CALLQA_FUZZ_EXAMPLES", "200")),
+                          derandomize=True, database=None, deadline=timedelta(seconds=2),
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("callqa")
 
 
 # Fixtures that load faster-whisper: a test comparing with it costs a second decode of its audio.
