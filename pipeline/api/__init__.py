@@ -17,7 +17,8 @@ build on it and neither on the other: it imports ``pipeline.config`` and ``pipel
   bearer token; without either the middleware redirects to /login.
 - /api/query runs one checked SELECT (pipeline/store/sqlguard.py) on the read-only account
   (``clickhouse_readonly_url``) under ``QueryLimits``; /api/calls and /api/calls/{id} read summaries
-  (``server.register_api_views``).
+  (``server.register_api_views``). /api/calls answers in pages (``paging.py``): ``?limit=`` up to
+  ``api_page_max`` (``api_page_size`` without it), the next page in the ``Link: <...>; rel="next"`` header.
 - All of them run on ``pool.QueryPool``: ``api_query_threads`` threads and at most ``api_query_max_waiting``
   waiting requests (more are answered 503 at once), never on the default executor that the
   worker's own blocking work (sink inserts, store look-ups) uses.

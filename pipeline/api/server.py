@@ -8,7 +8,7 @@ plugs the call pages in (``register_web_views(server)`` of pipeline/web/views.py
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Any
@@ -16,6 +16,7 @@ from typing import Any
 import faust
 
 from pipeline.api.auth import ApiAuth
+from pipeline.api.paging import CallPage, PageError, next_link
 from pipeline.api.pool import ApiBusyError, QueryPool, ThreadClients
 from pipeline.api.revocations import StoredRevocations
 from pipeline.config import Settings
@@ -57,15 +58,24 @@ def _register_call_views(server: ApiServer) -> None:
     """/api/calls (summaries, ``?agent=``) and /api/calls/{call_id} (summary and transcript)."""
     readers, pool = server.readers, server.pool
 
+    settings = server.settings
+
     @server.app.page("/api/calls")
     async def calls_view(web: Any, request: Any) -> Any:
         agent = request.query.get("agent")
+        try:
+            page = CallPage.from_query(request.query, settings.api_page_size, settings.api_page_max)
+        except PageError as exc:
+            return web.json({"error": str(exc)}, status=400)
+        link: list[str] = []
 
         def read() -> list[Any]:
             with readers.client() as client:
-                return [_jsonable(asdict(r)) for r in queries.list_calls(client, agent_id=agent, limit=200)]
+                calls = queries.list_calls(client, agent_id=agent, limit=page.limit, after=page.after)
+            link.extend(filter(None, [next_link(request.path, request.query, page, calls)]))
+            return [_jsonable(asdict(r)) for r in calls]
 
-        return await _answer(web, pool.run(read))
+        return await _answer(web, pool.run(read), headers=lambda: {"Link": link[0]} if link else None)
 
     @server.app.page("/api/calls/{call_id}")
     async def call_view(web: Any, request: Any, call_id: str) -> Any:
@@ -100,10 +110,12 @@ def _register_query_view(server: ApiServer) -> None:
         return await _answer(web, server.pool.run(run))
 
 
-async def _answer(web: Any, work: Awaitable[Any]) -> Any:
-    """The view's JSON, or {"error": one line} with a status that says whose fault it is."""
+async def _answer(web: Any, work: Awaitable[Any], headers: Callable[[], dict[str, str] | None] = lambda: None) -> Any:
+    """The view's JSON (with ``headers()`` once it is done), or {"error": one line} with a status that
+    says whose fault it is."""
     try:
-        return web.json(await work)
+        result = await work
+        return web.json(result, headers=headers())
     except ReadonlyQueryError as exc:
         return web.json({"error": str(exc)}, status=exc.status)
     except (ApiBusyError, StoreError, StoreConnectionError) as exc:

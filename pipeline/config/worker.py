@@ -175,6 +175,13 @@ class WorkerSettings(BaseModel):
         5.0, ge=0, description="How stale (s) a worker's list of sessions logged out on other workers may be; "
         "0: read on every page request.",
     )
+    api_page_size: int = Field(
+        100, ge=1, description="Calls /api/calls answers when the request names no ?limit=.",
+    )
+    api_page_max: int = Field(
+        1000, ge=1, description="Most calls one /api/calls page may hold (?limit= above it is answered 400); "
+        "the next page is in the Link header.",
+    )
     api_query_threads: int = Field(
         2, ge=1, description="Threads of the /api/* pool, apart from the worker's own (ingestion never waits on it).",
     )

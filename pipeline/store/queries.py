@@ -132,10 +132,16 @@ def list_calls(
     since: datetime | None = None,
     until: datetime | None = None,
     limit: int = 100,
+    after: tuple[datetime, str] | None = None,
 ) -> list[CallSummary]:
-    """Summaries of calls started in [since, until), newest first, optionally of one tenant/agent."""
+    """Summaries of calls started in [since, until), newest first, optionally of one tenant/agent;
+    ``after`` (started_at, call_id): only the calls that come after that one in this order (a page)."""
     clauses = ["1"]
     params: dict[str, Any] = {"limit": limit}
+    if after is not None:
+        clauses.append("(started_at < {after_t:DateTime64(3, 'UTC')} OR "
+                       "(started_at = {after_t:DateTime64(3, 'UTC')} AND call_id > {after_c:String}))")
+        params.update(after_t=after[0], after_c=after[1])
     for column, value, ch_type, op in (
         ("tenant", tenant, "String", "="),
         ("agent_id", agent_id, "String", "="),

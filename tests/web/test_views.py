@@ -154,6 +154,30 @@ async def test_a_logout_revokes_the_session_here_on_another_worker_and_after_a_r
         assert (await restarted.get("/calls", headers=cookie(kept), allow_redirects=False)).status == 200
 
 
+async def test_api_calls_answers_in_pages_with_a_next_link_and_refuses_a_page_too_large(
+    serve: Callable[..., Any], filled: FilledStore
+) -> None:
+    bearer = {"Authorization": f"Bearer {TOKEN}"}
+    newest_first = [c for c, _ in sorted(filled.started.items(), key=lambda kv: (-kv[1].timestamp(), kv[0]))]
+    async for client in serve(api_page_size=2, api_page_max=2):
+        seen: list[str] = []
+        url: str | None = "/api/calls"
+        while url is not None:
+            page = await client.get(url, headers=bearer)
+            assert page.status == 200
+            body = await page.json()
+            assert 1 <= len(body) <= 2
+            seen += [c["call_id"] for c in body]
+            link = page.headers.get("Link")
+            url = link[1:link.index(">")] if link else None
+            assert link is None or link.endswith('; rel="next"')
+        assert seen == newest_first and len(seen) == 3  # each call once, in the list's order, across two pages
+        too_many = await client.get("/api/calls?limit=3", headers=bearer)
+        assert too_many.status == 400 and "limit must be from 1 to 2" in (await too_many.json())["error"]
+        forged = await client.get("/api/calls?after=not-a-cursor!", headers=bearer)
+        assert forged.status == 400 and "cursor" in (await forged.json())["error"]
+
+
 async def test_the_session_cookie_is_secure_behind_a_tls_proxy(serve: Callable[..., Any]) -> None:
     async for client in serve():
         for headers, secure in (({}, False), ({"X-Forwarded-Proto": "https"}, True),
