@@ -81,6 +81,27 @@ class GatewaySettings(BaseModel):
     gateway_metrics_port: int = Field(
         9465, ge=0, le=65535, description="Port of that listener; 0: a free one, printed at start.",
     )
+    # Limits at the door (pipeline/gateway/limits.py): each refusal is a close (1013 for a source over its
+    # limits, 1008 for a session's message rate), counted in callqa_gateway_limit_refusals_total.
+    gateway_source_max_sessions: int = Field(
+        500, ge=0, description="Sessions one source address may hold open at once; more are closed 1013 (0: no limit).",
+    )
+    gateway_source_handshakes_per_s: float = Field(
+        50.0, ge=0, description="Handshakes a second one source address may make, bursts of four seconds' worth "
+        "allowed; more sessions are closed 1013 (0: no limit).",
+    )
+    gateway_session_messages_per_s: float = Field(
+        250.0, ge=0, description="Messages a second one session may send (bursts of two seconds' worth); a "
+        "session past it is closed 1008. Twilio sends 100 with both tracks, AudioHook 50 (0: no limit).",
+    )
+    gateway_forwarded_for: bool = Field(
+        False, description="Behind a proxy that appends the caller to X-Forwarded-For: the per-source limits "
+        "count its last address, not the proxy's. Leave off unless such a proxy is the only way in.",
+    )
+    gateway_handshake_timeout_s: float = Field(
+        10.0, gt=0, description="A client must finish its websocket handshake within this (s), else it is "
+        "dropped (a slow client holding sockets open).",
+    )
     gateway_send_batch: int = Field(
         2000, ge=1, description="Most messages the Kafka sender produces before waiting for their acknowledgement."
     )

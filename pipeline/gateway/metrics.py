@@ -57,6 +57,9 @@ class GatewayMetrics:
                                      registry=r)
         self.sessions = Counter("callqa_gateway_sessions_total", "Sessions by how the handshake ended.",
                                 ["protocol", "outcome"], registry=r)
+        self.limit_refusals = Counter("callqa_gateway_limit_refusals_total",
+                                      "Sessions closed for a limit (1013 per source, 1008 message rate), by which.",
+                                      ["protocol", "limit"], registry=r)
         self.auth_failures = Counter("callqa_gateway_auth_failures_total", "Handshakes refused for their credentials.",
                                      ["protocol", "reason"], registry=r)
         self.protocol_errors = Counter("callqa_gateway_protocol_errors_total",

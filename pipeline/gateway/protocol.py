@@ -11,6 +11,7 @@ CLOSE_UNSUPPORTED = 1003  # binary where text is expected, an audio format the g
 CLOSE_INVALID_DATA = 1007  # malformed JSON, bad base64, wrong field types
 CLOSE_POLICY = 1008  # a message in the wrong state or order (media before start, wrong seq)
 CLOSE_TOO_BIG = 1009  # one message of more than a second of audio
+CLOSE_TRY_AGAIN = 1013  # a source over its per-source limits (pipeline/gateway/limits.py): try again later
 CLOSE_IDLE = 4408  # nothing received for gateway_idle_timeout_s
 
 MAX_FRAME_SAMPLES = 8000  # one second at 8 kHz: the longest audio one message may carry

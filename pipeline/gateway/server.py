@@ -36,9 +36,17 @@ from pipeline.config import Settings
 from pipeline.gateway.audiohook import AudioHookSession, State
 from pipeline.gateway.auth import AudioHookAuthenticator, PublicAddress, twilio_refusal
 from pipeline.gateway.calls import OpenCalls
+from pipeline.gateway.limits import SourceLimits, TokenBucket, message_bucket, source_of
 from pipeline.gateway.metrics import GatewayMetrics
 from pipeline.gateway.outbox import KafkaSender, Outbox
-from pipeline.gateway.protocol import CLOSE_GOING_AWAY, CLOSE_IDLE, CLOSE_NORMAL, CLOSE_POLICY, ProtocolError
+from pipeline.gateway.protocol import (
+    CLOSE_GOING_AWAY,
+    CLOSE_IDLE,
+    CLOSE_NORMAL,
+    CLOSE_POLICY,
+    CLOSE_TRY_AGAIN,
+    ProtocolError,
+)
 from pipeline.gateway.twilio import TwilioStream
 
 log = logging.getLogger("callqa.gateway")
@@ -75,6 +83,9 @@ class GatewayServer:
         self._closing_all = False
         self._unauthenticated = settings.gateway_auth == "off"  # credentials not set: streams taken anyway
         self._server: Server | None = None
+        self.limits = SourceLimits(settings.gateway_source_max_sessions, settings.gateway_source_handshakes_per_s)
+        self._sources: dict[ServerConnection, str] = {}  # each open session's source address (limits.py)
+        self._message_budgets: dict[ServerConnection, TokenBucket] = {}
         self._ticker: asyncio.Task[None] | None = None
         self._metrics_runner: aioweb.AppRunner | None = None
         self.metrics_port = 0  # the operators' listener, once started
@@ -89,6 +100,7 @@ class GatewayServer:
         self.sender.start()
         self._server = await serve(self._handle, host, port, process_request=self._process_request,
                                    max_size=MAX_MESSAGE_BYTES, compression=None, ssl=self.tls,
+                                   open_timeout=self.settings.gateway_handshake_timeout_s,
                                    logger=logging.getLogger("callqa.gateway.websockets"))
         self._ticker = asyncio.create_task(self._tick())
         self.metrics_port = await self._serve_metrics(self.settings.gateway_metrics_host,
@@ -169,6 +181,11 @@ class GatewayServer:
             return connection.respond(403 if protocol == "twilio" else 401, f"refused: {refusal}\n")
         return None
 
+    def _source(self, ws: ServerConnection) -> str:
+        assert ws.request is not None
+        forwarded = _lower(ws.request.headers).get("x-forwarded-for", "")
+        return source_of(_peer(ws), forwarded, self.settings.gateway_forwarded_for)
+
     def _refusal(self, protocol: str, request: Request) -> str | None:
         headers = _lower(request.headers)
         address = PublicAddress.of_request(headers, self.settings.gateway_public_url, self.tls is not None)
@@ -189,6 +206,16 @@ class GatewayServer:
     async def _handle(self, ws: ServerConnection) -> None:
         assert ws.request is not None
         protocol = _protocol_of(ws.request.path.partition("?")[0])
+        # Per-source limits here, not on the handshake: picows tells no peer address before the upgrade.
+        # Nothing of the session has been read yet.
+        source = self._source(ws)
+        limited = self.limits.refusal(source)
+        if limited is not None:
+            self.metrics.limit_refusals.labels(protocol, limited).inc()
+            self.metrics.sessions.labels(protocol, "refused_limit").inc()
+            log.warning("%s session from %s refused: %s", protocol, source, limited)
+            await ws.close(CLOSE_TRY_AGAIN, f"refused: {limited}")
+            return
         stream_id = uuid.uuid4().hex[:16]
         session: Session
         if protocol == "twilio":
@@ -202,6 +229,11 @@ class GatewayServer:
                                        organization_id=headers.get("audiohook-organization-id", ""))
         self.sessions[ws] = session
         self._last_seen[ws] = time.monotonic()
+        self._sources[ws] = source
+        self.limits.opened(source)
+        budget = message_bucket(self.settings.gateway_session_messages_per_s)
+        if budget is not None:
+            self._message_budgets[ws] = budget
         self.metrics.sessions.labels(protocol, "accepted").inc()
         self.metrics.sessions_active.labels(protocol).inc()
         reason = "disconnected"
@@ -214,6 +246,8 @@ class GatewayServer:
             else:
                 session.socket_closed(reason)
             del self.sessions[ws]
+            self.limits.closed(self._sources.pop(ws))
+            self._message_budgets.pop(ws, None)
             self._last_seen.pop(ws, None)
             self._idle_closed.discard(ws)
             self.metrics.sessions_active.labels(protocol).dec()
@@ -257,7 +291,13 @@ class GatewayServer:
             if ws in self._idle_closed:
                 return _Ended("idle timeout")
             return _Ended("gateway shutdown" if self._closing_all else "disconnected")
-        self._last_seen[ws] = time.monotonic()
+        now = self._last_seen[ws] = time.monotonic()
+        budget = self._message_budgets.get(ws)
+        if budget is not None and not budget.take(now):
+            self.metrics.limit_refusals.labels(self.sessions[ws].protocol, "session_message_rate").inc()
+            log.warning("%s closed: more than %g messages a second", self.sessions[ws].name, budget.rate)
+            await ws.close(CLOSE_POLICY, f"more than {budget.rate:g} messages a second")
+            return _Ended("message rate")
         return message
 
     def _close_idle(self, now: float) -> None:

@@ -247,7 +247,8 @@ async def start_gateway(kafka_settings) -> AsyncIterator[Any]:  # type: ignore[n
         # default message span has test_a_twilio_call_reaches_the_topics_as_sent and tests/gateway/test_end_to_end.py.
         # Without credentials (most tests) streams are taken unauthenticated: an explicit opt-out.
         values = {"gateway_end_grace_s": 0.3, "gateway_drain_s": 0.0, "gateway_leg_buffer_s": 30.0,
-                  "audio_message_ms": 20, "gateway_auth": "off", "gateway_metrics_port": 0, **overrides}
+                  "audio_message_ms": 20, "gateway_auth": "off", "gateway_metrics_port": 0,
+                  "gateway_session_messages_per_s": 0, **overrides}
         settings = kafka_settings.model_copy(update=values)
         producer = producer or ContractProducer.from_settings(settings, Serde.from_settings(""))
         server = GatewayServer(settings, producer)

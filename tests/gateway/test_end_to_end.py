@@ -93,7 +93,7 @@ def stack(broker: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sta
     gateway_env = {**os.environ, **{f"CALLQA_{k.upper()}": v for k, v in topics.items()},
                    "CALLQA_BOOTSTRAP_SERVERS": broker, "CALLQA_GATEWAY_END_GRACE_S": "0.5",
                    "CALLQA_GATEWAY_LEG_BUFFER_S": "120", "CALLQA_GATEWAY_AUTH": "off",
-                   "CALLQA_GATEWAY_METRICS_PORT": "0"}
+                   "CALLQA_GATEWAY_METRICS_PORT": "0", "CALLQA_GATEWAY_SESSION_MESSAGES_PER_S": "0"}
     gateway_log = open(tmp / "gateway.log", "wb")  # noqa: SIM115 - the child's output, closed below
     gateway = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "gateway", "--port", str(gateway_port)],
                                cwd=REPO, env=gateway_env, stdout=gateway_log, stderr=subprocess.STDOUT)

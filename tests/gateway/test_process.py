@@ -48,7 +48,7 @@ async def test_sigterm_closes_open_streams_and_ends_every_call(kafka_settings, t
     env = {**os.environ, "CALLQA_BOOTSTRAP_SERVERS": kafka_settings.bootstrap,
            "CALLQA_TOPIC_AUDIO": kafka_settings.topic_audio, "CALLQA_TOPIC_CALL_EVENTS": kafka_settings.topic_call_events,
            "CALLQA_GATEWAY_DRAIN_S": "0.5", "CALLQA_GATEWAY_END_GRACE_S": "30", "CALLQA_GATEWAY_AUTH": "off",
-                   "CALLQA_GATEWAY_METRICS_PORT": "0"}
+                   "CALLQA_GATEWAY_METRICS_PORT": "0", "CALLQA_GATEWAY_SESSION_MESSAGES_PER_S": "0"}
     process = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "gateway", "--port", str(port)],
                                cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:

@@ -295,6 +295,62 @@ async def test_a_signed_twilio_url_opens_only_its_own_call(start_gateway, creden
     assert {e.call_id for e in events} == {"CA-mine"}  # nothing of the other call reached the topics
 
 
+async def refused_code(url: str) -> int | None:
+    """The close code of a session the gateway refuses after the upgrade (None: it stayed open)."""
+    async with connect(url) as ws:
+        try:
+            await asyncio.wait_for(ws.recv(), 2)
+        except ConnectionClosed as closed:
+            return closed.rcvd.code if closed.rcvd is not None else None
+        except TimeoutError:
+            return None
+    return None
+
+
+async def test_a_source_over_its_session_or_handshake_limit_is_closed_1013_before_a_message_is_read(
+        start_gateway) -> None:  # type: ignore[no-untyped-def]
+    gw = await start_gateway(gateway_source_max_sessions=2, gateway_source_handshakes_per_s=1000)
+    async with connect(gw.ws("/twilio")), connect(gw.ws("/twilio")):
+        assert await refused_code(gw.ws("/twilio")) == 1013  # a third from the same address
+    assert await refused_code(gw.ws("/twilio")) is None  # room again once they closed
+    assert gw.server.metrics.value("callqa_gateway_limit_refusals_total", protocol="twilio",
+                                   limit="source_sessions") == 1
+    # Handshakes a second: a burst of four seconds' worth (2 at 0.5/s), then refused until it refills.
+    flood = await start_gateway(gateway_source_handshakes_per_s=0.5)
+    sockets = [await connect(flood.ws("/twilio")) for _ in range(4)]  # within milliseconds
+    metrics = flood.server.metrics
+    try:
+        codes = []
+        for ws in sockets[2:]:
+            with pytest.raises(ConnectionClosed) as closed:
+                await asyncio.wait_for(ws.recv(), 10)
+            codes.append(closed.value.rcvd.code if closed.value.rcvd else None)
+        assert codes == [1013, 1013]
+        assert metrics.value("callqa_gateway_limit_refusals_total", protocol="twilio", limit="source_handshake_rate") == 2
+        assert metrics.value("callqa_gateway_sessions_active", protocol="twilio") == 2  # the first two go on
+    finally:
+        for ws in sockets:
+            await ws.close()
+
+
+async def test_a_session_sending_faster_than_its_message_limit_is_closed_1008(start_gateway, twilio_messages,
+                                                                           recording_mulaw) -> None:  # type: ignore[no-untyped-def]
+    gw = await start_gateway(gateway_session_messages_per_s=50)
+    call = twilio_messages("CA-flood")
+    async with connect(gw.ws("/twilio")) as ws:
+        await ws.send(call.start(("inbound",)))
+        with pytest.raises(ConnectionClosed) as closed:
+            for message in call.chunks_of({"inbound": recording_mulaw[:160 * 400]}):  # 400 messages at once
+                await ws.send(message)
+            # The close comes at once, but its handshake waits behind the flood's queued messages,
+            # which nothing reads any more: up to the close timeout (10 s) before the socket goes.
+            await asyncio.wait_for(ws.recv(), 40)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
+    assert "messages a second" in closed.value.rcvd.reason
+    assert gw.server.metrics.value("callqa_gateway_limit_refusals_total", protocol="twilio",
+                                   limit="session_message_rate") == 1
+
+
 async def test_sessions_over_the_limit_get_503(start_gateway) -> None:  # type: ignore[no-untyped-def]
     gw = await start_gateway(gateway_max_sessions=2)
     async with connect(gw.ws("/twilio")), connect(gw.ws("/twilio")):
