@@ -99,7 +99,10 @@ def simulate_command(
     calls: Annotated[int, typer.Option(help="Concurrent calls (0: one per file; more reuse the files in turn).")]
     = 0,
     realtime: Annotated[bool, typer.Option("--realtime/--fast", help="Pace at 20 ms, or as fast as the gateway "
-                                                                      "takes it.")] = True,
+                                                                      "takes it (a gateway whose "
+                                                                      "CALLQA_GATEWAY_SESSION_MESSAGES_PER_S "
+                                                                      "is 0: its default closes such a "
+                                                                      "stream).")] = True,
     url: Annotated[str, typer.Option(help="The gateway (ws:// or wss://); a bare host:port gets /twilio/<callSid> "
                                           "or /audiohook.")] = "ws://127.0.0.1:8765",
     verbose: Annotated[bool, typer.Option("--verbose", help="Tracebacks on errors.")] = False,
