@@ -154,9 +154,12 @@ class FrameIntake:
         if known is None:
             return  # the leg's first frame sets its format
         check_leg_format(frame, known.front_end.sample_rate, known.front_end.encoding)
-        # A pause longer than the timeout closes the call; twice that is no pause, it is corrupt.
-        check_seq_jump(frame, known.reorder.next_seq,
-                       int(2 * self.settings.call_inactivity_timeout_s * 1000 / known.frame_ms))
+        # A pause longer than the timeout closes the call; twice that is no pause, it is corrupt. Unless a
+        # hold the call announced (hold/resume events) spans it: a caller may hold for any length of time.
+        next_ms = known.reorder.next_seq * known.frame_ms
+        pause_ms = 2 * self.settings.call_inactivity_timeout_s * 1000 + call.held_ms_between(
+            next_ms, frame.seq * known.frame_ms)
+        check_seq_jump(frame, known.reorder.next_seq, int(pause_ms / known.frame_ms))
 
     def _consume(self, tp: TopicPartition, offset: int, frame: AudioFrame, call: CallState,
                  consumed_ms: int) -> LegState:

@@ -66,6 +66,11 @@ class CallState:
             return list(self.holds_ms)
         return [*self.holds_ms, (self.held_from_ms, max(self.held_from_ms, call_end_ms))]
 
+    def held_ms_between(self, from_ms: int, to_ms: int) -> int:
+        """Call time in [from_ms, to_ms) that announced holds cover; one still open (its resume not read
+        yet: events and frames are separate topics) covers up to ``to_ms``."""
+        return sum(max(0, min(end, to_ms) - max(start, from_ms)) for start, end in self.hold_intervals(to_ms))
+
     def frames_complete(self) -> bool:
         """The end event came and every leg has received (or holds) the frames it announced."""
         return self.end is not None and not self.frames_missing()

@@ -106,8 +106,8 @@ def read_metric(worker: WorkerProcess, name: str, **labels: str) -> float:
 
 # ---- the paused call (started first, checked last) ----------------------------------------------
 # The hold outlasts the worker's inactivity timeout, so a worker that judged inactivity during a hold would
-# close the call (end_reason "timeout") and drop its second half. Shorter than twice the timeout: a frame
-# further ahead of its leg than that is refused as a corrupt seq (pipeline/worker/frames.py).
+# close the call (end_reason "timeout") and drop its second half. (A hold may also outlast twice the
+# timeout, past which a jump without one is refused as a corrupt seq: tests/worker/test_stage_intake.py.)
 INACTIVITY_TIMEOUT_S = 30
 HOLD_MS = 50_000
 

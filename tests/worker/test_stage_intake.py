@@ -82,6 +82,23 @@ async def test_a_frame_unlike_its_legs_earlier_frames_is_rejected() -> None:
     ]
 
 
+async def test_a_jump_over_an_announced_hold_is_taken_however_long_the_hold() -> None:
+    """Twice the inactivity timeout (40 min by default) is the most a leg may jump without a hold; a hold
+    the call announced may last longer (a caller parked for an hour), and its frames are not corrupt."""
+    intake, registry, _, _ = _intake()
+    await intake.take([(TP, 0, _frame(0))])
+    call = registry.calls["c1"]
+    jump = 60 * 60 * 50  # an hour of 20 ms frames
+    refused = await intake.take([(TP, 1, _frame(jump))])
+    assert [r.error.problem.split(" (")[0] for r in refused.rejected] == [f"seq is {jump - 1} frames ahead of the leg"]
+    call.held_from_ms = 40  # the hold event read; its resume not yet (another topic)
+    assert (await intake.take([(TP, 2, _frame(jump))])).rejected == []
+    call.holds_ms, call.held_from_ms = [(40, jump * 20)], None  # and once it is read, the same
+    assert (await intake.take([(TP, 3, _frame(jump + 1))])).rejected == []
+    far = jump + 60 * 60 * 50  # an hour past the resume with no hold: corrupt again
+    assert len((await intake.take([(TP, 4, _frame(far))])).rejected) == 1
+
+
 async def test_frames_of_partitions_not_owned_are_not_taken() -> None:
     intake, registry, offsets, metrics = _intake()
     registry.on_assigned({("audio", 1)})
