@@ -20,6 +20,7 @@ from aiohttp import web as aioweb
 from pydantic import SecretStr
 
 from pipeline.api import sessions
+from pipeline.api.refusals import ApiRefusals
 from pipeline.api.token_file import MIN_TOKEN_CHARS, TokenFileError, ensure_token_file, token_path
 from pipeline.config import Settings
 
@@ -85,6 +86,7 @@ class ApiAuth:
     session_ttl_s: float = 12 * 3600  # how long a call-page login lasts
     # One per worker, shared by the middleware and the views: the login sessions logged out.
     revocations: sessions.SessionRevocations = field(default_factory=sessions.SessionRevocations, compare=False)
+    refusals: ApiRefusals = field(default_factory=ApiRefusals, compare=False)  # for the worker's /metrics
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ApiAuth:
@@ -164,6 +166,7 @@ def auth_middleware(auth: ApiAuth) -> Callable[[aioweb.Request, Handler], Awaita
             refused = auth.refusal(request.headers.get("Authorization"))
             if refused is not None:
                 status, reason = refused
+                auth.refusals.count("unauthorized" if status == 401 else "unconfigured")
                 headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
                 return aioweb.json_response({"error": reason}, status=status, headers=headers)
         elif is_page_path(request.path) or is_page_path(route):
@@ -171,6 +174,7 @@ def auth_middleware(auth: ApiAuth) -> Callable[[aioweb.Request, Handler], Awaita
             if cookie and auth.mode == "token":  # sessions logged out on other workers
                 await auth.revocations.sync(time.time(), time.monotonic())
             if not auth.page_allowed(cookie, request.headers.get("Authorization"), time.time()):
+                auth.refusals.count("login_required")
                 login = f"/login?{urlencode({'next': request.path_qs})}"
                 return aioweb.Response(status=303, headers={"Location": login, "Cache-Control": "no-store"})
         return await handler(request)

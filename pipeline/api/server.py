@@ -18,6 +18,7 @@ import faust
 from pipeline.api.auth import ApiAuth
 from pipeline.api.paging import CallPage, PageError, next_link
 from pipeline.api.pool import ApiBusyError, QueryPool, ThreadClients
+from pipeline.api.refusals import ApiRefusals
 from pipeline.api.revocations import StoredRevocations
 from pipeline.config import Settings
 from pipeline.store import queries
@@ -66,6 +67,7 @@ def _register_call_views(server: ApiServer) -> None:
         try:
             page = CallPage.from_query(request.query, settings.api_page_size, settings.api_page_max)
         except PageError as exc:
+            server.auth.refusals.count("bad_request")
             return web.json({"error": str(exc)}, status=400)
         link: list[str] = []
 
@@ -75,7 +77,8 @@ def _register_call_views(server: ApiServer) -> None:
             link.extend(filter(None, [next_link(request.path, request.query, page, calls)]))
             return [_jsonable(asdict(r)) for r in calls]
 
-        return await _answer(web, pool.run(read), headers=lambda: {"Link": link[0]} if link else None)
+        return await _answer(web, pool.run(read), server.auth.refusals,
+                             headers=lambda: {"Link": link[0]} if link else None)
 
     @server.app.page("/api/calls/{call_id}")
     async def call_view(web: Any, request: Any, call_id: str) -> Any:
@@ -86,7 +89,7 @@ def _register_call_views(server: ApiServer) -> None:
             return {"summary": _jsonable(asdict(summary)) if summary else None,
                     "transcript": [_jsonable(asdict(line)) for line in lines]}
 
-        return await _answer(web, pool.run(read))
+        return await _answer(web, pool.run(read), server.auth.refusals)
 
 
 def _register_query_view(server: ApiServer) -> None:
@@ -107,18 +110,24 @@ def _register_query_view(server: ApiServer) -> None:
             return {"columns": result.columns, "types": result.types, "rows": _jsonable(result.rows),
                     "truncated": result.truncated}
 
-        return await _answer(web, server.pool.run(run))
+        return await _answer(web, server.pool.run(run), server.auth.refusals)
 
 
-async def _answer(web: Any, work: Awaitable[Any], headers: Callable[[], dict[str, str] | None] = lambda: None) -> Any:
+async def _answer(web: Any, work: Awaitable[Any], refusals: ApiRefusals,
+                  headers: Callable[[], dict[str, str] | None] = lambda: None) -> Any:
     """The view's JSON (with ``headers()`` once it is done), or {"error": one line} with a status that
-    says whose fault it is."""
+    says whose fault it is (counted in ``refusals``)."""
     try:
         result = await work
         return web.json(result, headers=headers())
     except ReadonlyQueryError as exc:
+        refusals.count("query_refused")
         return web.json({"error": str(exc)}, status=exc.status)
-    except (ApiBusyError, StoreError, StoreConnectionError) as exc:
+    except ApiBusyError as exc:
+        refusals.count("busy")
+        return web.json({"error": str(exc)}, status=503)
+    except (StoreError, StoreConnectionError) as exc:
+        refusals.count("store_unavailable")
         return web.json({"error": str(exc)}, status=503)
     except Exception as exc:  # noqa: BLE001 - reported to the caller, not fatal to the worker
         log.warning("API request failed: %s", exc)

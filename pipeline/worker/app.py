@@ -104,6 +104,7 @@ def build_worker(settings: Settings) -> Worker:
         stream_buffer_maxsize=settings.stream_buffer_maxsize,
         broker_max_poll_records=settings.max_poll_records,
         broker_session_timeout=settings.kafka_session_timeout_s,
+        consumer_group_instance_id=settings.worker_instance_id or None,
         consumer_metadata_max_age_ms=round(settings.kafka_metadata_max_age_s * 1000),
         consumer_auto_offset_reset="earliest",
         topic_replication_factor=settings.replication_factor,
@@ -118,6 +119,7 @@ def build_worker(settings: Settings) -> Worker:
     use_worker_consumer(app, settings.fetch_min_bytes, settings.fetch_max_wait_ms)
     serde = Serde.from_settings(settings.schema_registry_url)
     metrics = WorkerMetrics()
+    metrics.registry.register(api_auth.refusals.counter)  # the API's refusals on the worker's /metrics
     store_client = connect(settings.writer_url, settings.clickhouse_database)
     migrate(store_client, settings.clickhouse_database)
     sink = ClickHouseSink(settings.writer_url, settings.clickhouse_database)

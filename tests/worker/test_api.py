@@ -78,6 +78,11 @@ def test_api_needs_the_token_and_refuses_reads_outside_the_project_tables(
     assert (status, body) == (403, {"error": "repeat(): argument 2 is 1,000,000,000; the query API allows at most "
                                              "1,000,000"})
     assert _get(worker, "/router/")[0] == 404  # faust's own pages are not served
+    assert _get(worker, "/api/calls", TOKEN, limit="0")[0] == 400
+    # Each refusal counted by why, on the worker's /metrics.
+    refusals = {reason: worker.metric("callqa_api_refusals_total", reason=reason)
+                for reason in ("unauthorized", "query_refused", "bad_request")}
+    assert refusals == {"unauthorized": 6, "query_refused": 7, "bad_request": 1}
 
 
 @pytest.mark.parametrize(
