@@ -75,6 +75,15 @@ class WorkerSettings(BaseModel):
     kafka_session_timeout_s: float = Field(
         15.0, gt=3, description="A worker silent this long (crashed, killed) loses its partitions to the others (s).",
     )
+    # Static membership (KIP-345): a worker restarted under the same instance id within the session timeout
+    # gets its partitions back with no rebalance, so the other workers' calls never pause for it. Unique per
+    # live worker of a group (a StatefulSet pod's name): a second live worker with the same id fences the first.
+    # With it, set kafka_session_timeout_s above a restart's length; a worker that stays down then keeps its
+    # partitions' calls waiting that long. CALLQA_WORKER_INSTANCE_ID, default empty (dynamic membership).
+    worker_instance_id: str = Field(
+        "", max_length=200, description="The worker's static group membership id (e.g. its pod name); empty: "
+        "every start and stop rebalances the group.",
+    )
     # A worker that joins while the broker does not list its topics yet (a broker just restarted, topics just
     # created) takes an empty assignment, and its consumer only asks again at this metadata age: faust's 5 min
     # default left the chaos test's three workers idle from 08:35:02 to 08:39:46 after a broker restart (and

@@ -1,0 +1,53 @@
+"""Static group membership (CALLQA_WORKER_INSTANCE_ID): a worker restarted under its instance id gets its
+partitions back without a rebalance, so the other workers' calls never pause for it; without one, the
+same restart rebalances them twice (the leave, then the join). Real broker, real worker processes."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka.admin import AdminClient
+
+from pipeline.broker.groups import wait_for_members
+from pipeline.config import Settings
+
+pytestmark = [pytest.mark.broker, pytest.mark.slow]
+
+REBALANCES = "callqa_rebalances_total"
+
+
+@pytest.mark.parametrize("instance_ids", [("worker-a", "worker-b"), ("", "")], ids=["static", "dynamic"])
+def test_a_restart_rebalances_the_other_worker_only_without_an_instance_id(
+    kafka_settings: Settings, start_worker: Any, tmp_path: Path, instance_ids: tuple[str, str]
+) -> None:
+    admin = AdminClient({"bootstrap.servers": kafka_settings.bootstrap})
+
+    def members() -> list[set[int]]:
+        return wait_for_members(admin, kafka_settings.worker_id, kafka_settings.topic_audio,
+                                kafka_settings.audio_partitions, 2, timeout_s=180,
+                                check=lambda: None if a.alive() and b.alive() else pytest.fail("a worker died"))
+
+    # A session timeout longer than a restart: the broker keeps a static member's place that long.
+    a = start_worker(worker_instance_id=instance_ids[0], kafka_session_timeout_s="60",
+                     clickhouse_url=f"chdb://{tmp_path / 'a'}")
+    b = start_worker(worker_instance_id=instance_ids[1], kafka_session_timeout_s="60",
+                     clickhouse_url=f"chdb://{tmp_path / 'b'}")
+    before = sorted(map(sorted, members()))
+    time.sleep(3)  # any rebalance the second join started is over
+    seen = a.metric(REBALANCES)
+
+    b.stop()
+    b.start()
+    after = sorted(map(sorted, members()))
+    deadline = time.monotonic() + 20
+    while b.metric(REBALANCES) < 1 and time.monotonic() < deadline:  # the restarted worker has its partitions
+        time.sleep(0.5)
+    time.sleep(3)
+    if instance_ids[0]:
+        assert a.metric(REBALANCES) == seen, "the other worker was rebalanced by a static member's restart"
+        assert after == before  # each worker kept its partitions
+    else:
+        assert a.metric(REBALANCES) >= seen + 1  # the control: a dynamic member's restart moves everyone
