@@ -45,6 +45,7 @@ from pipeline.worker.allocator import set_mmap_threshold
 from pipeline.worker.calls import CallProcessor
 from pipeline.worker.checkpoint_topic import KafkaCheckpointStore
 from pipeline.worker.dead_letters import describe_error
+from pipeline.worker.frames import RejectedFrame
 from pipeline.worker.health import Component, WorkerHealth, exit_after
 from pipeline.worker.log_repeats import collapse_client_repeats
 from pipeline.worker.metrics import WorkerMetrics
@@ -84,6 +85,22 @@ class Worker:
     processor: CallProcessor
     transcriber: BatcherTranscriber
     sink: ClickHouseSink
+
+
+@dataclass(frozen=True)
+class HeldMessage:
+    """Where a frame held for its partition's checkpoints came from, for its dead letter: its batch's
+    message is gone by then (its raw bytes too: the letter carries the decoded frame's)."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes
+    value: bytes = b""
+
+    @classmethod
+    def of(cls, bad: RejectedFrame) -> HeldMessage:
+        return cls(bad.tp[0], bad.tp[1], bad.offset, bad.frame.call_id.encode())
 
 
 def build_worker(settings: Settings) -> Worker:
@@ -188,7 +205,8 @@ def build_worker(settings: Settings) -> Worker:
                 rejected = await processor.on_frames([((m.topic, m.partition), m.offset, f) for m, f in decoded])
                 by_position = {((m.topic, m.partition), m.offset): m for m, _ in decoded}
                 for bad in rejected:  # each bad frame alone; the rest of the batch went on
-                    await dead_letter(by_position[(bad.tp, bad.offset)], bad.error, bad.frame)
+                    await dead_letter(by_position.get((bad.tp, bad.offset)) or HeldMessage.of(bad), bad.error,
+                                      bad.frame)
             except Exception as exc:  # noqa: BLE001 - a bug, not bad input: fatal (see failed)
                 failed(f"frame batch of {len(decoded)} frames", exc)
 
@@ -218,6 +236,11 @@ def build_worker(settings: Settings) -> Worker:
     @app.timer(interval=1.0)
     async def close_quiet_calls() -> None:
         await processor.tick()
+        try:  # frames held while their partition's checkpoints were read, if no batch took them since
+            for bad in await processor.release_waiting():
+                await dead_letter(HeldMessage.of(bad), bad.error, bad.frame)
+        except Exception as exc:  # noqa: BLE001 - a bug, not bad input: fatal (see failed)
+            failed("frames held for their partition's checkpoints", exc)
         stats = sink.stats
         metrics.store_buffered_rows.set(stats.buffered_rows)
         metrics.store_retries.set(stats.retries)

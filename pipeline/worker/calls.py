@@ -48,6 +48,7 @@ from pipeline.worker.segmentation import LegSegmentation
 from pipeline.worker.state import CallState
 from pipeline.worker.tasks import CallTasks
 from pipeline.worker.transcription import TranscriptionScheduler
+from pipeline.worker.waiting import WaitingFrames
 
 log = logging.getLogger("callqa.worker")
 
@@ -87,6 +88,10 @@ class CallProcessor:
                                        self.scheduler, self.gate, self.outputs, self.tasks)
         self.durability = CallDurability(settings, self.registry, self.offsets, store, sink, self.tasks,
                                          self.metrics)
+        # Frames of partitions whose checkpoints are being read wait here, not in front of every other
+        # partition's (waiting.py); one frame batch at a time, whether the agent or the timer brings it.
+        self.waiting = WaitingFrames(self.registry.loading)
+        self._frames_lock = asyncio.Lock()
 
     # ---- state the app, health checks and tests look at ----------------------------------------
     @property
@@ -133,6 +138,22 @@ class CallProcessor:
             if len(fresh) < len(frames):
                 self.metrics.frames_dropped.labels("read_before_rebalance").inc(len(frames) - len(fresh))
             frames = fresh
+        if any(self.registry.loading(tp[1]) for tp, _, _ in frames):
+            await asyncio.sleep(0)  # a read that needs no waiting (in memory) ends here: nothing to hold
+        async with self._frames_lock:
+            return await self._take(self.waiting.admit(frames))
+
+    async def release_waiting(self) -> list[RejectedFrame]:
+        """Frames held while their partition's checkpoints were read, once read, when no new batch came to
+        take them (the worker's timer calls this); returns those rejected, as ``on_frames`` does."""
+        if not self.waiting.ready():
+            return []
+        async with self._frames_lock:
+            return await self._take(self.waiting.admit([]))
+
+    async def _take(self, frames: Sequence[tuple[TopicPartition, int, AudioFrame]]) -> list[RejectedFrame]:
+        if not frames:
+            return []
         batch = await self.intake.take(frames)
         for closed in self.segmentation.segment(batch.legs):
             await self.scheduler.submit(closed, batch.consumed_ms)
@@ -227,6 +248,7 @@ class CallProcessor:
             self.on_revoked(tps)
             return
         partitions = {p for _, p in tps}
+        self.waiting.drop(partitions)  # not consumed: fetched again from the last commit
         self.registry.suspend(partitions, self.registry.stop_ending(partitions))
 
     def on_revoked(self, tps: set[TopicPartition]) -> None:
@@ -234,6 +256,7 @@ class CallProcessor:
         checkpoints), and their positions, holds, clocks and checkpoints are forgotten. The caller makes
         durable and commits what it can first (``make_durable``); nothing of these is committed after."""
         partitions = {p for _, p in tps}
+        self.waiting.drop(partitions)
         self.registry.suspended -= partitions
         self.registry.drop_partitions(partitions)
         self.durability.forget_partitions(partitions)

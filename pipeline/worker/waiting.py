@@ -1,0 +1,53 @@
+"""Frames of partitions whose checkpoints are still being read, held back so that such a partition
+stalls only itself.
+
+On an assignment the worker reads each new audio partition's checkpoints before any of its calls opens
+(registry.py). The audio agent is one loop over all partitions: a frame of such a partition used to wait
+there for the read, and every other partition's frames waited behind it. Now its frames are held here, in
+order, while the others go on; once the read is done they go first, before any newer frame of theirs.
+They are not consumed while held (no offset moves past them), so a rebalance meanwhile simply drops them:
+they are fetched again from the last commit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+
+from pipeline.contracts.messages import AudioFrame
+from pipeline.worker.offsets import TopicPartition
+
+Frame = tuple[TopicPartition, int, AudioFrame]
+
+
+class WaitingFrames:
+    """``loading(partition)``: whether that partition's checkpoints are being read now."""
+
+    def __init__(self, loading: Callable[[int], bool]) -> None:
+        self.loading = loading
+        self._held: dict[int, list[Frame]] = {}
+
+    def admit(self, frames: Sequence[Frame]) -> list[Frame]:
+        """The frames to take now, in order: those held for partitions now read, then ``frames`` but those
+        of partitions still being read (or with frames held before them), which are held."""
+        out: list[Frame] = []
+        for partition in [p for p in self._held if not self.loading(p)]:
+            out += self._held.pop(partition)
+        for frame in frames:
+            partition = frame[0][1]
+            if partition in self._held or self.loading(partition):
+                self._held.setdefault(partition, []).append(frame)
+            else:
+                out.append(frame)
+        return out
+
+    def ready(self) -> bool:
+        """Some held frames may be taken now."""
+        return any(not self.loading(p) for p in self._held)
+
+    def drop(self, partitions: Iterable[int]) -> None:
+        """Partitions revoked: their held frames are fetched again from the last commit."""
+        for partition in partitions:
+            self._held.pop(partition, None)
+
+    def __len__(self) -> int:
+        return sum(len(held) for held in self._held.values())

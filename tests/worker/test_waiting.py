@@ -1,0 +1,79 @@
+"""A partition whose checkpoints are being read stalls only itself (pipeline/worker/waiting.py): its
+frames wait, in order, while the other partitions' frames go on; once read they go first. Kafka-free:
+the call core with a checkpoint store whose read of one partition blocks until the test lets it go."""
+
+from __future__ import annotations
+
+import asyncio
+
+from pipeline.asr.engine import LegFrontEnd
+from pipeline.config import Settings
+from pipeline.contracts.messages import AudioFrame, CallCheckpoint
+from pipeline.qa.call import QaConfig
+from pipeline.worker.calls import CallProcessor
+from pipeline.worker.checkpoints import MemoryCheckpointStore
+from pipeline.worker.memory import MemoryPorts
+
+from .test_checkpoints import AudioNamedTranscriber
+
+SILENCE = b"\xff" * 160
+
+
+class SlowPartitionStore(MemoryCheckpointStore):
+    """Reads partition ``slow`` only once ``release`` is set (a big or far checkpoint topic partition)."""
+
+    def __init__(self, slow: int) -> None:
+        super().__init__()
+        self.slow = slow
+        self.release = asyncio.Event()
+
+    async def load(self, partition: int) -> dict[str, CallCheckpoint]:
+        if partition == self.slow:
+            await self.release.wait()
+        return await super().load(partition)
+
+
+def frames(partition: int, call_id: str, seqs: range) -> list[tuple[tuple[str, int], int, AudioFrame]]:
+    return [(("audio", partition), seq, AudioFrame(call_id, "agent", seq, seq * 20, 8000, "mulaw", SILENCE))
+            for seq in seqs]
+
+
+async def test_frames_of_a_partition_still_reading_its_checkpoints_wait_and_the_others_go_on() -> None:
+    settings = Settings(topic_audio="audio", topic_call_events="events")
+    store, ports = SlowPartitionStore(slow=1), MemoryPorts()
+    processor = CallProcessor(settings, AudioNamedTranscriber(), ports, ports,  # type: ignore[arg-type]
+                              lambda rate, enc: LegFrontEnd(rate, enc, settings), QaConfig.from_settings(settings),
+                              checkpoints=store)
+    processor.on_assigned({("audio", 0), ("audio", 1), ("events", 0), ("events", 1)})
+    await asyncio.sleep(0)  # partition 0's read is done; partition 1's waits
+
+    mixed = [f for pair in zip(frames(1, "slow-call", range(0, 10)), frames(0, "fast-call", range(0, 10)),
+                               strict=True) for f in pair]
+    rejected = await asyncio.wait_for(processor.on_frames(mixed), 5)  # it used to wait for partition 1's read
+    assert rejected == [] and len(processor.waiting) == 10
+    assert "slow-call" not in processor.calls and processor.calls["fast-call"].legs["agent"].frames_released == 10
+    assert ("audio", 1) not in processor.offsets.committable()  # held frames are not consumed
+
+    more = await processor.on_frames(frames(1, "slow-call", range(10, 15)) + frames(0, "fast-call", range(10, 15)))
+    assert more == [] and len(processor.waiting) == 15  # behind the held ones, in order
+    assert await processor.release_waiting() == []  # still reading: nothing to take
+    store.release.set()
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert await processor.release_waiting() == [] and len(processor.waiting) == 0
+    leg = processor.calls["slow-call"].legs["agent"]
+    assert leg.frames_released == 15 and leg.reorder.next_seq == 15  # all of them, in order, none dropped
+    assert processor.offsets.committable()[("audio", 1)] == 0  # the open call holds its first frame
+
+
+async def test_a_revoked_partition_drops_its_held_frames_to_read_them_again() -> None:
+    settings = Settings(topic_audio="audio", topic_call_events="events", keep_calls_on_rebalance=False)
+    store, ports = SlowPartitionStore(slow=1), MemoryPorts()
+    processor = CallProcessor(settings, AudioNamedTranscriber(), ports, ports,  # type: ignore[arg-type]
+                              lambda rate, enc: LegFrontEnd(rate, enc, settings), QaConfig.from_settings(settings),
+                              checkpoints=store)
+    processor.on_assigned({("audio", 1), ("events", 1)})
+    await processor.on_frames(frames(1, "slow-call", range(0, 5)))
+    assert len(processor.waiting) == 5
+    processor.on_revoking({("audio", 1), ("events", 1)})
+    assert len(processor.waiting) == 0
