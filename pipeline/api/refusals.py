@@ -18,11 +18,3 @@ class ApiRefusals:
 
     def count(self, reason: str) -> None:
         self.counter.labels(reason).inc()
-
-    def value(self, reason: str) -> float:
-        """The count of ``reason`` so far (tests)."""
-        for metric in self.counter.collect():
-            for sample in metric.samples:
-                if sample.name == "callqa_api_refusals_total" and sample.labels.get("reason") == reason:
-                    return float(sample.value)
-        return 0.0

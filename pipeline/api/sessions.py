@@ -84,9 +84,6 @@ class SessionRevocations:
     def is_revoked(self, nonce: str) -> bool:
         return nonce in self._expiry
 
-    def __len__(self) -> int:
-        return len(self._expiry)
-
     async def revoke(self, nonce: str, expires_s: int, now_s: float) -> None:
         """Refuse the session from now on, here at once and, once saved, on every worker of the store."""
         self._expiry[nonce] = expires_s

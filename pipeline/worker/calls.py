@@ -90,7 +90,7 @@ class CallProcessor:
                                          self.metrics)
         # Frames of partitions whose checkpoints are being read wait here, not in front of every other
         # partition's (waiting.py); one frame batch at a time, whether the agent or the timer brings it.
-        self.waiting = WaitingFrames(self.registry.loading)
+        self.waiting = WaitingFrames()
         self._frames_lock = asyncio.Lock()
 
     # ---- state the app, health checks and tests look at ----------------------------------------
@@ -138,18 +138,19 @@ class CallProcessor:
             if len(fresh) < len(frames):
                 self.metrics.frames_dropped.labels("read_before_rebalance").inc(len(frames) - len(fresh))
             frames = fresh
-        if any(self.registry.loading(tp[1]) for tp, _, _ in frames):
+        loading = self.registry.loading_partitions()
+        if loading and any(tp[1] in loading for tp, _, _ in frames):
             await asyncio.sleep(0)  # a read that needs no waiting (in memory) ends here: nothing to hold
         async with self._frames_lock:
-            return await self._take(self.waiting.admit(frames))
+            return await self._take(self.waiting.admit(frames, self.registry.loading_partitions()))
 
     async def release_waiting(self) -> list[RejectedFrame]:
         """Frames held while their partition's checkpoints were read, once read, when no new batch came to
         take them (the worker's timer calls this); returns those rejected, as ``on_frames`` does."""
-        if not self.waiting.ready():
+        if not self.waiting.ready(self.registry.loading_partitions()):
             return []
         async with self._frames_lock:
-            return await self._take(self.waiting.admit([]))
+            return await self._take(self.waiting.admit([], self.registry.loading_partitions()))
 
     async def _take(self, frames: Sequence[tuple[TopicPartition, int, AudioFrame]]) -> list[RejectedFrame]:
         if not frames:

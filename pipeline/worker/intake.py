@@ -156,10 +156,11 @@ class FrameIntake:
         check_leg_format(frame, known.front_end.sample_rate, known.front_end.encoding)
         # A pause longer than the timeout closes the call; twice that is no pause, it is corrupt. Unless a
         # hold the call announced (hold/resume events) spans it: a caller may hold for any length of time.
-        next_ms = known.reorder.next_seq * known.frame_ms
-        pause_ms = 2 * self.settings.call_inactivity_timeout_s * 1000 + call.held_ms_between(
-            next_ms, frame.seq * known.frame_ms)
-        check_seq_jump(frame, known.reorder.next_seq, int(pause_ms / known.frame_ms))
+        next_seq = known.reorder.next_seq
+        max_gap = int(2 * self.settings.call_inactivity_timeout_s * 1000 / known.frame_ms)
+        if frame.seq - next_seq > max_gap:  # only then are the holds looked at: not on every frame
+            max_gap += call.held_ms_between(next_seq * known.frame_ms, frame.seq * known.frame_ms) // known.frame_ms
+        check_seq_jump(frame, next_seq, max_gap)
 
     def _consume(self, tp: TopicPartition, offset: int, frame: AudioFrame, call: CallState,
                  consumed_ms: int) -> LegState:

@@ -195,10 +195,9 @@ class CallRegistry:
         floor = self.replay_floor.get(tp)
         return floor is not None and offset < floor
 
-    def loading(self, partition: int) -> bool:
-        """The checkpoints of ``partition`` are being read now (an assignment announced it)."""
-        task = self._loading.get(partition)
-        return task is not None and not task.done()
+    def loading_partitions(self) -> set[int]:
+        """The partitions whose checkpoints are being read now (an assignment announced them)."""
+        return {partition for partition, task in self._loading.items() if not task.done()}
 
     async def _resume_points_ready(self, partition: int) -> None:
         """Wait until the checkpoints of ``partition`` are read (read now if no assignment announced it)."""

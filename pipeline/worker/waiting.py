@@ -11,7 +11,7 @@ they are fetched again from the last commit.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence, Set
 
 from pipeline.contracts.messages import AudioFrame
 from pipeline.worker.offsets import TopicPartition
@@ -20,29 +20,29 @@ Frame = tuple[TopicPartition, int, AudioFrame]
 
 
 class WaitingFrames:
-    """``loading(partition)``: whether that partition's checkpoints are being read now."""
-
-    def __init__(self, loading: Callable[[int], bool]) -> None:
-        self.loading = loading
+    def __init__(self) -> None:
         self._held: dict[int, list[Frame]] = {}
 
-    def admit(self, frames: Sequence[Frame]) -> list[Frame]:
-        """The frames to take now, in order: those held for partitions now read, then ``frames`` but those
-        of partitions still being read (or with frames held before them), which are held."""
+    def admit(self, frames: Sequence[Frame], loading: Set[int]) -> list[Frame]:
+        """The frames to take now, in order: those held for partitions no longer ``loading`` (their
+        checkpoints read), then ``frames`` but those of partitions still loading (or with frames held
+        before them), which are held."""
+        if not self._held and not loading:  # the usual case: nothing to hold back
+            return list(frames)
         out: list[Frame] = []
-        for partition in [p for p in self._held if not self.loading(p)]:
+        for partition in [p for p in self._held if p not in loading]:
             out += self._held.pop(partition)
         for frame in frames:
             partition = frame[0][1]
-            if partition in self._held or self.loading(partition):
+            if partition in self._held or partition in loading:
                 self._held.setdefault(partition, []).append(frame)
             else:
                 out.append(frame)
         return out
 
-    def ready(self) -> bool:
+    def ready(self, loading: Set[int]) -> bool:
         """Some held frames may be taken now."""
-        return any(not self.loading(p) for p in self._held)
+        return any(p not in loading for p in self._held)
 
     def drop(self, partitions: Iterable[int]) -> None:
         """Partitions revoked: their held frames are fetched again from the last commit."""
