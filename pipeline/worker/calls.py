@@ -249,7 +249,9 @@ class CallProcessor:
             self.on_revoked(tps)
             return
         partitions = {p for _, p in tps}
-        self.waiting.drop(partitions)  # not consumed: fetched again from the last commit
+        # Frames held for a partition's checkpoints stay: if it stays here they go first, before newer frames
+        # of it fetched before the rebalance (those would otherwise open its calls past the held ones, whose
+        # audio, read again from the commit, came too late: silence); if it moves, on_revoked drops them.
         self.registry.suspend(partitions, self.registry.stop_ending(partitions))
 
     def on_revoked(self, tps: set[TopicPartition]) -> None:

@@ -110,6 +110,8 @@ class FrameIntake:
                 batch.rejected.append(self._reject(tp, offset, frame, exc))
                 continue
             call = await self.registry.call_for(frame.call_id, tp)
+            if not self.registry.owns(tp):
+                continue  # revoked while this batch waited: not consumed here, its next owner reads it
             if call is None or call.finishing:
                 self.offsets.consumed(tp, offset, None)
                 self.metrics.frames_dropped.labels("after_call_end").inc()

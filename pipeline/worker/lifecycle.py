@@ -55,6 +55,8 @@ class CallLifecycle:
         if not self.registry.owns(tp):
             return
         call = await self.registry.call_for(event.call_id, tp)
+        if not self.registry.owns(tp):
+            return  # revoked while this waited: not consumed here, its next owner reads it
         if call is None or call.finishing:
             self.offsets.consumed(tp, offset, None)
             return

@@ -68,13 +68,16 @@ class CallRegistry:
         return self.owned is None or tp[1] in self.owned
 
     async def call_for(self, call_id: str, tp: TopicPartition) -> CallState | None:
-        """The open call ``call_id`` (resumed from its checkpoint, or new), or None once it is finished."""
+        """The open call ``call_id`` (resumed from its checkpoint, or new), or None once it is finished (or
+        its partition was revoked while this waited for the partition's checkpoints: check ``owns``)."""
         call = self.calls.get(call_id)
         if call is not None:
             return call
         if call_id in self.finished:
             return None
         await self._resume_points_ready(tp[1])
+        if not self.owns(tp):
+            return None  # revoked while this waited: its next owner opens the call (the caller consumes nothing)
         # The audio and the events agent both run this; the other may have opened the call while this
         # one waited for the partition's checkpoints, so look again (no await from here on).
         call = self.calls.get(call_id)
@@ -174,6 +177,14 @@ class CallRegistry:
             self.awaiting_release.remove(call)
             self.finished.pop(call.call_id, None)
             hit.add(call.audio_tp[1])  # type: ignore[index]
+        # Their checkpoints were used up when they opened: read the partitions' checkpoints again at the
+        # assignment, so a stopped call reopens from its checkpoint (where the commit replays it from), not
+        # new from there with its first part missing. Calls still open there stay as they are.
+        for partition in hit:
+            self.resume_points.pop(partition, None)
+            loading = self._loading.pop(partition, None)
+            if loading is not None:
+                loading.cancel()
         return hit
 
     def settle_assignment(self, tps: set[TopicPartition], consumed: dict[TopicPartition, int]) -> set[int]:
@@ -204,7 +215,14 @@ class CallRegistry:
         loading = self._loading.get(partition)
         if loading is None:
             loading = self._loading[partition] = asyncio.create_task(self._load_resume_points(partition))
-        await asyncio.shield(loading)
+        try:
+            await asyncio.shield(loading)
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if not loading.cancelled() or (current is not None and current.cancelling()):
+                raise
+            # The read was cancelled because the partition was revoked (drop_partitions): not an error of
+            # the batch that waited for it; the caller sees the partition is no longer owned.
 
     async def _load_resume_points(self, partition: int) -> None:
         points = await self.checkpoints.load(partition)

@@ -5,8 +5,10 @@ On an assignment the worker reads each new audio partition's checkpoints before 
 (registry.py). The audio agent is one loop over all partitions: a frame of such a partition used to wait
 there for the read, and every other partition's frames waited behind it. Now its frames are held here, in
 order, while the others go on; once the read is done they go first, before any newer frame of theirs.
-They are not consumed while held (no offset moves past them), so a rebalance meanwhile simply drops them:
-they are fetched again from the last commit.
+They are not consumed while held (no offset moves past them). A rebalance that moves the partition drops
+them: its next owner reads them from the last commit. One that keeps it keeps them, in order: newer frames
+of the partition fetched before the rebalance may still come, and must not overtake them (a call opened
+at a later frame would take its earlier audio, read again from the commit, as late: silence).
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ class WaitingFrames:
         return any(p not in loading for p in self._held)
 
     def drop(self, partitions: Iterable[int]) -> None:
-        """Partitions revoked: their held frames are fetched again from the last commit."""
+        """Partitions moved to another worker: their held frames are its to read, from the last commit."""
         for partition in partitions:
             self._held.pop(partition, None)
 

@@ -116,16 +116,23 @@ async def test_a_rebalance_keeps_the_calls_of_partitions_that_come_back_and_drop
 
 
 async def test_a_call_still_ending_at_a_revocation_is_stopped_and_its_partition_is_read_again() -> None:
-    registry, _, _ = _registry()
+    store = MemoryCheckpointStore()
+    segment = CheckpointSegment("c3/agent/000000000", "agent", 0, 900, "hello")
+    await (await store.save(3, "c3", CallCheckpoint("c3", "open", segments=[segment], segments_done=1)))
+    registry, _, _ = _registry(store)
     registry.on_assigned({AUDIO, EVENTS})
     ending = await registry.call_for("c3", AUDIO)
-    assert ending is not None
+    assert ending is not None and ending.segments_done == 1
     ending.finishing = True
     registry.suspend({3}, registry.stop_ending({3}))
     assert not registry.calls and "c3" not in registry.finished
     registry.settle_assignment({AUDIO, EVENTS}, {AUDIO: 120, EVENTS: 7})
-    # Its input must reach the call again (reopened from its checkpoint): no replay floor there.
+    registry.on_assigned({AUDIO, EVENTS})
+    # Its input must reach the call again: no replay floor there, and it reopens from its checkpoint (read
+    # again: the first read was used up when it opened), not as a new call whose first seconds are gone.
     assert not registry.replayed(AUDIO, 0) and not registry.replayed(EVENTS, 0)
+    reopened = await registry.call_for("c3", AUDIO)
+    assert reopened is not None and reopened is not ending and reopened.segments_done == 1
 
 
 async def test_a_resumed_call_keeps_its_holds_through_the_checkpoint_topics_encoding() -> None:
@@ -146,3 +153,23 @@ async def test_a_resumed_call_keeps_its_holds_through_the_checkpoint_topics_enco
     # Their events are behind the commit once the checkpoint is durable: only the checkpoint brings them back.
     assert call is not None and call.holds_ms == [(10_000, 40_000)] and call.held_from_ms == 70_000
     assert call.resumed_at_ms == 1_700_000_040_000 and call.hold_intervals(90_000) == [(10_000, 40_000), (70_000, 90_000)]
+
+
+async def test_a_partition_revoked_while_its_checkpoints_are_read_opens_no_call() -> None:
+    # A batch that waited for the read must not open (and so consume and later commit) a call of a
+    # partition this worker no longer owns: its next owner reads that input from the commit.
+    gate = asyncio.Event()
+
+    class SlowStore(MemoryCheckpointStore):
+        async def load(self, partition: int) -> dict[str, CallCheckpoint]:
+            await gate.wait()
+            return await super().load(partition)
+
+    registry, _, _ = _registry(SlowStore())
+    registry.on_assigned({AUDIO, EVENTS, ("audio", 4), ("events", 4)})
+    waiting = asyncio.create_task(registry.call_for("c3", AUDIO))
+    await asyncio.sleep(0)
+    registry.on_assigned({("audio", 4), ("events", 4)})  # partition 3 is someone else's now
+    registry.drop_partitions({3})
+    gate.set()
+    assert await waiting is None and not registry.calls and "c3" not in registry.finished

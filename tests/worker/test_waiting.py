@@ -77,3 +77,44 @@ async def test_a_revoked_partition_drops_its_held_frames_to_read_them_again() ->
     assert len(processor.waiting) == 5
     processor.on_revoking({("audio", 1), ("events", 1)})
     assert len(processor.waiting) == 0
+
+
+async def test_held_frames_of_a_partition_kept_through_a_rebalance_go_before_its_newer_frames() -> None:
+    # The chaos test's lost call: frames held while partition 1's checkpoints were read were dropped on the
+    # revocation; the partition stayed, a batch of newer frames fetched before the rebalance came first and
+    # opened the call there (its first seconds became silence), and the older frames, read again from the
+    # commit, came too late. Held frames now stay, in order, until the partition moves.
+    settings = Settings(topic_audio="audio", topic_call_events="events")  # calls are kept on a rebalance
+    store, ports = SlowPartitionStore(slow=1), MemoryPorts()
+    processor = CallProcessor(settings, AudioNamedTranscriber(), ports, ports,  # type: ignore[arg-type]
+                              lambda rate, enc: LegFrontEnd(rate, enc, settings), QaConfig.from_settings(settings),
+                              checkpoints=store)
+    tps = {("audio", 1), ("events", 1)}
+    processor.on_assigned(tps)
+    await processor.on_frames(frames(1, "slow-call", range(0, 30)))  # more than the jitter buffer's window
+    assert len(processor.waiting) == 30
+    processor.on_revoking(tps)
+    store.release.set()
+    await asyncio.sleep(0)
+    processor.on_assigned(tps)  # the partition stayed
+    assert await processor.on_frames(frames(1, "slow-call", range(30, 40))) == []  # fetched before the rebalance
+    assert await processor.on_frames(frames(1, "slow-call", range(0, 40))) == []  # read again from the commit
+    leg = processor.calls["slow-call"].legs["agent"]
+    assert leg.frames_released == 40 and leg.reorder.stats.late == 0 and leg.reorder.stats.gaps_filled == 0
+    assert processor.offsets.committable()[("audio", 1)] == 0  # the call holds its first frame
+
+
+async def test_held_frames_of_a_partition_that_moves_are_dropped() -> None:
+    settings = Settings(topic_audio="audio", topic_call_events="events")
+    store, ports = SlowPartitionStore(slow=1), MemoryPorts()
+    processor = CallProcessor(settings, AudioNamedTranscriber(), ports, ports,  # type: ignore[arg-type]
+                              lambda rate, enc: LegFrontEnd(rate, enc, settings), QaConfig.from_settings(settings),
+                              checkpoints=store)
+    processor.on_assigned({("audio", 1), ("events", 1), ("audio", 2), ("events", 2)})
+    await processor.on_frames(frames(1, "slow-call", range(0, 5)))
+    processor.on_revoking({("audio", 1), ("events", 1), ("audio", 2), ("events", 2)})
+    processor.on_assigned({("audio", 2), ("events", 2)})  # partition 1 moved
+    assert len(processor.waiting) == 0
+    store.release.set()
+    await asyncio.sleep(0)
+    assert await processor.release_waiting() == [] and "slow-call" not in processor.calls
