@@ -42,9 +42,10 @@ class CallPage:
         return cls(limit, decode_cursor(cursor) if cursor else None)
 
 
-def encode_cursor(call: CallSummary) -> str:
-    ms = round(call.started_at.timestamp() * 1000)
-    return base64.urlsafe_b64encode(f"{ms}:{call.call_id}".encode()).decode().rstrip("=")
+def encode_cursor(started_at: datetime, call_id: str) -> str:
+    """The cursor naming a call of the list (its place in the list's order); the API and the pages share it."""
+    ms = round(started_at.timestamp() * 1000)
+    return base64.urlsafe_b64encode(f"{ms}:{call_id}".encode()).decode().rstrip("=")
 
 
 def decode_cursor(cursor: str) -> tuple[datetime, str]:
@@ -61,5 +62,5 @@ def next_link(path: str, query: Mapping[str, str], page: CallPage, calls: list[C
     if len(calls) < page.limit:
         return None
     params = {**{k: v for k, v in query.items() if k not in ("after", "limit")},
-              "limit": str(page.limit), "after": encode_cursor(calls[-1])}
+              "limit": str(page.limit), "after": encode_cursor(calls[-1].started_at, calls[-1].call_id)}
     return f'<{path}?{urllib.parse.urlencode(params)}>; rel="next"'

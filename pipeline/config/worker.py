@@ -184,6 +184,11 @@ class WorkerSettings(BaseModel):
         5.0, ge=0, description="How stale (s) a worker's list of sessions logged out on other workers may be; "
         "0: read on every page request.",
     )
+    # CALLQA_WEB_PAGE_SIZE, default 100: the /calls page shows this many calls, newest first, and links the
+    # older ones (a keyset cursor, as /api/calls pages): a page costs the same at any depth.
+    web_page_size: int = Field(
+        100, ge=1, le=1000, description="Calls one /calls page lists (newest first); an 'older calls' link pages on.",
+    )
     api_page_size: int = Field(
         100, ge=1, description="Calls /api/calls answers when the request names no ?limit=.",
     )

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from typing import Any, Protocol
 
+from pipeline.api.paging import PageError, decode_cursor
+
 
 class RowSource(Protocol):
     def rows(self, sql: str, params: dict[str, Any]) -> list[dict[str, Any]]: ...
@@ -44,6 +46,8 @@ class ListFilters:
     # `callqa report --html`'s own filters (--since, --call); not in the page's form.
     since: datetime | None = None
     call_id: str | None = None
+    # The page's place in the list: after this call (started_at, call_id), from the "older calls" link.
+    after: tuple[datetime, str] | None = None
 
     @classmethod
     def from_query(cls, query: Mapping[str, str]) -> ListFilters:
@@ -65,11 +69,18 @@ class ListFilters:
             except ValueError:
                 raise FilterError(f"{name} must be a date (YYYY-MM-DD), not {value!r}") from None
 
+        def cursor() -> tuple[datetime, str] | None:
+            value = text("after")
+            try:
+                return None if value is None else decode_cursor(value)
+            except PageError as exc:
+                raise FilterError(str(exc)) from None
+
         return cls(text("agent"), text("queue"), number("score_min"), number("score_max"), text("failed"),
-                   day("date_from"), day("date_to"))
+                   day("date_from"), day("date_to"), after=cursor())
 
     def as_query(self) -> dict[str, str]:
-        """The filters that are set, as query parameters (the inverse of ``from_query``)."""
+        """The filters that are set, as query parameters (the inverse of ``from_query``, without the page)."""
         values = {"agent": self.agent, "queue": self.queue, "score_min": self.score_min,
                   "score_max": self.score_max, "failed": self.failed, "date_from": self.date_from,
                   "date_to": self.date_to}
@@ -99,6 +110,11 @@ class ListFilters:
         if self.call_id is not None:
             where.append("c.call_id = {call_id:String}")
             params["call_id"] = self.call_id
+        if self.after is not None:  # keyset: the calls after this one in the list's order (see LIST_SQL)
+            where.append("(c.started_at < {after_t:DateTime64(3, 'UTC')} OR "
+                         "(c.started_at = {after_t:DateTime64(3, 'UTC')} AND c.call_id > {after_c:String}))")
+            params["after_t"] = self.after[0].astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+            params["after_c"] = self.after[1]
         if self.date_from is not None:
             where.append("c.started_at >= {date_from:DateTime64(3, 'UTC')}")
             params["date_from"] = f"{self.date_from.isoformat()} 00:00:00"

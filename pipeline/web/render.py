@@ -19,6 +19,7 @@ from pathlib import Path
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
+from pipeline.api.paging import encode_cursor
 from pipeline.web import timeline
 from pipeline.web.data import (
     CallPage,
@@ -164,12 +165,17 @@ class PageContext:
 
 
 def render_call_list(calls: list[CallRow], context: PageContext, filters: ListFilters | None = None,
-                     options: FilterOptions | None = None, error: str | None = None, limit: int = 0) -> str:
+                     options: FilterOptions | None = None, error: str | None = None, page_size: int = 0) -> str:
+    """The list; with ``page_size`` (the worker's pages) a full page links the calls after its last one."""
     filters = filters or ListFilters()
     options = options or FilterOptions((), (), ())
+    query = filters.as_query()
+    older = None
+    if page_size and len(calls) >= page_size:
+        older = context.links.calls({**query, "after": encode_cursor(calls[-1].started_at, calls[-1].call_id)})
     return environment().get_template("calls.html").render(
         calls=calls, links=context.links, logged_in=context.logged_in, filters=filters, options=options,
-        query=filters.as_query(), error=error, limit=limit,
+        query=query, error=error, older=older, paged=filters.after is not None,
     )
 
 

@@ -51,8 +51,6 @@ PAGE_HEADERS = {
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-store",  # a transcript, redacted or not, stays out of shared caches
 }
-LIST_LIMIT = 500
-
 FORWARDED_HTTPS = re.compile(r'(?:^|[;,\s])proto="?https"?(?:$|[;,\s])', re.IGNORECASE)  # RFC 7239
 
 
@@ -167,9 +165,9 @@ def register_web_views(server: ApiServer) -> None:
             return html(render_call_list([], context, ListFilters(), None, error=str(exc)), 400)
 
         def render(source: ClientRows) -> aioweb.Response:
-            calls = read_call_list(source, db, filters, LIST_LIMIT)
+            calls = read_call_list(source, db, filters, settings.web_page_size)
             options = read_filter_options(source, db)
-            return html(render_call_list(calls, context, filters, options, limit=LIST_LIMIT))
+            return html(render_call_list(calls, context, filters, options, page_size=settings.web_page_size))
 
         return await on_pool(render)
 

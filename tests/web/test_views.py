@@ -178,6 +178,43 @@ async def test_api_calls_answers_in_pages_with_a_next_link_and_refuses_a_page_to
         assert forged.status == 400 and "cursor" in (await forged.json())["error"]
 
 
+async def test_the_calls_page_lists_a_page_at_a_time_and_links_the_older_calls(
+    serve: Callable[..., Any], filled: FilledStore
+) -> None:
+    import html as html_lib
+    import re
+
+    bearer = {"Authorization": f"Bearer {TOKEN}"}
+    newest_first = [c for c, _ in sorted(filled.started.items(), key=lambda kv: (-kv[1].timestamp(), kv[0]))]
+    async for client in serve(web_page_size=2):
+        seen: list[str] = []
+        url: str | None = "/calls"
+        pages = 0
+        while url is not None:
+            page = await client.get(url, headers=bearer)
+            body = await page.text()
+            assert page.status == 200
+            listed = re.findall(r'<td><a href="/calls/([^"]+)">', body)
+            assert 1 <= len(listed) <= 2
+            seen += listed
+            pages += 1
+            older = re.search(r'<a id="older" href="([^"]+)">', body)
+            url = html_lib.unescape(older.group(1)) if older else None
+            assert (pages > 1) == ("older than the page before" in body)
+        assert seen == newest_first and pages == 2  # each call once, in the list's order
+        none = await (await client.get("/calls?queue=no-such-queue", headers=bearer)).text()
+        assert 'id="older"' not in none and "No calls match these filters" in none
+        bad = await client.get("/calls?after=not-a-cursor!", headers=bearer)
+        assert bad.status == 400 and "cursor" in await bad.text()
+    async for client in serve(web_page_size=1):  # the filters ride along the link
+        agent_1 = [c for c in newest_first if c in ("call-good", "call-open")]
+        first = await (await client.get("/calls?agent=agent-1", headers=bearer)).text()
+        link = html_lib.unescape(re.search(r'<a id="older" href="([^"]+)">', first).group(1))  # type: ignore[union-attr]
+        second = await (await client.get(link, headers=bearer)).text()
+        assert "agent=agent-1" in link and "<option selected>agent-1</option>" in second
+        assert [re.findall(r'<td><a href="/calls/([^"]+)">', p) for p in (first, second)] == [[c] for c in agent_1]
+
+
 async def test_the_session_cookie_is_secure_behind_a_tls_proxy(serve: Callable[..., Any]) -> None:
     async for client in serve():
         for headers, secure in (({}, False), ({"X-Forwarded-Proto": "https"}, True),
