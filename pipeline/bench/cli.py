@@ -250,6 +250,47 @@ def bench_chaos(
     _wrote(paths)
 
 
+@bench_app.command("soak")
+def bench_soak(
+    minutes: Annotated[float, typer.Option(help="Live traffic after the warm-up (min).")] = 60.0,
+    calls: Annotated[int, typer.Option(help="Concurrent calls (0: 70 % of what the latest bench live --search "
+                                            "held).")] = 0,
+    workers: Annotated[int, typer.Option(help="Workers of the consumer group: the first runs throughout, the "
+                                              "others are restarted in turn.")] = 2,
+    restart_every_s: Annotated[float, typer.Option(help="A worker is stopped (SIGTERM) and started again this "
+                                                        "often (s).")] = 300.0,
+    interval_s: Annotated[float, typer.Option(help="One row of the time series this often (s).")] = 60.0,
+    warmup_s: Annotated[float, typer.Option(help="Traffic before the measured time (s).")] = 60.0,
+    cores: Annotated[str, typer.Option(help="CPU list shared out among the workers (taskset), e.g. 0-1; "
+                                            "default: not pinned.")] = "",
+    seed: Annotated[int, typer.Option(help="Traffic seed.")] = 1,
+    out: Out = None,
+) -> None:
+    """Long live load with rolling restarts: does memory, latency or any topic grow?
+
+    Live traffic (70 % of the found capacity by default) for --minutes through 2 workers, one restarted every 5 minutes; every minute each worker's RSS, open files and threads, the finals' P99, the lag, the checkpoint topic and the topics' bytes on disk. Met when the long-lived worker's RSS grows <= 5 %, the P99 of the last ten minutes is within 20 % of the first ten's, and every turn got its final."""
+    from pipeline.bench.results import RESULTS
+    from pipeline.bench.soak import SoakConfig, default_calls, run_soak, summary_lines
+    from pipeline.bench.workers import parse_cores
+
+    if minutes <= 0 or calls < 0 or workers < 1 or restart_every_s <= 0 or interval_s <= 0 or warmup_s < 0:
+        raise typer.BadParameter("--minutes, --restart-every-s, --interval-s > 0; --calls, --warmup-s >= 0; "
+                                 "--workers >= 1")
+    try:
+        pinned = parse_cores(cores)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    if calls == 0:
+        calls, why = default_calls(out or RESULTS)
+        console.print(f"--calls {calls}: {why}")
+    config = SoakConfig(minutes=minutes, calls=calls, cores=pinned, workers=workers, restart_every_s=restart_every_s,
+                        interval_s=interval_s, warmup_s=warmup_s, seed=seed)
+    doc, paths = run_soak(config, console, out or RESULTS)
+    for line in summary_lines(doc):
+        console.print(line)
+    _wrote(paths)
+
+
 @bench_app.command("end-to-end")
 def bench_end_to_end(
     calls: Annotated[int, typer.Option(help="Calls of the capacity (backlog) runs.")] = 24,

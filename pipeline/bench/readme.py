@@ -95,6 +95,19 @@ SPECS: dict[str, tuple[str, tuple[Table | Pivot, ...]]] = {
         Col("leg audio re-decoded s", "redecoded_s", 0), Col("re-decoded per worker fault s", "redecoded_per_worker_fault_s", 1),
         Col("longest stall of live finals s", "stall.max_s", 1), Col("stall P99 s", "stall.p99_s", 1),
         Col("checkpoint topic MB", "checkpoint_topic.bytes", 1, 1e-6), Col("problems", lambda d: len(d["problems"])))),)),
+    "soak": ("Soak", (Table((
+        Col("calls", "settings.calls"), Col("minutes", "settings.minutes"), Col("restarts", lambda d: len(d["restarts"])),
+        Col("RSS MB of the long-lived worker, first → last", lambda d: f"{d['rss_mb']['first']} → {d['rss_mb']['last']}"),
+        Col("RSS growth %", "rss_mb.growth_pct"), Col("P99 s, first → last", lambda d: f"{d['p99_s']['first']} → "
+                                                                                      f"{d['p99_s']['last']}"),
+        Col("P99 drift %", "p99_s.drift_pct"), Col("turns without a final", "turns.without_final"),
+        Col("met", "met"))), Table((
+            Col("t s", "t_s", 0), Col("RSS MB", lambda r: ", ".join(f"{k} {v}" for k, v in r["rss_mb"].items())),
+            Col("open files", lambda r: ", ".join(f"{k} {v}" for k, v in r["open_files"].items())),
+            Col("finals", "finals"), Col("P99 s", "p99_s", 2), Col("lag frames", "audio_lag_frames"),
+            Col("checkpoint records kept", "checkpoint_records"),
+            Col("topics MB", lambda r: sum((r["topic_bytes"] or {}).values()), 1, 1e-6)),
+            "timeline"))),
     "scale-out": ("Scale-out", (Table((
         Col("part", "key"), Col("goal", lambda p: p.get("goal") or f"<= {p.get('bound_s')} s"),
         Col("measured", _part), Col("met", "met"), Col("run", "run")), "parts"),)),

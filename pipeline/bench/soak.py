@@ -1,0 +1,296 @@
+"""`callqa bench soak`: live traffic for a long time, a worker restarted every few minutes; does anything grow?
+
+One run on the shared broker, built from the live benchmark's parts (traffic plan, sender, transcript tap,
+worker group, probes): ``workers`` workers in one consumer group, each pinned to its share of the cores;
+the first one runs throughout (its memory and open files are the ones that must stay flat), the others are
+stopped with SIGTERM and started again in turn every ``restart_every_s``, as a rolling deployment does,
+so the group rebalances and calls move under load. The traffic is the live benchmark's (Poisson arrivals of
+2-6 minute calls), ``calls`` at a time on average: by default 70 % of the capacity the latest `callqa bench
+live --search` found.
+
+Every ``interval_s`` one row of the time series: each worker's RSS, open files and threads, the audio lag,
+the finals whose speech ended in that interval (count and P99 latency), the calls open, the checkpoint
+topic's records kept (watermarks) and every topic's bytes on the broker's disk (local broker only); at the
+end the checkpoint topic as compaction leaves it (live keys: calls still open).
+After the traffic, a drain; then the verdict against the goals: the long-lived worker's RSS grows at most
+``RSS_GROWTH_MAX_PCT`` from the first ``COMPARE_S`` (after the warm-up) to the last; the finals' P99 of the
+last ``COMPARE_S`` is within ``P99_DRIFT_MAX_PCT`` of the first's; nothing lost: every turn whose speech
+ended before the traffic stopped got a final. Result: ``soak``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from contextlib import suppress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from confluent_kafka import Consumer, TopicPartition
+from rich.console import Console
+
+from pipeline.bench import probes
+from pipeline.bench.chaos import checkpoint_figures, read_topic
+from pipeline.bench.latency import match_finals, unique_finals, window_latency
+from pipeline.bench.live import TranscriptTap, Watch, turns_in_window
+from pipeline.bench.results import RESULTS, read_history, record, run_folder, utc_stamp, write_result
+from pipeline.bench.sender import LiveSender, SendReport
+from pipeline.bench.traffic import CallPlan, NoiseBed, TrafficSpec, TurnLibrary, plan_traffic
+from pipeline.bench.workers import Background, WorkerGroup, WorkerProcess, shared_broker
+from pipeline.broker.local import LocalKafka
+from pipeline.broker.producer import ContractProducer
+from pipeline.config import Settings
+from pipeline.contracts import Serde
+
+CAPACITY_SHARE = 0.7  # of the latest found capacity, when --calls is not given
+DEFAULT_CALLS = 6  # when no capacity was ever found
+RSS_GROWTH_MAX_PCT = 5.0
+P99_DRIFT_MAX_PCT = 20.0
+COMPARE_S = 600.0  # the first and the last ten minutes (or a third of a shorter run) are compared
+DRAIN_S = 120.0
+
+
+@dataclass(frozen=True)
+class SoakConfig:
+    minutes: float
+    calls: int
+    cores: tuple[int, ...]
+    workers: int = 2
+    restart_every_s: float = 300.0
+    interval_s: float = 60.0
+    warmup_s: float = 60.0
+    seed: int = 1
+
+    @property
+    def traffic_s(self) -> float:
+        return self.warmup_s + self.minutes * 60
+
+    @property
+    def compare_s(self) -> float:
+        return min(COMPARE_S, self.minutes * 60 / 3)
+
+    def worker_cores(self) -> list[str]:
+        if not self.cores:
+            return [""] * self.workers
+        return [",".join(map(str, self.cores[i::self.workers] or self.cores)) for i in range(self.workers)]
+
+
+def default_calls(out: Path = RESULTS) -> tuple[int, str]:
+    """70 % of the concurrent calls the latest `bench live --search` held, and where that figure comes from."""
+    for doc in reversed(read_history("live", out)):
+        found = (doc.get("search") or {}).get("calls") or 0
+        if found > 0:
+            return max(1, round(CAPACITY_SHARE * found)), f"70 % of {found} calls found by bench live on {doc['started']}"
+    return DEFAULT_CALLS, f"no capacity found by bench live yet: {DEFAULT_CALLS} calls"
+
+
+class SoakRun:
+    """The workers, the traffic and the samples of one soak."""
+
+    def __init__(self, config: SoakConfig, workers: WorkerGroup, plans: list[CallPlan], tap: TranscriptTap,
+                 say: Callable[[str], None]) -> None:
+        self.config, self.workers, self.plans, self.tap, self.say = config, workers, plans, tap, say
+        self.watch = Watch()
+        self.rows: list[dict[str, Any]] = []
+        self.restarts: list[dict[str, Any]] = []
+        self.report = SendReport()
+        local = LocalKafka(workers.settings)
+        self.data_dir: Path | None = local.data_dir if not workers.settings.bootstrap_servers else None
+
+    def now(self) -> float:
+        return time.time() - self.report.started_wall_s if self.report.started_wall_s else 0.0
+
+    def drive(self, sender: LiveSender) -> None:
+        """Send the traffic; every interval a row, every restart period the next worker restarted."""
+        config = self.config
+        traffic = Background("the traffic sender", lambda stop: sender.run(self.plans, config.traffic_s, stop,
+                                                                           self.report))
+        next_row, next_restart, turn = config.interval_s, config.warmup_s + config.restart_every_s, 0
+        with traffic:
+            while traffic.is_alive():
+                t = self.now()
+                if t >= next_row:
+                    self.rows.append(self.sample(t, t - config.interval_s))
+                    self.say(row_line(self.rows[-1]))
+                    next_row += config.interval_s
+                if config.workers > 1 and t >= next_restart:
+                    self.restart(self.workers.workers[1 + turn % (config.workers - 1)], t)
+                    next_restart, turn = next_restart + config.restart_every_s, turn + 1
+                self.workers.check()
+                time.sleep(0.5)
+        traffic.check()
+
+    def restart(self, worker: WorkerProcess, t: float) -> None:
+        began = time.monotonic()
+        worker.stop()
+        code = worker.exit_code
+        self.workers.restart(worker)
+        self.restarts.append({"t_s": round(t, 1), "worker": worker.label, "exit_code": code,
+                              "took_s": round(time.monotonic() - began, 1)})
+        self.say(f"  {t:7.1f} s  restarted {worker.label} (SIGTERM, exit {code}, back after "
+                 f"{self.restarts[-1]['took_s']} s)")
+
+    def sample(self, t: float, since: float) -> dict[str, Any]:
+        metrics = self.watch.sample(self.workers, t)
+        wall0 = self.report.started_wall_s
+        matched = match_finals(self.tap.finals(), {p.call_id: p for p in self.plans}, wall0)
+        latency = window_latency(matched, wall0 + since, wall0 + t)
+        return {
+            "t_s": round(t, 1),
+            "rss_mb": {w.label: _mb(probes.rss_bytes(w.pid)) for w in self.workers.workers if w.alive()},
+            "open_files": {w.label: _count(f"/proc/{w.pid}/fd") for w in self.workers.workers if w.alive()},
+            "threads": {w.label: _count(f"/proc/{w.pid}/task") for w in self.workers.workers if w.alive()},
+            "audio_lag_frames": None if metrics is None else metrics.audio_lag,
+            "finals": latency.count, "p99_s": None if latency.p99_s is None else round(latency.p99_s, 3),
+            "calls_open": sum(1 for p in self.plans if p.arrival_s <= t < p.end_s),
+            # Records kept (after compaction and deletes): watermarks only, reading the topic each time would
+            # load the machine being measured.
+            "checkpoint_records": self.records_kept(self.workers.settings.topic_checkpoints),
+            "topic_bytes": self.topic_bytes(),
+        }
+
+    def records_kept(self, topic: str) -> int | None:
+        """Records between each partition's low and high watermark (what retention and compaction left)."""
+        with suppress(Exception):
+            consumer = Consumer({"bootstrap.servers": self.workers.settings.bootstrap,
+                                 "group.id": f"soak-{uuid.uuid4().hex}", "enable.auto.commit": False})
+            try:
+                partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+                marks = [consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10) for p in partitions]
+                return sum(hi - lo for lo, hi in marks)
+            finally:
+                consumer.close()
+        return None
+
+    def topic_bytes(self) -> dict[str, int] | None:
+        """Bytes of log segments on the local broker's disk per topic of this run (None with a broker elsewhere)."""
+        if self.data_dir is None:
+            return None
+        prefix = self.workers.settings.worker_id
+        sizes: dict[str, int] = {}
+        for folder in self.data_dir.glob(f"{prefix}.*-*"):
+            topic = folder.name.rsplit("-", 1)[0].removeprefix(prefix + ".")
+            # Log segments only: index files are preallocated (10 MB each) whatever the topic holds.
+            sizes[topic] = sizes.get(topic, 0) + sum(f.stat().st_size for f in folder.glob("*.log"))
+        return dict(sorted(sizes.items()))
+
+
+def run_soak(config: SoakConfig, console: Console, out: Path = RESULTS) -> tuple[dict[str, Any], list[Path]]:
+    stamp = utc_stamp()
+    work = run_folder("soak", stamp)
+    library = TurnLibrary.load()
+    prefix = f"bench.soak.{config.calls}c.{uuid.uuid4().hex[:6]}"
+    plans = plan_traffic(library, TrafficSpec(config.calls, seed=config.seed), config.traffic_s, prefix)
+    with shared_broker(console.print), WorkerGroup.fresh(prefix, work / prefix) as workers:
+        with console.status(f"starting {config.workers} workers..."):
+            for i, cpus in enumerate(config.worker_cores()):
+                workers.start(f"w{i}", cpus=cpus)
+            workers.wait_members(config.workers)
+        settings = workers.settings
+        serde = Serde.from_settings(settings.schema_registry_url)
+        tap = TranscriptTap(settings, serde)
+        tap.start()
+        try:
+            run = SoakRun(config, workers, plans, tap, console.print)
+            console.print(f"{config.calls} calls for {config.minutes:g} min after a {config.warmup_s:g} s warm-up; "
+                          f"{config.workers} workers, one restarted every {config.restart_every_s:g} s")
+            sender = LiveSender(ContractProducer.from_settings(settings, serde), settings.topic_audio,
+                                settings.topic_call_events, library, NoiseBed(TrafficSpec(config.calls).max_call_s),
+                                Settings().audio_message_ms)
+            run.drive(sender)
+            drain(run)
+            figures = soak_figures(config, run)
+            figures["checkpoint_topic"] = {k: v for k, v in checkpoint_figures(
+                read_topic(settings, settings.topic_checkpoints)).items() if k != "live_calls"}
+        finally:
+            tap.stop()
+    figures["worker_logs"] = str(work)
+    doc = record("soak", {"calls": config.calls, "minutes": config.minutes, "workers": config.workers,
+                          "restart_every_s": config.restart_every_s, "interval_s": config.interval_s,
+                          "warmup_s": config.warmup_s, "cores": list(config.cores), "seed": config.seed},
+                 figures, started=stamp)
+    return doc, write_result("soak", doc, out)
+
+
+def drain(run: SoakRun) -> None:
+    """Until every turn that ended got its final's chance: no new final for 10 s, at most DRAIN_S."""
+    began, count, quiet = time.monotonic(), len(run.tap.finals()), time.monotonic()
+    while time.monotonic() - began < DRAIN_S and time.monotonic() - quiet < 10.0:
+        time.sleep(1.0)
+        if len(run.tap.finals()) != count:
+            count, quiet = len(run.tap.finals()), time.monotonic()
+
+
+def soak_figures(config: SoakConfig, run: SoakRun) -> dict[str, Any]:
+    wall0 = run.report.started_wall_s
+    finals = unique_finals(run.tap.finals())
+    matched = match_finals(finals, {p.call_id: p for p in run.plans}, wall0)
+    first = (config.warmup_s, config.warmup_s + config.compare_s)
+    last = (config.traffic_s - config.compare_s, config.traffic_s)
+    p99 = [window_latency(matched, wall0 + a, wall0 + b).p99_s for a, b in (first, last)]
+    turns, unheard = turns_in_window(run.plans, matched, wall0, wall0 + config.warmup_s, wall0 + config.traffic_s)
+    long_lived = run.workers.workers[0].label
+    rss = [_mean([r["rss_mb"].get(long_lived) for r in run.rows if a <= r["t_s"] <= b]) for a, b in (first, last)]
+    growth = None if None in rss else round(100 * (rss[1] - rss[0]) / rss[0], 2)  # type: ignore[operator]
+    drift = None if None in p99 else round(100 * (p99[1] - p99[0]) / p99[0], 1)  # type: ignore[operator]
+    why_not = [why for ok, why in (
+        (growth is not None and growth <= RSS_GROWTH_MAX_PCT, f"RSS of {long_lived} grew {growth} %"),
+        (drift is not None and drift <= P99_DRIFT_MAX_PCT, f"P99 moved {drift} % from the first window to the last"),
+        (unheard == 0, f"{unheard} of {turns} turns got no final"),
+        (all(r["exit_code"] == 0 for r in run.restarts), "a worker did not exit cleanly on SIGTERM"),
+    ) if not ok]
+    return {
+        "goals": {"rss_growth_max_pct": RSS_GROWTH_MAX_PCT, "p99_drift_max_pct": P99_DRIFT_MAX_PCT,
+                  "compared_s": config.compare_s, "lost_turns": 0},
+        "long_lived_worker": long_lived,
+        "rss_mb": {"first": rss[0], "last": rss[1], "growth_pct": growth},
+        "p99_s": {"first": _round(p99[0]), "last": _round(p99[1]), "drift_pct": drift},
+        "turns": {"ended": turns, "without_final": unheard},
+        "finals": len(finals), "restarts": run.restarts,
+        "timeline": run.rows,
+        "met": not why_not, "why_not": why_not,
+    }
+
+
+def summary_lines(doc: dict[str, Any]) -> list[str]:
+    rss, p99, turns = doc["rss_mb"], doc["p99_s"], doc["turns"]
+    return [
+        f"{doc['settings']['calls']} calls for {doc['settings']['minutes']:g} min, {len(doc['restarts'])} restarts",
+        f"RSS of {doc['long_lived_worker']}: {rss['first']} MB -> {rss['last']} MB ({rss['growth_pct']} %, goal "
+        f"<= {doc['goals']['rss_growth_max_pct']} %)",
+        f"P99 of finals: {p99['first']} s -> {p99['last']} s ({p99['drift_pct']} %, goal <= "
+        f"{doc['goals']['p99_drift_max_pct']} %)",
+        f"turns ended {turns['ended']}, without a final {turns['without_final']}; "
+        + ("met" if doc["met"] else "not met: " + "; ".join(doc["why_not"])),
+    ]
+
+
+def row_line(row: dict[str, Any]) -> str:
+    rss = ", ".join(f"{k} {v} MB" for k, v in row["rss_mb"].items())
+    files = sum(row["open_files"].values())
+    return (f"  {row['t_s']:7.1f} s  RSS {rss}; files {files}; finals {row['finals']}, P99 {row['p99_s']} s; "
+            f"lag {row['audio_lag_frames']} frames; checkpoint records kept {row['checkpoint_records']}")
+
+
+def _count(folder: str) -> int | None:
+    try:
+        return len(os.listdir(folder))
+    except OSError:
+        return None
+
+
+def _mb(n: int) -> float:
+    return round(n / 2**20, 1)
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return round(float(np.mean(present)), 1) if present else None
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 3)

@@ -1,0 +1,34 @@
+"""`callqa bench soak`'s load choice and summary (no Kafka; the soak itself is a benchmark, run by hand)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pipeline.bench.soak import SoakConfig, default_calls, summary_lines
+
+
+def test_the_default_load_is_70_percent_of_the_latest_capacity_found(tmp_path: Path) -> None:
+    assert default_calls(tmp_path)[0] == 6  # none found yet
+    runs = [{"started": "a", "search": {"calls": 20}}, {"started": "b", "search": {"calls": 0}},
+            {"started": "c", "search": None}]
+    (tmp_path / "live.jsonl").write_text("".join(json.dumps(r) + "\n" for r in runs))
+    calls, why = default_calls(tmp_path)
+    assert calls == 14 and "20 calls" in why and "on a" in why  # the latest run that found one
+
+
+def test_a_short_soak_compares_thirds_and_workers_share_the_cores() -> None:
+    config = SoakConfig(minutes=9, calls=2, cores=(0, 1), workers=2)
+    assert config.compare_s == 180 and config.traffic_s == 600
+    assert config.worker_cores() == ["0", "1"] and SoakConfig(60, 2, (), workers=3).worker_cores() == ["", "", ""]
+
+
+def test_the_summary_says_what_was_not_met() -> None:
+    doc = {"settings": {"calls": 14, "minutes": 60}, "restarts": [{}] * 11, "long_lived_worker": "w0",
+           "rss_mb": {"first": 800.0, "last": 880.0, "growth_pct": 10.0}, "p99_s": {"first": 1.2, "last": 1.3,
+                                                                                   "drift_pct": 8.3},
+           "goals": {"rss_growth_max_pct": 5.0, "p99_drift_max_pct": 20.0}, "turns": {"ended": 900, "without_final": 0},
+           "met": False, "why_not": ["RSS of w0 grew 10.0 %"]}
+    lines = summary_lines(doc)
+    assert lines[0] == "14 calls for 60 min, 11 restarts" and "800.0 MB -> 880.0 MB (10.0 %" in lines[1]
+    assert lines[-1].endswith("not met: RSS of w0 grew 10.0 %")
