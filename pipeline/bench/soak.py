@@ -36,7 +36,7 @@ from rich.console import Console
 from pipeline.bench import probes
 from pipeline.bench.chaos import checkpoint_figures, read_topic
 from pipeline.bench.latency import match_finals, unique_finals, window_latency
-from pipeline.bench.live import TranscriptTap, Watch, turns_in_window
+from pipeline.bench.live import TranscriptTap, turns_in_window
 from pipeline.bench.results import RESULTS, read_history, record, run_folder, utc_stamp, write_result
 from pipeline.bench.sender import LiveSender, SendReport
 from pipeline.bench.traffic import CallPlan, NoiseBed, TrafficSpec, TurnLibrary, plan_traffic
@@ -94,9 +94,9 @@ class SoakRun:
     def __init__(self, config: SoakConfig, workers: WorkerGroup, plans: list[CallPlan], tap: TranscriptTap,
                  say: Callable[[str], None]) -> None:
         self.config, self.workers, self.plans, self.tap, self.say = config, workers, plans, tap, say
-        self.watch = Watch()
         self.rows: list[dict[str, Any]] = []
         self.restarts: list[dict[str, Any]] = []
+        self.unplanned_exits: list[dict[str, Any]] = []
         self.report = SendReport()
         local = LocalKafka(workers.settings)
         self.data_dir: Path | None = local.data_dir if not workers.settings.bootstrap_servers else None
@@ -120,9 +120,20 @@ class SoakRun:
                 if config.workers > 1 and t >= next_restart:
                     self.restart(self.workers.workers[1 + turn % (config.workers - 1)], t)
                     next_restart, turn = next_restart + config.restart_every_s, turn + 1
-                self.workers.check()
+                self.revive(t)
                 time.sleep(0.5)
         traffic.check()
+
+    def revive(self, t: float) -> None:
+        """A worker that exited by itself is started again, as a supervisor would, and counted: a soak
+        goes on to show what followed, and is not met."""
+        for worker in self.workers.workers:
+            if not worker.alive():
+                code, why = worker.exit_code, worker.why()
+                self.workers.restart(worker)
+                self.unplanned_exits.append({"t_s": round(t, 1), "worker": worker.label, "exit_code": code,
+                                             "why": why})
+                self.say(f"  {t:7.1f} s  {worker.label} exited by itself ({code}): {why}; started again")
 
     def restart(self, worker: WorkerProcess, t: float) -> None:
         began = time.monotonic()
@@ -135,7 +146,9 @@ class SoakRun:
                  f"{self.restarts[-1]['took_s']} s)")
 
     def sample(self, t: float, since: float) -> dict[str, Any]:
-        metrics = self.watch.sample(self.workers, t)
+        self.revive(t)
+        metrics = probes.scrape([(w.web_port, w.pid) for w in self.workers.workers], self.workers.settings.topic_audio,
+                                t)
         wall0 = self.report.started_wall_s
         matched = match_finals(self.tap.finals(), {p.call_id: p for p in self.plans}, wall0)
         latency = window_latency(matched, wall0 + since, wall0 + t)
@@ -242,6 +255,7 @@ def soak_figures(config: SoakConfig, run: SoakRun) -> dict[str, Any]:
         (drift is not None and drift <= P99_DRIFT_MAX_PCT, f"P99 moved {drift} % from the first window to the last"),
         (unheard == 0, f"{unheard} of {turns} turns got no final"),
         (all(r["exit_code"] == 0 for r in run.restarts), "a worker did not exit cleanly on SIGTERM"),
+        (not run.unplanned_exits, f"{len(run.unplanned_exits)} unplanned worker exits"),
     ) if not ok]
     return {
         "goals": {"rss_growth_max_pct": RSS_GROWTH_MAX_PCT, "p99_drift_max_pct": P99_DRIFT_MAX_PCT,
@@ -250,7 +264,7 @@ def soak_figures(config: SoakConfig, run: SoakRun) -> dict[str, Any]:
         "rss_mb": {"first": rss[0], "last": rss[1], "growth_pct": growth},
         "p99_s": {"first": _round(p99[0]), "last": _round(p99[1]), "drift_pct": drift},
         "turns": {"ended": turns, "without_final": unheard},
-        "finals": len(finals), "restarts": run.restarts,
+        "finals": len(finals), "restarts": run.restarts, "unplanned_exits": run.unplanned_exits,
         "timeline": run.rows,
         "met": not why_not, "why_not": why_not,
     }
