@@ -202,6 +202,12 @@ class WorkerSettings(BaseModel):
     api_query_max_waiting: int = Field(
         8, ge=0, description="/api/* requests that may wait for a pool thread; more are answered 503 at once.",
     )
+    # CALLQA_API_SOURCE_MAX_CONCURRENT, default 4: below the pool's threads + waiting line (2 + 8), so one
+    # client never fills it; behind a reverse proxy every request has the proxy's address (raise it, or 0).
+    api_source_max_concurrent: int = Field(
+        4, ge=0, description="Requests on /api/* and the call pages one source (peer address) may have in "
+        "flight; one more is answered 429. 0: no limit.",
+    )
     api_query_timeout_s: float = Field(
         30.0, gt=0, description="ClickHouse max_execution_time of one /api/query statement (seconds).",
     )

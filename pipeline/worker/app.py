@@ -28,6 +28,7 @@ from faust.types import TP
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from pipeline.api.auth import ApiAuth, auth_middleware, check_api_settings
+from pipeline.api.limits import SourceLimit, source_limit_middleware
 from pipeline.api.pool import QueryPool
 from pipeline.api.server import register_api_views
 from pipeline.asr.engine import Engine
@@ -127,7 +128,10 @@ def build_worker(settings: Settings) -> Worker:
         topic_replication_factor=settings.replication_factor,
         producer_acks=-1,
         # /api/* needs the bearer token (pipeline/api/auth.py); faust's own pages are not served.
-        web_application_options={"middlewares": [auth_middleware(api_auth)]},
+        # In front of it, each source's requests in flight are bounded (pipeline/api/limits.py).
+        web_application_options={"middlewares": [
+            source_limit_middleware(SourceLimit(settings.api_source_max_concurrent), api_auth.refusals),
+            auth_middleware(api_auth)]},
         web_router_enabled=False,
         web_tables_enabled=False,
         web_graph_enabled=False,

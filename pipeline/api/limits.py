@@ -1,0 +1,68 @@
+"""Requests in flight per source on the API server: one client cannot take the whole query pool.
+
+The pool (pool.py) bounds what the worker gives every reader together: ``api_query_threads`` running and
+``api_query_max_waiting`` waiting, then 503 for everyone. A single script or an over-eager dashboard
+looping on /api/query filled that line and every other reader got 503s. Now each source (the peer's
+address) may have ``api_source_max_concurrent`` requests on /api/* and the call pages in flight; one more
+is answered 429 with ``Retry-After`` at once, counted as ``source_busy``. Behind a reverse proxy every
+request comes from the proxy's address: raise the limit there, or set 0 (no limit) and let the proxy limit.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web as aioweb
+
+from pipeline.api.auth import is_page_path
+from pipeline.api.refusals import ApiRefusals
+
+Handler = Callable[[aioweb.Request], Awaitable[aioweb.StreamResponse]]
+
+
+class SourceLimit:
+    """How many requests each source has in flight, and whether one more may start."""
+
+    def __init__(self, max_concurrent: int) -> None:
+        self.max_concurrent = max_concurrent
+        self._in_flight: Counter[str] = Counter()
+
+    def enter(self, source: str) -> bool:
+        if self.max_concurrent and self._in_flight[source] >= self.max_concurrent:
+            return False
+        self._in_flight[source] += 1
+        return True
+
+    def leave(self, source: str) -> None:
+        self._in_flight[source] -= 1
+        if self._in_flight[source] <= 0:
+            del self._in_flight[source]  # no entry left behind per address ever seen
+
+    def in_flight(self, source: str) -> int:
+        return self._in_flight[source]
+
+
+def source_limit_middleware(limit: SourceLimit, refusals: ApiRefusals) -> Callable[[aioweb.Request, Handler],
+                                                                                   Awaitable[aioweb.StreamResponse]]:
+    """aiohttp middleware holding each source to ``limit`` on /api/* and the call pages (/metrics, /health,
+    /login and /logout stay open: they are cheap, and a prober must always get through)."""
+
+    @aioweb.middleware
+    async def hold_to_limit(request: aioweb.Request, handler: Handler) -> aioweb.StreamResponse:
+        limited = request.path == "/api" or request.path.startswith("/api/") or is_page_path(request.path)
+        if not limited:
+            return await handler(request)
+        source = request.remote or "unknown"
+        if not limit.enter(source):
+            refusals.count("source_busy")
+            return aioweb.json_response(
+                {"error": f"too many requests in flight from {source} ({limit.max_concurrent}, "
+                          "CALLQA_API_SOURCE_MAX_CONCURRENT): wait for one to finish"},
+                status=429, headers={"Retry-After": "1"})
+        try:
+            return await handler(request)
+        finally:
+            limit.leave(source)
+
+    return hold_to_limit

@@ -1,0 +1,45 @@
+"""Requests in flight per source (pipeline/api/limits.py): one client past its share gets 429 at once and
+is counted; the others, and /metrics, still get through. A plain aiohttp app, handlers held by the test."""
+
+from __future__ import annotations
+
+import asyncio
+
+from aiohttp import web as aioweb
+from aiohttp.test_utils import TestClient, TestServer
+
+from pipeline.api.limits import SourceLimit, source_limit_middleware
+from pipeline.api.refusals import ApiRefusals
+
+
+async def test_a_source_past_its_requests_in_flight_gets_429_and_the_limit_frees_as_they_end() -> None:
+    gate, refusals, limit = asyncio.Event(), ApiRefusals(), SourceLimit(2)
+
+    async def slow(request: aioweb.Request) -> aioweb.Response:
+        await gate.wait()
+        return aioweb.json_response({"ok": True})
+
+    async def metrics(request: aioweb.Request) -> aioweb.Response:
+        return aioweb.Response(text="up 1")
+
+    app = aioweb.Application(middlewares=[source_limit_middleware(limit, refusals)])
+    app.router.add_get("/api/query", slow)
+    app.router.add_get("/calls", slow)
+    app.router.add_get("/metrics", metrics)
+    async with TestClient(TestServer(app)) as client:
+        held = [asyncio.create_task(client.get(path)) for path in ("/api/query", "/calls")]
+        while limit.in_flight("127.0.0.1") < 2:
+            await asyncio.sleep(0.01)
+        refused = await client.get("/api/query")
+        assert refused.status == 429 and refused.headers["Retry-After"] == "1"
+        assert "CALLQA_API_SOURCE_MAX_CONCURRENT" in (await refused.json())["error"]
+        assert (await client.get("/metrics")).status == 200  # open paths are not held to it
+        gate.set()
+        assert [r.status for r in await asyncio.gather(*held)] == [200, 200]
+        assert limit.in_flight("127.0.0.1") == 0 and (await client.get("/api/query")).status == 200
+    assert refusals.counter.labels("source_busy")._value.get() == 1
+
+
+def test_no_limit_with_zero() -> None:
+    limit = SourceLimit(0)
+    assert all(limit.enter("10.0.0.1") for _ in range(100))
