@@ -223,7 +223,9 @@ def test_many_requests_at_once_each_get_their_own_answer(
     every answer is the one of its own request (another request's rows, an error or an empty answer
     would show), whichever pool thread and client ran it."""
     url = _filled_store(tmp_path / "filled")
-    worker = start_worker(api_token=TOKEN, clickhouse_url=url, api_query_threads="4", api_query_max_waiting="96")
+    # One source sending 16 at once: the per-source bound (api_source_max_concurrent) is not what this tests.
+    worker = start_worker(api_token=TOKEN, clickhouse_url=url, api_query_threads="4", api_query_max_waiting="96",
+                          api_source_max_concurrent="0")
     sql = ("SELECT count() AS n, sum(length(text)) AS chars FROM segments FINAL "
            "WHERE call_id = {c:String} AND is_final = 1")
     requests: list[tuple[str, dict[str, str]]] = []
