@@ -180,11 +180,11 @@ class CallRegistry:
         # Their checkpoints were used up when they opened: read the partitions' checkpoints again at the
         # assignment, so a stopped call reopens from its checkpoint (where the commit replays it from), not
         # new from there with its first part missing. Calls still open there stay as they are.
+        # (Not cancelled: a partition with calls has read its checkpoints already, and a read still going
+        # would only read them again.)
         for partition in hit:
             self.resume_points.pop(partition, None)
-            loading = self._loading.pop(partition, None)
-            if loading is not None:
-                loading.cancel()
+            self._loading.pop(partition, None)
         return hit
 
     def settle_assignment(self, tps: set[TopicPartition], consumed: dict[TopicPartition, int]) -> set[int]:
