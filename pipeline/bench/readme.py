@@ -98,7 +98,9 @@ SPECS: dict[str, tuple[str, tuple[Table | Pivot, ...]]] = {
     "soak": ("Soak", (Table((
         Col("calls", "settings.calls"), Col("minutes", "settings.minutes"), Col("restarts", lambda d: len(d["restarts"])),
         Col("RSS MB of the long-lived worker, first → last", lambda d: f"{d['rss_mb']['first']} → {d['rss_mb']['last']}"),
-        Col("RSS growth %", "rss_mb.growth_pct"), Col("P99 s, first → last", lambda d: f"{d['p99_s']['first']} → "
+        Col("RSS growth %", "rss_mb.growth_pct"), Col("RSS MB/h after the first window",
+                                                      lambda d: d["rss_mb"].get("slope_after_first_mb_per_h")),
+        Col("P99 s, first → last", lambda d: f"{d['p99_s']['first']} → "
                                                                                       f"{d['p99_s']['last']}"),
         Col("P99 drift %", "p99_s.drift_pct"), Col("turns without a final", "turns.without_final"),
         Col("met", "met"))), Table((
