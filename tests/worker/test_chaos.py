@@ -47,5 +47,8 @@ def test_live_calls_survive_kills_a_sigterm_a_broker_restart_and_a_store_outage(
     assert [f["exit_code"] for f in result.faults if f["kind"] == "sigterm"] == [0], "SIGTERM: not a clean exit"
     assert result.fault_log_lines > 0, "no worker logged a refused insert: the outage did not reach the sink"
     # Every call finished once, with the offline finals and QA; no PII anywhere.
-    assert result.problems() == [], f"{len(result.problems())} problems (listed above)"
+    # Short on purpose: CI shows the end of the output, and a full diff of 60 problems pushed the printed
+    # summary and problem lines (the run's own account, above) out of it.
+    problems = result.problems()
+    assert not problems, f"{len(problems)} problems (all printed above); first: {problems[:3]}"
     assert result.scanned["messages"] > 0 and result.scanned["rows"] > 0 and result.scanned["log lines"] > 0
