@@ -4,9 +4,10 @@ One run on the shared broker, built from the live benchmark's parts (traffic pla
 worker group, probes): ``workers`` workers in one consumer group, each pinned to its share of the cores;
 the first one runs throughout (its memory and open files are the ones that must stay flat), the others are
 stopped with SIGTERM and started again in turn every ``restart_every_s``, as a rolling deployment does,
-so the group rebalances and calls move under load. The traffic is the live benchmark's (Poisson arrivals of
-2-6 minute calls), ``calls`` at a time on average: by default 70 % of the capacity the latest `callqa bench
-live --search` found.
+so the group rebalances and calls move under load. The traffic is the live benchmark's 2-6 minute calls,
+exactly ``calls`` open at every moment (a new call on a line as soon as its last one ends: with Poisson
+arrivals the first hour-long run went from about 10 to over 20 open calls, and its figures followed the
+load, not time); by default 70 % of the capacity the latest `callqa bench live --search` found.
 
 Every ``interval_s`` one row of the time series: each worker's RSS, open files and threads, the audio lag,
 the finals whose speech ended in that interval (count and P99 latency), the calls open, the checkpoint
@@ -39,7 +40,7 @@ from pipeline.bench.latency import match_finals, unique_finals, window_latency
 from pipeline.bench.live import TranscriptTap, turns_in_window
 from pipeline.bench.results import RESULTS, read_history, record, run_folder, utc_stamp, write_result
 from pipeline.bench.sender import LiveSender, SendReport
-from pipeline.bench.traffic import CallPlan, NoiseBed, TrafficSpec, TurnLibrary, plan_traffic
+from pipeline.bench.traffic import CallPlan, NoiseBed, TrafficSpec, TurnLibrary, plan_steady_traffic
 from pipeline.bench.workers import Background, WorkerGroup, WorkerProcess, shared_broker
 from pipeline.broker.local import LocalKafka
 from pipeline.broker.producer import ContractProducer
@@ -197,7 +198,7 @@ def run_soak(config: SoakConfig, console: Console, out: Path = RESULTS) -> tuple
     work = run_folder("soak", stamp)
     library = TurnLibrary.load()
     prefix = f"bench.soak.{config.calls}c.{uuid.uuid4().hex[:6]}"
-    plans = plan_traffic(library, TrafficSpec(config.calls, seed=config.seed), config.traffic_s, prefix)
+    plans = plan_steady_traffic(library, TrafficSpec(config.calls, seed=config.seed), config.traffic_s, prefix)
     with shared_broker(console.print), WorkerGroup.fresh(prefix, work / prefix) as workers:
         with console.status(f"starting {config.workers} workers..."):
             for i, cpus in enumerate(config.worker_cores()):

@@ -303,6 +303,23 @@ def plan_traffic(library: TurnLibrary, spec: TrafficSpec, horizon_s: float, id_p
     return plans
 
 
+def plan_steady_traffic(library: TurnLibrary, spec: TrafficSpec, horizon_s: float, id_prefix: str) -> list[CallPlan]:
+    """The calls of a run of ``horizon_s`` with exactly N open at every moment: N lines, each one in progress
+    at the start and then a new call as soon as its last one ends (a soak's load must not drift with Poisson
+    luck: its figures are compared over time)."""
+    rng = np.random.default_rng(spec.seed)
+    spread = int(NOISE_SPREAD_S * RATE)
+    plans: list[CallPlan] = []
+    for _ in range(spec.calls):  # one line each
+        plan = _joined(rng, library, spec, f"{id_prefix}-{len(plans):05d}", int(rng.integers(spread)))
+        while True:
+            plans.append(plan)
+            if plan.end_s >= horizon_s:
+                break
+            plan = arriving(rng, library, spec, f"{id_prefix}-{len(plans):05d}", plan.end_s)
+    return sorted(plans, key=lambda p: (p.arrival_s, p.call_id))
+
+
 def arriving(rng: np.random.Generator, library: TurnLibrary, spec: TrafficSpec, call_id: str,
              arrival_s: float) -> CallPlan:
     """A whole new conversation that connects at ``arrival_s`` (put on the frame grid)."""

@@ -23,6 +23,7 @@ from pipeline.bench.traffic import (
     Turn,
     TurnLibrary,
     mean_open,
+    plan_steady_traffic,
     plan_traffic,
     render_leg,
 )
@@ -71,6 +72,16 @@ def test_steady_from_the_start(library: TurnLibrary) -> None:
     first_minute = [mean_open(plan_traffic(library, TrafficSpec(calls=8, seed=seed), 120.0, "s"), 0.0, 60.0)[0]
                     for seed in range(30)]
     assert np.mean(first_minute) == pytest.approx(8, abs=0.8), first_minute
+
+
+def test_steady_traffic_holds_exactly_n_calls_open_all_the_time(library: TurnLibrary) -> None:
+    """The soak's traffic: N lines, a new call on a line as soon as its last one ends, so the load does not
+    drift with Poisson luck over an hour (a Poisson run of 14 went from about 10 to over 20 open calls)."""
+    spec = TrafficSpec(calls=8, seed=3)
+    plans = plan_steady_traffic(library, spec, 3600.0, "steady")
+    assert mean_open(plans, 0.0, 3600.0, step_s=5.0)[1:] == (8, 8)  # least and most open: 8 throughout
+    assert len({p.call_id for p in plans}) == len(plans) and plans == sorted(plans, key=lambda p: p.arrival_s)
+    assert all(120_000 <= p.full_duration_ms <= 360_000 + 10_000 for p in plans)
 
 
 def test_mean_call_length_matches_the_rate(long_run: tuple[TrafficSpec, list[CallPlan]]) -> None:
