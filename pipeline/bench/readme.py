@@ -107,7 +107,7 @@ SPECS: dict[str, tuple[str, tuple[Table | Pivot, ...]]] = {
             Col("t s", "t_s", 0), Col("RSS MB", lambda r: ", ".join(f"{k} {v}" for k, v in r["rss_mb"].items())),
             Col("open files", lambda r: ", ".join(f"{k} {v}" for k, v in r["open_files"].items())),
             Col("finals", "finals"), Col("P99 s", "p99_s", 2), Col("lag frames", "audio_lag_frames"),
-            Col("checkpoint records kept", "checkpoint_records"),
+            Col("checkpoint offsets", lambda r: r.get("checkpoint_offsets")),
             Col("topics MB", lambda r: sum((r["topic_bytes"] or {}).values()), 1, 1e-6)),
             "timeline"))),
     "scale-out": ("Scale-out", (Table((

@@ -11,7 +11,7 @@ load, not time); by default 70 % of the capacity the latest `callqa bench live -
 
 Every ``interval_s`` one row of the time series: each worker's RSS, open files and threads, the audio lag,
 the finals whose speech ended in that interval (count and P99 latency), the calls open, the checkpoint
-topic's records kept (watermarks) and every topic's bytes on the broker's disk (local broker only); at the
+topic's offsets (watermarks) and every topic's bytes on the broker's disk (local broker only); at the
 end the checkpoint topic as compaction leaves it (live keys: calls still open).
 After the traffic, a drain; then the verdict against the goals: the long-lived worker's RSS grows at most
 ``RSS_GROWTH_MAX_PCT`` from the first ``COMPARE_S`` (after the warm-up) to the last; the finals' P99 of the
@@ -161,14 +161,15 @@ class SoakRun:
             "audio_lag_frames": None if metrics is None else metrics.audio_lag,
             "finals": latency.count, "p99_s": None if latency.p99_s is None else round(latency.p99_s, 3),
             "calls_open": sum(1 for p in self.plans if p.arrival_s <= t < p.end_s),
-            # Records kept (after compaction and deletes): watermarks only, reading the topic each time would
-            # load the machine being measured.
-            "checkpoint_records": self.records_kept(self.workers.settings.topic_checkpoints),
+            # Offsets between the watermarks: records written and not yet past retention (compaction removes
+            # records inside that span without moving it; what it left is read once, at the end). Reading the
+            # topic every interval would load the machine being measured.
+            "checkpoint_offsets": self.offsets_kept(self.workers.settings.topic_checkpoints),
             "topic_bytes": self.topic_bytes(),
         }
 
-    def records_kept(self, topic: str) -> int | None:
-        """Records between each partition's low and high watermark (what retention and compaction left)."""
+    def offsets_kept(self, topic: str) -> int | None:
+        """Offsets between each partition's low and high watermark."""
         with suppress(Exception):
             consumer = Consumer({"bootstrap.servers": self.workers.settings.bootstrap,
                                  "group.id": f"soak-{uuid.uuid4().hex}", "enable.auto.commit": False})
@@ -247,6 +248,11 @@ def soak_figures(config: SoakConfig, run: SoakRun) -> dict[str, Any]:
     last = (config.traffic_s - config.compare_s, config.traffic_s)
     p99 = [window_latency(matched, wall0 + a, wall0 + b).p99_s for a, b in (first, last)]
     turns, unheard = turns_in_window(run.plans, matched, wall0, wall0 + config.warmup_s, wall0 + config.traffic_s)
+    heard = {(m.final.call_id, id(m.turn)) for m in matched if m.turn is not None}
+    missing = [{"call_id": p.call_id, "leg": t.leg, "end_s": round(p.arrival_s + t.end_ms / 1000, 1),
+                "ms": t.end_ms - t.start_ms, "text": t.text[:60]}
+               for p in run.plans for t in p.turns if (p.call_id, id(t)) not in heard
+               and config.warmup_s <= p.arrival_s + t.end_ms / 1000 < config.traffic_s][:20]
     long_lived = run.workers.workers[0].label
     rss = [_mean([r["rss_mb"].get(long_lived) for r in run.rows if a <= r["t_s"] <= b]) for a, b in (first, last)]
     growth = None if None in rss else round(100 * (rss[1] - rss[0]) / rss[0], 2)  # type: ignore[operator]
@@ -270,7 +276,7 @@ def soak_figures(config: SoakConfig, run: SoakRun) -> dict[str, Any]:
         "long_lived_worker": long_lived,
         "rss_mb": {"first": rss[0], "last": rss[1], "growth_pct": growth, "slope_after_first_mb_per_h": slope},
         "p99_s": {"first": _round(p99[0]), "last": _round(p99[1]), "drift_pct": drift},
-        "turns": {"ended": turns, "without_final": unheard},
+        "turns": {"ended": turns, "without_final": unheard, "without_final_first_20": missing},
         "finals": len(finals), "restarts": run.restarts, "unplanned_exits": run.unplanned_exits,
         "timeline": run.rows,
         "met": not why_not, "why_not": why_not,
@@ -295,7 +301,7 @@ def row_line(row: dict[str, Any]) -> str:
     rss = ", ".join(f"{k} {v} MB" for k, v in row["rss_mb"].items())
     files = sum(row["open_files"].values())
     return (f"  {row['t_s']:7.1f} s  RSS {rss}; files {files}; finals {row['finals']}, P99 {row['p99_s']} s; "
-            f"lag {row['audio_lag_frames']} frames; checkpoint records kept {row['checkpoint_records']}")
+            f"lag {row['audio_lag_frames']} frames; checkpoint offsets {row['checkpoint_offsets']}")
 
 
 def _count(folder: str) -> int | None:
