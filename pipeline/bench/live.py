@@ -85,10 +85,7 @@ class LevelConfig:
 
     @property
     def worker_cores(self) -> list[tuple[int, ...]]:
-        """Each worker's cores: fewer workers than cores split them (0,2 | 1,3); more share them round robin."""
-        if self.workers <= len(self.cores):
-            return [self.cores[i::self.workers] for i in range(self.workers)]
-        return [(self.cores[i % len(self.cores)],) for i in range(self.workers)]
+        return share_cores(self.cores, self.workers)
 
     @property
     def traffic(self) -> TrafficSpec:
@@ -182,6 +179,16 @@ class TranscriptTap(threading.Thread):
     def stop(self) -> None:
         self.halt.set()
         self.join(timeout=10)
+
+
+def share_cores(cores: tuple[int, ...], workers: int) -> list[tuple[int, ...]]:
+    """Each worker's cores: fewer workers than cores split them (0,2 | 1,3); more share them round robin;
+    none given, none pinned."""
+    if not cores:
+        return [()] * workers
+    if workers <= len(cores):
+        return [cores[i::workers] for i in range(workers)]
+    return [(cores[i % len(cores)],) for i in range(workers)]
 
 
 def start_workers(workers: WorkerGroup, config: LevelConfig) -> list[WorkerProcess]:

@@ -37,7 +37,7 @@ from rich.console import Console
 from pipeline.bench import probes
 from pipeline.bench.chaos import checkpoint_figures, read_topic
 from pipeline.bench.latency import match_finals, unique_finals, window_latency
-from pipeline.bench.live import TranscriptTap, turns_in_window
+from pipeline.bench.live import TranscriptTap, mb, share_cores, turns_in_window
 from pipeline.bench.results import RESULTS, read_history, record, run_folder, utc_stamp, write_result
 from pipeline.bench.sender import LiveSender, SendReport
 from pipeline.bench.traffic import CallPlan, NoiseBed, TrafficSpec, TurnLibrary, plan_steady_traffic
@@ -75,9 +75,8 @@ class SoakConfig:
         return min(COMPARE_S, self.minutes * 60 / 3)
 
     def worker_cores(self) -> list[str]:
-        if not self.cores:
-            return [""] * self.workers
-        return [",".join(map(str, self.cores[i::self.workers] or self.cores)) for i in range(self.workers)]
+        """Each worker's CPU list for taskset (empty: not pinned)."""
+        return [",".join(map(str, cores)) for cores in share_cores(self.cores, self.workers)]
 
 
 def default_calls(out: Path = RESULTS) -> tuple[int, str]:
@@ -155,7 +154,7 @@ class SoakRun:
         latency = window_latency(matched, wall0 + since, wall0 + t)
         return {
             "t_s": round(t, 1),
-            "rss_mb": {w.label: _mb(probes.rss_bytes(w.pid)) for w in self.workers.workers if w.alive()},
+            "rss_mb": {w.label: mb(probes.rss_bytes(w.pid)) for w in self.workers.workers if w.alive()},
             "open_files": {w.label: _count(f"/proc/{w.pid}/fd") for w in self.workers.workers if w.alive()},
             "threads": {w.label: _count(f"/proc/{w.pid}/task") for w in self.workers.workers if w.alive()},
             "audio_lag_frames": None if metrics is None else metrics.audio_lag,
@@ -309,10 +308,6 @@ def _count(folder: str) -> int | None:
         return len(os.listdir(folder))
     except OSError:
         return None
-
-
-def _mb(n: int) -> float:
-    return round(n / 2**20, 1)
 
 
 def _mean(values: Sequence[float | None]) -> float | None:

@@ -124,6 +124,14 @@ def _summary_from_row(row: Sequence[Any]) -> CallSummary:
     )
 
 
+def after_call_sql(alias: str = "") -> str:
+    """The keyset condition of a page of the call list (newest first: ``started_at`` descending, then
+    ``call_id``): the calls after the one named by the parameters ``after_t`` and ``after_c``; ``alias``
+    prefixes the columns (``"c."``)."""
+    return (f"({alias}started_at < {{after_t:DateTime64(3, 'UTC')}} OR ({alias}started_at = "
+            f"{{after_t:DateTime64(3, 'UTC')}} AND {alias}call_id > {{after_c:String}}))")
+
+
 def list_calls(
     client: Client,
     *,
@@ -139,8 +147,7 @@ def list_calls(
     clauses = ["1"]
     params: dict[str, Any] = {"limit": limit}
     if after is not None:
-        clauses.append("(started_at < {after_t:DateTime64(3, 'UTC')} OR "
-                       "(started_at = {after_t:DateTime64(3, 'UTC')} AND call_id > {after_c:String}))")
+        clauses.append(after_call_sql())
         params.update(after_t=after[0], after_c=after[1])
     for column, value, ch_type, op in (
         ("tenant", tenant, "String", "="),

@@ -19,6 +19,7 @@ from datetime import UTC, date, datetime, timedelta
 from typing import Any, Protocol
 
 from pipeline.api.paging import PageError, decode_cursor
+from pipeline.store.queries import after_call_sql
 
 
 class RowSource(Protocol):
@@ -111,8 +112,7 @@ class ListFilters:
             where.append("c.call_id = {call_id:String}")
             params["call_id"] = self.call_id
         if self.after is not None:  # keyset: the calls after this one in the list's order (see LIST_SQL)
-            where.append("(c.started_at < {after_t:DateTime64(3, 'UTC')} OR "
-                         "(c.started_at = {after_t:DateTime64(3, 'UTC')} AND c.call_id > {after_c:String}))")
+            where.append(after_call_sql("c."))
             params["after_t"] = self.after[0].astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
             params["after_c"] = self.after[1]
         if self.date_from is not None:

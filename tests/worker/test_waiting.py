@@ -33,6 +33,13 @@ class SlowPartitionStore(MemoryCheckpointStore):
         return await super().load(partition)
 
 
+def _processor(settings: Settings, store: SlowPartitionStore) -> CallProcessor:
+    ports = MemoryPorts()
+    return CallProcessor(settings, AudioNamedTranscriber(), ports, ports,  # type: ignore[arg-type]
+                         lambda rate, enc: LegFrontEnd(rate, enc, settings), QaConfig.from_settings(settings),
+                         checkpoints=store)
+
+
 def frames(partition: int, call_id: str, seqs: range) -> list[tuple[tuple[str, int], int, AudioFrame]]:
     return [(("audio", partition), seq, AudioFrame(call_id, "agent", seq, seq * 20, 8000, "mulaw", SILENCE))
             for seq in seqs]
@@ -40,10 +47,8 @@ def frames(partition: int, call_id: str, seqs: range) -> list[tuple[tuple[str, i
 
 async def test_frames_of_a_partition_still_reading_its_checkpoints_wait_and_the_others_go_on() -> None:
     settings = Settings(topic_audio="audio", topic_call_events="events")
-    store, ports = SlowPartitionStore(slow=1), MemoryPorts()
-    processor = CallProcessor(settings, AudioNamedTranscriber(), ports, ports,  # type: ignore[arg-type]
-                              lambda rate, enc: LegFrontEnd(rate, enc, settings), QaConfig.from_settings(settings),
-                              checkpoints=store)
+    store = SlowPartitionStore(slow=1)
+    processor = _processor(settings, store)
     processor.on_assigned({("audio", 0), ("audio", 1), ("events", 0), ("events", 1)})
     await asyncio.sleep(0)  # partition 0's read is done; partition 1's waits
 
@@ -68,10 +73,8 @@ async def test_frames_of_a_partition_still_reading_its_checkpoints_wait_and_the_
 
 async def test_a_revoked_partition_drops_its_held_frames_to_read_them_again() -> None:
     settings = Settings(topic_audio="audio", topic_call_events="events", keep_calls_on_rebalance=False)
-    store, ports = SlowPartitionStore(slow=1), MemoryPorts()
-    processor = CallProcessor(settings, AudioNamedTranscriber(), ports, ports,  # type: ignore[arg-type]
-                              lambda rate, enc: LegFrontEnd(rate, enc, settings), QaConfig.from_settings(settings),
-                              checkpoints=store)
+    store = SlowPartitionStore(slow=1)
+    processor = _processor(settings, store)
     processor.on_assigned({("audio", 1), ("events", 1)})
     await processor.on_frames(frames(1, "slow-call", range(0, 5)))
     assert len(processor.waiting) == 5
@@ -85,10 +88,8 @@ async def test_held_frames_of_a_partition_kept_through_a_rebalance_go_before_its
     # opened the call there (its first seconds became silence), and the older frames, read again from the
     # commit, came too late. Held frames now stay, in order, until the partition moves.
     settings = Settings(topic_audio="audio", topic_call_events="events")  # calls are kept on a rebalance
-    store, ports = SlowPartitionStore(slow=1), MemoryPorts()
-    processor = CallProcessor(settings, AudioNamedTranscriber(), ports, ports,  # type: ignore[arg-type]
-                              lambda rate, enc: LegFrontEnd(rate, enc, settings), QaConfig.from_settings(settings),
-                              checkpoints=store)
+    store = SlowPartitionStore(slow=1)
+    processor = _processor(settings, store)
     tps = {("audio", 1), ("events", 1)}
     processor.on_assigned(tps)
     await processor.on_frames(frames(1, "slow-call", range(0, 30)))  # more than the jitter buffer's window
@@ -106,10 +107,8 @@ async def test_held_frames_of_a_partition_kept_through_a_rebalance_go_before_its
 
 async def test_held_frames_of_a_partition_that_moves_are_dropped() -> None:
     settings = Settings(topic_audio="audio", topic_call_events="events")
-    store, ports = SlowPartitionStore(slow=1), MemoryPorts()
-    processor = CallProcessor(settings, AudioNamedTranscriber(), ports, ports,  # type: ignore[arg-type]
-                              lambda rate, enc: LegFrontEnd(rate, enc, settings), QaConfig.from_settings(settings),
-                              checkpoints=store)
+    store = SlowPartitionStore(slow=1)
+    processor = _processor(settings, store)
     processor.on_assigned({("audio", 1), ("events", 1), ("audio", 2), ("events", 2)})
     await processor.on_frames(frames(1, "slow-call", range(0, 5)))
     processor.on_revoking({("audio", 1), ("events", 1), ("audio", 2), ("events", 2)})
