@@ -131,10 +131,14 @@ def _read_topic(bootstrap: str, topic: str, expected: int | None = None, idle_s:
     first fetch can take longer than ``idle_s``, and an empty answer would pass for an empty topic."""
     import time
 
-    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
 
+    # read_committed (as a downstream consumer of the worker's transactional outputs): an aborted record is
+    # never read, and the last offsets of a partition are commit markers no poll returns, so the end of a
+    # partition is where it reports EOF (at most the end of what is committed).
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"read-{uuid.uuid4().hex}",
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False,
+                         "isolation.level": "read_committed", "enable.partition.eof": True})
     partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
     # What the topic holds now: the high watermark of each partition.
     ends = {p: _high_watermark(consumer, TopicPartition(topic, p)) for p in partitions}
@@ -150,7 +154,11 @@ def _read_topic(bootstrap: str, topic: str, expected: int | None = None, idle_s:
             if expected is None and held_read and time.monotonic() - last >= idle_s:
                 break
             msg = consumer.poll(0.3)
-            if msg is not None and not msg.error():
+            if msg is not None and msg.error() is not None and msg.error().code() == KafkaError._PARTITION_EOF:
+                # Past the commit markers too, once a partition's transactions up to ``ends`` are committed.
+                if msg.offset() >= ends.get(msg.partition(), 0):
+                    read_to[msg.partition()] = max(read_to[msg.partition()], msg.offset())
+            elif msg is not None and not msg.error():
                 out.append(msg)
                 read_to[msg.partition()] = msg.offset() + 1
                 last = time.monotonic()

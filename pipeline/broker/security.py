@@ -3,6 +3,8 @@
 - ``kafka_config(settings)``: the librdkafka (confluent-kafka) config: bootstrap servers, security
   protocol, SASL mechanism and credentials, CA / client certificate, hostname verification, and an
   error callback plus a logger that keep librdkafka's own retries off stderr;
+- ``aiokafka_security(settings)``: the same as aiokafka keyword arguments (the worker's transactional
+  producers);
 - ``faust_credentials(settings)``: faust's ``broker_credentials`` (``SASLCredentials`` or
   ``SSLCredentials`` carrying an ``ssl.SSLContext``), which faust hands to aiokafka as
   ``security_protocol``, ``sasl_mechanism`` and ``ssl_context``;
@@ -99,6 +101,19 @@ def faust_credentials(settings: BrokerSettings) -> CredentialsT | None:
         mechanism=settings.kafka_sasl_mechanism,
         ssl_context=ssl_context(settings) if protocol == "SASL_SSL" else None,
     )
+
+
+def aiokafka_security(settings: BrokerSettings) -> dict[str, Any]:
+    """aiokafka client keyword arguments for the configured security (the transactional producers of
+    pipeline/broker/transactions.py; faust builds its own from ``faust_credentials``)."""
+    protocol = settings.kafka_security_protocol
+    out: dict[str, Any] = {"security_protocol": protocol}
+    if protocol in TLS_PROTOCOLS:
+        out["ssl_context"] = ssl_context(settings)
+    if protocol in SASL_PROTOCOLS:
+        out.update(sasl_mechanism=settings.kafka_sasl_mechanism, sasl_plain_username=settings.kafka_sasl_username,
+                   sasl_plain_password=settings.kafka_sasl_password.get_secret_value())
+    return out
 
 
 class ClientErrors:

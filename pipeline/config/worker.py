@@ -106,6 +106,22 @@ class WorkerSettings(BaseModel):
     commit_interval_s: float = Field(
         2.0, description="How often finished calls are made durable and input offsets committed (s).",
     )
+    # Exactly once for read_committed consumers of the output topics (pipeline/broker/transactions.py): what
+    # a partition's calls produce commits in one Kafka transaction with the input offsets it accounts for,
+    # and a replay does not publish again what a committed transaction holds (the checkpoint lists it). Off:
+    # at-least-once (a replay after a crash publishes its segments again; the store deduplicates either way),
+    # for brokers without transactions. A read_committed consumer sees a final at the commit after it, up to
+    # commit_interval_s later; a read_uncommitted one (live views) sees it at once, as without transactions.
+    exactly_once: bool = Field(
+        True, description="Produce outputs in Kafka transactions committed with the input offsets (exactly once "
+        "for read_committed consumers); false: at-least-once, no transactions.",
+    )
+    # A worker killed mid-transaction leaves it open; the partition's next owner aborts it when it starts,
+    # and the broker after this long if nobody does. Until then read_committed consumers of the partitions it
+    # wrote to wait: keep it above commit_interval_s plus a store flush, well under faust's default 60 s.
+    transaction_timeout_s: float = Field(
+        30.0, gt=0, description="Longest a transaction of a dead worker stays open before the broker aborts it (s).",
+    )
     # glibc raises its mmap threshold to the largest block freed so far, so the decoder's batch buffers
     # (MBs, a new shape per batch size) end up on the heap and stay there: RSS per leg followed the batch
     # shapes seen, not the legs (callqa bench memory: 2.5-3.4 MB per leg; 1.1 with a fixed 128 KB threshold).

@@ -303,6 +303,7 @@ class CallCheckpoint(Message):
     holds: list[HoldSpan] = field(default_factory=list)
     held_from_ms: int = -1
     resumed_at_ms: int = 0
+    published: list[str] = field(default_factory=list)  # outputs a replay from here must not publish again
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> CallCheckpoint:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,8 +33,9 @@ from pipeline.api.server import register_api_views
 from pipeline.asr.engine import Engine
 from pipeline.broker.consumer import use_worker_consumer
 from pipeline.broker.security import faust_credentials
+from pipeline.broker.transactions import PartitionTransactions
 from pipeline.config import Settings
-from pipeline.contracts import AudioFrame, CallEvent, Message, Serde
+from pipeline.contracts import AudioFrame, CallEvent, Serde
 from pipeline.postcall.runner import PostCallRunner
 from pipeline.qa.call import QaConfig
 from pipeline.store.client import connect
@@ -48,6 +48,7 @@ from pipeline.worker.checkpoint_topic import KafkaCheckpointStore
 from pipeline.worker.dead_letters import describe_error
 from pipeline.worker.frames import RejectedFrame
 from pipeline.worker.health import Component, WorkerHealth, exit_after
+from pipeline.worker.kafka_output import FaustOutput, TransactionalOutput
 from pipeline.worker.log_repeats import collapse_client_repeats
 from pipeline.worker.metrics import WorkerMetrics
 from pipeline.worker.transcriber import BatcherTranscriber
@@ -62,22 +63,6 @@ HANDOVER_SHARE_OF_SESSION = 0.6
 def handover_budget_s(settings: Settings) -> float:
     """How long a revocation may spend making calls durable before it hands their partitions over."""
     return min(settings.handover_timeout_s, settings.kafka_session_timeout_s * HANDOVER_SHARE_OF_SESSION)
-
-
-class FaustOutput:
-    """Produces contract messages with faust's producer; returns the delivery future."""
-
-    def __init__(self, app: faust.App, serde: Serde) -> None:
-        self.app = app
-        self.serde = serde
-        self._topics: dict[str, Any] = {}
-
-    async def publish(self, topic: str, key: str, message: Message) -> Awaitable[Any]:
-        t = self._topics.get(topic)
-        if t is None:
-            t = self._topics[topic] = self.app.topic(topic, key_serializer="raw", value_serializer="raw")
-        fut: Awaitable[Any] = await t.send(key=key.encode(), value=self.serde.encode(message))
-        return fut
 
 
 @dataclass
@@ -148,9 +133,15 @@ def build_worker(settings: Settings) -> Worker:
 
     # Whether a call is finished, and where an open one resumes, comes from the checkpoint topic, read
     # once per partition on assignment: no store lookup in the hot path.
+    # Exactly once: what the calls of input partition p produce, checkpoints included, goes in p's
+    # transaction, committed with p's offsets by commit_now (pipeline/broker/transactions.py).
+    transactions = (PartitionTransactions(settings, settings.worker_id, settings.transaction_timeout_s)
+                    if settings.exactly_once else None)
+    output = TransactionalOutput(transactions, serde) if transactions is not None else FaustOutput(app, serde)
     processor = CallProcessor(
-        settings, transcriber, FaustOutput(app, serde), sink, transcriber.engine.open_front_end,
-        QaConfig.from_settings(settings), metrics, checkpoints=KafkaCheckpointStore(app, settings, serde),
+        settings, transcriber, output, sink, transcriber.engine.open_front_end,
+        QaConfig.from_settings(settings), metrics,
+        checkpoints=KafkaCheckpointStore(app, settings, serde, transactions),
     )
 
     def lag(tp: tuple[str, int]) -> int:
@@ -169,7 +160,6 @@ def build_worker(settings: Settings) -> Worker:
     # acks=False: faust neither acks nor commits these topics; commit_durable does.
     audio_topic = app.topic(settings.topic_audio, key_serializer="raw", value_serializer="raw", acks=False)
     events_topic = app.topic(settings.topic_call_events, key_serializer="raw", value_serializer="raw", acks=False)
-    dead_letters = FaustOutput(app, serde)
 
     async def dead_letter(msg: Any, exc: Exception, frame: AudioFrame | None = None) -> None:
         # The message's bytes are never logged: ids and the error are enough to find it on its topic.
@@ -177,7 +167,7 @@ def build_worker(settings: Settings) -> Worker:
         letter = processor.dead_letter_message((msg.topic, msg.partition), msg.offset, msg.key, msg.value or b"",
                                                exc, frame)
         try:
-            delivery = await dead_letters.publish(settings.topic_dead_letters, letter.call_id, letter)
+            delivery = await output.publish(settings.topic_dead_letters, letter.call_id, letter, msg.partition)
             await delivery
         except Exception as err:  # noqa: BLE001 - see below
             # Neither processed nor dead-lettered: its offset stays held. Raised out of the agent, it made
@@ -270,6 +260,9 @@ def build_worker(settings: Settings) -> Worker:
             # waited for the store: nothing is committed, what was not stored is read again by the next owner.
             return
         offsets = {tp: o for tp, o in offsets.items() if TP(*tp) in assigned}
+        if transactions is not None:
+            await commit_transactions(offsets, {tp.partition for tp in assigned if tp.topic == settings.topic_audio})
+            return
         # faust has no public call that commits given offsets: Consumer.commit() commits what faust's
         # own acks track, which these topics do not use (acks=False, see offsets.py). _commit_offsets is
         # what it calls underneath; it flushes the producer first and skips unassigned partitions.
@@ -278,6 +271,21 @@ def build_worker(settings: Settings) -> Worker:
         ):
             processor.offsets.committed(offsets)
             metrics.commits.inc()
+
+    async def commit_transactions(offsets: dict[tuple[str, int], int], partitions: set[int]) -> None:
+        """Each owned partition's transaction, with its offsets and a record of what its calls published
+        (CallProcessor.commit_transactions); a failed commit is fatal: the next owner replays."""
+        assert transactions is not None
+        by_partition: dict[int, dict[tuple[str, int], int]] = {}
+        for (topic, partition), offset in offsets.items():
+            by_partition.setdefault(partition, {})[(topic, partition)] = offset
+        try:
+            await processor.commit_transactions(offsets, partitions, lambda: transactions.commit(
+                {p: o for p, o in by_partition.items() if p in partitions}))
+        except Exception as exc:  # noqa: BLE001 - fenced or refused: what is open is the next owner's to replay
+            failed("transaction commit", exc)
+            return
+        metrics.commits.inc()
 
     input_topics = {settings.topic_audio, settings.topic_call_events}
 
@@ -293,6 +301,10 @@ def build_worker(settings: Settings) -> Worker:
     async def take_over_calls(sender: Any, assigned: set[TP], **kwargs: Any) -> None:
         before = {tp for tp in processor.offsets.partitions()}
         processor.on_assigned({(tp.topic, tp.partition) for tp in assigned if tp.topic in input_topics})
+        if transactions is not None:
+            # After on_assigned stopped the calls of partitions that moved: their producers stop (aborting
+            # what they had open), and a new partition's producer fences its previous owner's.
+            await transactions.assign({tp.partition for tp in assigned if tp.topic == settings.topic_audio})
         for topic, partition in before - set(processor.offsets.partitions()):
             with contextlib.suppress(KeyError):
                 metrics.consumer_lag.remove(topic, str(partition))
@@ -363,6 +375,8 @@ def build_worker(settings: Settings) -> Worker:
         except Exception as exc:  # noqa: BLE001 - not committed, so replayed: still close the rest
             log.error("store sink did not close cleanly: %s", describe_error(exc))
         await transcriber.close()
+        if transactions is not None:  # nothing more is committed: what is open is aborted, and replayed
+            await transactions.close()
         api_pool.shutdown()
 
     return Worker(app, processor, transcriber, sink)

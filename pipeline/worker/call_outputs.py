@@ -7,6 +7,8 @@ and rows hold is built in outputs.py; this stage decides what a call publishes w
 
 from __future__ import annotations
 
+import asyncio
+
 from pipeline.config import Settings
 from pipeline.contracts.messages import DeadLetter, Message, now_ms
 from pipeline.qa.call import AnalyzedSegment
@@ -31,6 +33,9 @@ from pipeline.worker.outputs import (
 from pipeline.worker.ports import OutputPort
 from pipeline.worker.state import CallState, DecodedSegment, publish
 
+# The id under which a call's QA result (and its post-call job) counts as published (CallState.published).
+QA_OUTPUT = "qa"
+
 
 class CallOutputs:
     """Publishes a call's results and writes its rows."""
@@ -40,6 +45,10 @@ class CallOutputs:
         self.output = output
         self.sink = sink
         self.metrics = metrics
+        # Held while one output's messages are published (a segment's transcript, latency and alerts; the
+        # QA result and job), and by the commit while it records what is published and commits: a
+        # transaction holds all of an output's messages or none, and the record that lists it.
+        self.publishing = asyncio.Lock()
 
     async def segment(self, call: CallState, decoded: DecodedSegment, analyzed: AnalyzedSegment) -> None:
         """A released final: its transcript, latency and QA alerts, and its rows."""
@@ -53,11 +62,14 @@ class CallOutputs:
                                         sentiment=analyzed.sentiment)
         latency = latency_message(call.call_id, leg.leg, seg_id, r, consumed_ms, last_frame_ms, produced,
                                   self.settings.worker_id)
-        await self.publish(call, self.settings.topic_transcripts, transcript)
-        await self.publish(call, self.settings.topic_latency, latency)
-        for ev in analyzed.events:
-            self.metrics.qa_alerts.labels(ev.rule).inc()
-            await self.publish(call, self.settings.topic_qa, qa_alert(call.call_id, ev))
+        async with self.publishing:
+            if seg_id not in call.published:  # else a committed transaction holds it (a replay: see state.py)
+                await self.publish(call, self.settings.topic_transcripts, transcript)
+                await self.publish(call, self.settings.topic_latency, latency)
+                for ev in analyzed.events:
+                    self.metrics.qa_alerts.labels(ev.rule).inc()
+                    await self.publish(call, self.settings.topic_qa, qa_alert(call.call_id, ev))
+                self._published(call, seg_id)
         await self.sink.write("segments", [segment_row(transcript)])
         await self.sink.write("latency", [latency_row(latency)])
         call.segments_done += 1
@@ -85,12 +97,15 @@ class CallOutputs:
         start = call.start or call.end
         ended_ms = now_ms()
         qa = call_qa_message(call.call_id, result, start, call.hold_intervals(audio_ms))
-        await self.publish(call, self.settings.topic_qa, qa)
-        if self.settings.final_model and call.audio_tp is not None and audio_end_offset is not None:
-            job = post_call_job(call, qa, start, how, audio_ms, ended_ms, self.settings.final_model,
-                                audio_end_offset, self.settings.final_pass_read_margin_s)
-            await self.publish(call, self.settings.topic_postcall, job)
-            self.metrics.postcall_jobs.inc()
+        async with self.publishing:
+            if QA_OUTPUT not in call.published:
+                await self.publish(call, self.settings.topic_qa, qa)
+                if self.settings.final_model and call.audio_tp is not None and audio_end_offset is not None:
+                    job = post_call_job(call, qa, start, how, audio_ms, ended_ms, self.settings.final_model,
+                                        audio_end_offset, self.settings.final_pass_read_margin_s)
+                    await self.publish(call, self.settings.topic_postcall, job)
+                    self.metrics.postcall_jobs.inc()
+                self._published(call, QA_OUTPUT)
         await self.sink.write("calls", [call_row(call, qa, start, how, audio_ms, ended_ms)])
         await self.sink.write("call_qa", [call_qa_row(qa)])
         if result.events:
@@ -98,6 +113,11 @@ class CallOutputs:
         self.metrics.calls_finished.labels(how).inc()
         self.metrics.holds.inc(result.metrics.get("holds", 0))
         self.metrics.hold_seconds.inc(result.metrics.get("hold_ms", 0) / 1000)
+
+    @staticmethod
+    def _published(call: CallState, output: str) -> None:
+        call.published.add(output)
+        call.unrecorded = True
 
     async def publish(self, call: CallState, topic: str, message: Message) -> None:
         """One of the call's messages, keyed by its id (its delivery is awaited before its release)."""

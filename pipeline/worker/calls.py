@@ -203,6 +203,17 @@ class CallProcessor:
         """Make finished calls and due checkpoints durable; return the offsets that may be committed."""
         return await self.durability.make_durable()
 
+    async def commit_transactions(self, offsets: dict[TopicPartition, int], partitions: set[int],
+                                  commit: Callable[[], Awaitable[None]]) -> None:
+        """Exactly once: record what the calls of ``partitions`` have published (a checkpoint record each,
+        in their transactions), then ``commit`` (those transactions, with ``offsets``), with no output
+        published in between: a transaction holds an output's messages and the record that lists them,
+        or none of it. A replay from ``offsets`` then publishes nothing of it again."""
+        async with self.outputs.publishing:
+            await self.durability.record_published(partitions)
+            await commit()
+        self.offsets.committed(offsets)
+
     async def drain(self) -> None:
         """Finish in-flight inference (on shutdown); calls stay open and will be replayed."""
         await self.lifecycle.drain()

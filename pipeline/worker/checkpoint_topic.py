@@ -1,10 +1,12 @@
 """Call checkpoints on the compacted checkpoint topic (see pipeline/worker/checkpoints.py).
 
-Written with the worker's own (faust) producer, keyed by call ID, on the partition number of the call's
-audio partition, so a worker that is assigned audio partition p reads checkpoint partition p and nothing
-else. Read with a plain librdkafka consumer (no group, no commits) from the beginning to the high-water
-mark: compaction keeps that short, one record per call not yet forgotten. Records are sealed with
-AES-256-GCM when ``CALLQA_CHECKPOINT_KEY`` is set (checkpoint_cipher.py).
+Written keyed by call ID, on the partition number of the call's audio partition, so a worker that is
+assigned audio partition p reads checkpoint partition p and nothing else; with exactly once, in audio
+partition p's transaction (a checkpoint is committed with the input offsets and outputs it accounts
+for), else with the worker's own (faust) producer. Read with a plain librdkafka consumer (no group, no
+commits, read_committed: an aborted transaction's records are skipped) from the beginning to the end of
+what is committed: compaction keeps that short, one record per call not yet forgotten. Records are
+sealed with AES-256-GCM when ``CALLQA_CHECKPOINT_KEY`` is set (checkpoint_cipher.py).
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ from collections.abc import Awaitable
 from typing import Any
 
 import faust
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
 from pipeline.broker.security import kafka_config
+from pipeline.broker.transactions import PartitionTransactions
 from pipeline.config import Settings
 from pipeline.contracts import Serde
 from pipeline.contracts.messages import CallCheckpoint
@@ -31,16 +34,21 @@ class CheckpointTopicError(RuntimeError):
 
 
 class KafkaCheckpointStore:
-    def __init__(self, app: faust.App, settings: Settings, serde: Serde) -> None:
+    def __init__(self, app: faust.App, settings: Settings, serde: Serde,
+                 transactions: PartitionTransactions | None = None) -> None:
         self.settings = settings
         self.serde = serde
         self.cipher = CheckpointCipher(settings.checkpoint_key.get_secret_value(),
                                        settings.checkpoint_previous_keys.get_secret_value(),
                                        settings.checkpoint_plain_accepted)
+        self.transactions = transactions
         self._topic = app.topic(settings.topic_checkpoints, key_serializer="raw", value_serializer="raw")
 
     async def save(self, partition: int, call_id: str, checkpoint: CallCheckpoint | None) -> Awaitable[Any]:
         value = None if checkpoint is None else self.cipher.seal(call_id, self.serde.encode(checkpoint))
+        if self.transactions is not None:
+            return await self.transactions.send(partition, self.settings.topic_checkpoints, call_id.encode(),
+                                                value, to_partition=partition)
         fut: Awaitable[Any] = await self._topic.send(key=call_id.encode(), value=value, partition=partition)
         return fut
 
@@ -49,8 +57,12 @@ class KafkaCheckpointStore:
 
     def _read(self, partition: int) -> dict[str, CallCheckpoint]:
         topic = self.settings.topic_checkpoints
+        # read_committed (also librdkafka's default): records of a transaction that was aborted, or that the
+        # partition's new owner is aborting, are never read. The end is where the partition reports EOF:
+        # with transactions, the last offsets are commit markers, which no poll returns.
         consumer = Consumer({**kafka_config(self.settings), "group.id": f"callqa-checkpoints-{uuid.uuid4().hex}",
-                             "enable.auto.commit": False, "enable.partition.eof": False})
+                             "enable.auto.commit": False, "enable.partition.eof": True,
+                             "isolation.level": "read_committed"})
         try:
             low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=READ_TIMEOUT_S)
             out: dict[str, CallCheckpoint] = {}
@@ -63,8 +75,11 @@ class KafkaCheckpointStore:
                 if msg is None:
                     raise CheckpointTopicError(f"{topic}[{partition}]: no record in {READ_TIMEOUT_S:.0f} s "
                                                f"at offset {position} of {high}")
-                if msg.error():
-                    raise CheckpointTopicError(f"{topic}[{partition}]: {msg.error()}")
+                error = msg.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
+                        break  # the end of what is committed
+                    raise CheckpointTopicError(f"{topic}[{partition}]: {error}")
                 position = (msg.offset() or 0) + 1
                 key = (msg.key() or b"").decode("utf-8", errors="replace")
                 value = msg.value()

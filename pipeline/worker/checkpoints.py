@@ -142,10 +142,19 @@ def call_checkpoint(call: CallState, status: CheckpointStatus, legs: dict[str, L
     checkpoint.segments_done = len(segments)
     if legs is not None:
         checkpoint.legs = [snap.state for snap in legs.values()]
-        checkpoint.resume_offset = min(snap.resume_offset for snap in legs.values())
+        # No leg snapshot yet ({}): the call replays from its first frame; the record carries what it published.
+        checkpoint.resume_offset = min((snap.resume_offset for snap in legs.values()), default=-1)
     else:
         checkpoint.legs = [leg_checkpoint(leg) for leg in call.legs.values()]
+    # What a replay from here would publish again: the segments after the snapshots (and the QA result).
+    checkpoint.published = sorted(call.published - {s.segment_id for s in segments})
     return checkpoint
+
+
+def published_record(call: CallState) -> CallCheckpoint:
+    """The call's latest checkpoint again (its durable leg snapshots; none yet: a replay from its first
+    frame), with what it has published since: written in the transaction that commits those outputs."""
+    return call_checkpoint(call, "open", dict(call.durable_legs))
 
 
 def restore_call(checkpoint: CallCheckpoint, qa_config: QaConfig,
@@ -161,6 +170,7 @@ def restore_call(checkpoint: CallCheckpoint, qa_config: QaConfig,
     call.holds_ms = [(h.start_ms, h.end_ms) for h in checkpoint.holds]
     call.held_from_ms = None if checkpoint.held_from_ms < 0 else checkpoint.held_from_ms
     call.resumed_at_ms = checkpoint.resumed_at_ms
+    call.published = set(checkpoint.published)
     call.analyzer = CallAnalyzer(call.call_id, qa_config)
     for s in checkpoint.segments:
         # Redaction context and rule state come back from the stored (already redacted) finals; their

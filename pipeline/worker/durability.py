@@ -31,6 +31,7 @@ from pipeline.worker.checkpoints import (
     due_checkpoint,
     leg_is_quiet,
     leg_position_ms,
+    published_record,
     take_leg_snapshot,
 )
 from pipeline.worker.metrics import WorkerMetrics
@@ -107,7 +108,7 @@ class CallDurability:
             for call in calls:
                 call.deliveries = [d for d in call.deliveries if id(d) not in done]
             await self.sink.flush()
-            saved = [await self._save(c, call_checkpoint(c, "open", legs)) for c, legs in due]
+            saved = [await self._save(c, self._recorded(call_checkpoint(c, "open", legs), c)) for c, legs in due]
             saved += [await self._save(c, self._finished_record(c)) for c in ready]
             await asyncio.gather(*saved)
             for call, legs in due:
@@ -116,6 +117,24 @@ class CallDurability:
                 if call in self.registry.awaiting_release:  # else handed over in a rebalance meanwhile
                     self._released(call)
             return self.offsets.committable()
+
+    async def record_published(self, partitions: set[int]) -> None:
+        """Exactly once: for each call on ``partitions`` that published since its last record, its latest
+        checkpoint again with what it has published (``published_record``), in the same transaction as
+        those outputs. Its hold on the input does not move: a replay from the commit decodes those
+        segments again and publishes none of them. The caller holds ``CallOutputs.publishing``."""
+        calls = [c for c in [*self.registry.calls.values(), *self.registry.awaiting_release]
+                 if c.unrecorded and not c.failed and c.audio_tp is not None and c.audio_tp[1] in partitions]
+        for call in calls:
+            await self._save(call, self._recorded(published_record(call), call))
+            self.metrics.checkpoints.labels("published").inc()
+
+    @staticmethod
+    def _recorded(checkpoint: CallCheckpoint, call: CallState) -> CallCheckpoint:
+        """``checkpoint`` lists what ``call`` has published so far (taken in the same step: nothing is
+        published in between)."""
+        call.unrecorded = False
+        return checkpoint
 
     def forget_partitions(self, partitions: set[int]) -> None:
         """Partitions taken away: their finished records are their next owner's to delete."""

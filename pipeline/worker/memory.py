@@ -19,7 +19,7 @@ class MemoryPorts:
         self.messages: list[Message] = []
         self.rows: list[tuple[str, Row]] = []
 
-    async def publish(self, topic: str, key: str, message: Message) -> Awaitable[Any]:
+    async def publish(self, topic: str, key: str, message: Message, partition: int = 0) -> Awaitable[Any]:
         self.messages.append(message)
         delivered: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         delivered.set_result(None)

@@ -14,7 +14,10 @@ from pipeline.contracts.messages import Message
 class OutputPort(Protocol):
     """Where contract messages go (Kafka in the worker). Returns an awaitable that resolves on delivery."""
 
-    async def publish(self, topic: str, key: str, message: Message) -> Awaitable[Any]: ...
+    async def publish(self, topic: str, key: str, message: Message, partition: int) -> Awaitable[Any]:
+        """``partition``: the input (audio) partition whose input the message accounts for: with exactly
+        once, it goes in that partition's transaction."""
+        ...
 
 
 @dataclass(frozen=True)

@@ -59,6 +59,11 @@ class CallState:
     holds_ms: list[tuple[int, int]] = field(default_factory=list)
     held_from_ms: int | None = None
     resumed_at_ms: int = 0
+    # Exactly once (pipeline/broker/transactions.py): the outputs this call has published (final segment ids,
+    # "qa" for its QA result), with those a checkpoint it resumed from listed; a replay publishes none of
+    # them again. ``unrecorded``: some are not in a checkpoint record yet (the next commit writes one).
+    published: set[str] = field(default_factory=set)
+    unrecorded: bool = False
 
     def hold_intervals(self, call_end_ms: int) -> list[tuple[int, int]]:
         """The call's holds; one still open at the end lasts until ``call_end_ms``."""
@@ -125,5 +130,7 @@ def watermarks(call: CallState, pre_roll_ms: int, held_final_max_ms: int = 2000,
 
 
 async def publish(output: OutputPort, call: CallState, topic: str, key: str, message: Message) -> None:
-    """Publish one of the call's messages; its delivery is awaited before the call's offsets are released."""
-    call.deliveries.append(await output.publish(topic, key, message))
+    """Publish one of the call's messages (in its audio partition's transaction); its delivery is awaited
+    before the call's offsets are released."""
+    partition = call.audio_tp[1] if call.audio_tp is not None else -1  # set when it opens (-1: a test's call)
+    call.deliveries.append(await output.publish(topic, key, message, partition))

@@ -53,11 +53,16 @@ class Recorder(MemoryPorts):
         return {m.segment_id: (m.start_ms, m.end_ms, m.text) for m in self.finals()}
 
 
-@pytest.fixture(scope="module")
-def legs() -> dict[str, bytes]:
+def call_legs() -> dict[str, bytes]:
+    """call_01's legs as 8 kHz mu-law."""
     audio = load_audio(CALL)
     return {leg: codecs.encode(resample(audio.samples[i], audio.sample_rate, 8000), "mulaw")
             for i, leg in enumerate(("agent", "customer"))}
+
+
+@pytest.fixture(scope="module")
+def legs() -> dict[str, bytes]:
+    return call_legs()
 
 
 def _processor(store: MemoryCheckpointStore, settings: Settings) -> tuple[CallProcessor, AudioNamedTranscriber,

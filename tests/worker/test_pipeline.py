@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ import pytest
 from pipeline.asr.engine import Engine
 from pipeline.broker.producer import ContractProducer
 from pipeline.contracts import AudioFrame, CallEvent, DeadLetter, Serde, TranscriptSegment
+from pipeline.contracts.messages import CallQA
 from pipeline.ingest.replay import CallRecording, ReplayOptions, TelephonyReplay, load_recording
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
@@ -133,7 +135,7 @@ def test_reordered_duplicated_and_missing_frames_and_a_call_without_end(
 
 
 def test_kill_9_mid_call_then_restart_stores_every_segment_exactly_once(
-    kafka_settings, start_worker, recordings, offline  # type: ignore[no-untyped-def]
+    kafka_settings, start_worker, recordings, offline, read_topic  # type: ignore[no-untyped-def]
 ) -> None:
     worker = start_worker()
     import threading
@@ -153,6 +155,17 @@ def test_kill_9_mid_call_then_restart_stores_every_segment_exactly_once(
     raw = worker.query("SELECT count() AS n FROM segments")[0]["n"]
     assert before > 0  # the crash really happened mid-stream
     assert raw >= sum(len(v) for v in stored.values())
+    # Exactly once for a read_committed consumer of the topics: each final and each call's QA result once,
+    # though the restarted worker decoded again what came after the dead one's last checkpoints.
+    serde = Serde.from_settings()
+    finals = Counter(m.segment_id for m in (serde.decode_any(r.value()) for r in read_topic(
+        kafka_settings.bootstrap, kafka_settings.topic_transcripts)) if isinstance(m, TranscriptSegment)
+        and m.is_final and m.call_id in ids)
+    assert sum(finals.values()) == sum(len(v) for v in stored.values())
+    assert [s for s, n in finals.items() if n > 1] == []
+    qa = Counter(m.call_id for m in (serde.decode_any(r.value()) for r in read_topic(
+        kafka_settings.bootstrap, kafka_settings.topic_qa)) if isinstance(m, CallQA) and m.call_id in ids)
+    assert qa == dict.fromkeys(ids, 1)
 
 
 def test_overload_holds_the_inflight_bound_and_the_lag_drains(

@@ -45,7 +45,7 @@ class TopicPorts(MemoryPorts):
         super().__init__()
         self.topics: list[str] = []
 
-    async def publish(self, topic: str, key: str, message: Message) -> Awaitable[Any]:
+    async def publish(self, topic: str, key: str, message: Message, partition: int = 0) -> Awaitable[Any]:
         self.topics.append(topic)
         return await super().publish(topic, key, message)
 

@@ -1,0 +1,149 @@
+"""Kafka transactions per input partition: what the worker produces commits with the offsets it consumed.
+
+Exactly once for a read_committed consumer of the output topics (issue 41): the records a worker
+produces for the calls of input partition p (transcripts, latency, alerts, QA results, post-call jobs,
+dead letters, checkpoints) and the input offsets of p that they account for are committed in one
+transaction. A worker that dies before that commit leaves an open transaction, which the next owner
+of p aborts when it starts its producer for p: nothing of it is seen, and the next owner replays from
+the offsets committed with the last transaction, together with the checkpoints of that transaction.
+
+One transactional producer per input partition (Kafka's EOS v1 layout, as Kafka Streams had it before
+KIP-447): the transactional id names the partition, so whoever takes p over fences its predecessor,
+a worker that was paused past its session and wakes up cannot commit for p any more. aiokafka, which
+faust uses, commits offsets in a transaction by group id only (no generation), so fencing by id is
+what keeps such a zombie out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
+from aiokafka.structs import TopicPartition as KafkaTopicPartition
+
+from pipeline.broker.security import aiokafka_security
+from pipeline.config.broker import BrokerSettings
+
+log = logging.getLogger("callqa.kafka.transactions")
+
+
+class TransactionError(RuntimeError):
+    """A partition's transaction could not be committed (fenced by a new owner, broker refused): what it
+    produced since its last commit is aborted, and the next owner replays it."""
+
+
+class PartitionTransactions:
+    """Transactional producers of the input partitions this worker owns, by partition number.
+
+    ``send`` puts a record in partition p's open transaction (opening one if none); ``commit`` commits
+    each partition's transaction with its input offsets. A send waits while its partition commits.
+    """
+
+    def __init__(self, settings: BrokerSettings, group_id: str, transaction_timeout_s: float) -> None:
+        self.settings = settings
+        self.group_id = group_id
+        self.transaction_timeout_ms = round(transaction_timeout_s * 1000)
+        self._producers: dict[int, AIOKafkaProducer] = {}
+        self._locks: dict[int, asyncio.Lock] = {}
+        self._open: set[int] = set()  # partitions with a transaction begun and not yet ended
+        self.commits = 0
+        self.aborts = 0
+
+    def transactional_id(self, partition: int) -> str:
+        return f"{self.group_id}.in-{partition}"
+
+    @property
+    def partitions(self) -> set[int]:
+        return set(self._producers)
+
+    async def assign(self, partitions: set[int]) -> None:
+        """Own exactly ``partitions``: start a producer for each new one (its start fences the partition's
+        previous owner and aborts what that one left open), stop the others (aborting their open work)."""
+        gone = set(self._producers) - partitions
+        new = partitions - set(self._producers)
+        await asyncio.gather(*(self._stop(p) for p in gone))
+        started = await asyncio.gather(*(self._start(p) for p in sorted(new)), return_exceptions=True)
+        failed = [(p, e) for p, e in zip(sorted(new), started, strict=True) if isinstance(e, BaseException)]
+        if failed:
+            p, exc = failed[0]
+            raise TransactionError(f"transactional producer {self.transactional_id(p)} did not start: "
+                                   f"{type(exc).__name__}: {exc}")
+
+    async def _start(self, partition: int) -> None:
+        producer = AIOKafkaProducer(
+            bootstrap_servers=self.settings.bootstrap, transactional_id=self.transactional_id(partition),
+            enable_idempotence=True, acks="all", linger_ms=5, compression_type="lz4",
+            transaction_timeout_ms=self.transaction_timeout_ms, **aiokafka_security(self.settings))
+        await producer.start()  # InitProducerId: fences the id's previous holder, aborts its open transaction
+        self._producers[partition] = producer
+        self._locks[partition] = asyncio.Lock()
+
+    async def _stop(self, partition: int) -> None:
+        producer = self._producers.pop(partition)
+        lock = self._locks.pop(partition)
+        async with lock:
+            if partition in self._open:
+                self._open.discard(partition)
+                # Not committed: its records are dropped and the next owner replays their input. Fenced
+                # already (the next owner started) is the same outcome.
+                with contextlib.suppress(KafkaError, asyncio.TimeoutError):
+                    await asyncio.wait_for(producer.abort_transaction(), 10.0)
+                self.aborts += 1
+            with contextlib.suppress(KafkaError, asyncio.TimeoutError):
+                await asyncio.wait_for(producer.stop(), 10.0)
+
+    async def send(self, partition: int, topic: str, key: bytes | None, value: bytes | None,
+                   to_partition: int | None = None) -> Awaitable[Any]:
+        """Put a record in input partition ``partition``'s transaction; returns its delivery future (the
+        record is written, not yet committed, when it resolves)."""
+        producer = self._producers.get(partition)
+        if producer is None:
+            raise TransactionError(f"input partition {partition} is not owned here: no transaction to send "
+                                   f"{topic} records in")
+        async with self._locks[partition]:
+            if partition not in self._open:
+                await producer.begin_transaction()
+                self._open.add(partition)
+            fut: Awaitable[Any] = await producer.send(topic, value=value, key=key, partition=to_partition)
+        return fut
+
+    async def commit(self, offsets: dict[int, dict[tuple[str, int], int]]) -> None:
+        """Commit each owned partition's transaction with its input offsets (``{partition: {(topic,
+        partition): next offset}}``); a partition with neither records nor offsets is left alone.
+        Raises TransactionError naming the first partition that failed (after trying all)."""
+        parts = (set(offsets) | self._open) & set(self._producers)
+        results = await asyncio.gather(*(self._commit(p, offsets.get(p, {})) for p in sorted(parts)),
+                                       return_exceptions=True)
+        for p, result in zip(sorted(parts), results, strict=True):
+            if isinstance(result, BaseException):
+                raise TransactionError(f"transaction {self.transactional_id(p)} not committed: "
+                                       f"{type(result).__name__}: {result}") from result
+
+    async def _commit(self, partition: int, offsets: dict[tuple[str, int], int]) -> None:
+        producer = self._producers[partition]
+        async with self._locks[partition]:
+            if not offsets and partition not in self._open:
+                return
+            if partition not in self._open:
+                await producer.begin_transaction()
+                self._open.add(partition)
+            try:
+                if offsets:
+                    await producer.send_offsets_to_transaction(
+                        {KafkaTopicPartition(t, p): o for (t, p), o in offsets.items()}, self.group_id)
+                await producer.commit_transaction()
+            finally:
+                # Ended either way: a failed commit leaves the producer in an error state, and the worker
+                # stops (the next owner aborts what was left and replays it).
+                self._open.discard(partition)
+            self.commits += 1
+
+    async def close(self) -> None:
+        """Abort what is open (a read_committed consumer is not held up until the next owner starts) and
+        stop every producer."""
+        await asyncio.gather(*(self._stop(p) for p in list(self._producers)))
