@@ -56,7 +56,7 @@ from pipeline.broker.local import LocalKafka, free_port
 from pipeline.broker.topics import ensure_topics
 from pipeline.config import Settings
 from pipeline.contracts import Serde
-from pipeline.contracts.messages import CallCheckpoint, CallQA, LatencyMetric, TranscriptSegment
+from pipeline.contracts.messages import CallCheckpoint, CallQA, LatencyMetric, QaAlert, TranscriptSegment
 from pipeline.eval.call_library import (
     STORE_TABLES,
     TABLE_TEXT_COLUMNS,
@@ -287,11 +287,14 @@ class Faults:
 
 # ---- reading what the run left ------------------------------------------------------------------------------
 def read_topic(settings: Settings, topic: str) -> list[Any]:
-    """Every record of ``topic`` (tombstones included), from each partition's start to its end now."""
-    from confluent_kafka import Consumer, TopicPartition
+    """Every committed record of ``topic`` (tombstones included), from each partition's start to its end
+    now, as a read_committed consumer downstream sees them."""
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
 
+    # Transactions end with commit markers, which no poll returns: a partition's end is its EOF.
     consumer = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": f"chaos-read-{uuid.uuid4().hex}",
-                         "enable.auto.commit": False, "enable.partition.eof": False})
+                         "enable.auto.commit": False, "enable.partition.eof": True,
+                         "isolation.level": "read_committed"})
     out: list[Any] = []
     try:
         partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
@@ -302,7 +305,12 @@ def read_topic(settings: Settings, topic: str) -> list[Any]:
         deadline = time.monotonic() + 120
         while any(position[p] < want[p] for p in want) and time.monotonic() < deadline:
             msg = consumer.poll(1.0)
-            if msg is None or msg.error():
+            if msg is None:
+                continue
+            error = msg.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF and (msg.offset() or 0) >= want.get(msg.partition(), 0):
+                    position[msg.partition()] = want[msg.partition()]
                 continue
             out.append(msg)
             position[msg.partition()] = (msg.offset() or 0) + 1
@@ -421,6 +429,7 @@ class ChaosResult:
     stalls: dict[str, Any]
     sent_leg_audio_s: float
     moved_calls: int  # calls whose finals are in more than one store (handed over mid-call)
+    duplicates: list[str] = field(default_factory=list)  # outputs a read_committed consumer saw twice
     wall_s: float = 0.0
 
     def problems(self) -> list[str]:
@@ -429,7 +438,7 @@ class ChaosResult:
         out += [f"{c}: finished in {n} stores" for c, n in self.finished_in.items() if n > 1]
         out += [f"{c}: no QA result on the QA topic" for c in self.call_ids if not self.qa_results_at.get(c)]
         out += [f"{c}: end reasons {r}" for c, r in self.end_reasons.items() if set(r) != {"end"}]
-        out += self.differences + self.verdict_differences
+        out += self.differences + self.verdict_differences + self.duplicates
         out += [f"PII {x.kind} of {x.call} ({x.needle}) in {x.where}: {x.excerpt!r}" for x in self.leaks]
         return out
 
@@ -630,7 +639,27 @@ def _verdict(options: ChaosOptions, workers: Workers, traffic: Traffic, settings
                              [m for _, m in outputs if isinstance(m, LatencyMetric)], traffic.live_wall_ms),
         sent_leg_audio_s=sum(leg_audio_s(r) for r in recordings),
         moved_calls=sum(1 for c in call_ids if len(calls.stores_of.get(c, set())) > 1),
+        duplicates=duplicate_outputs([m for _, m in outputs], set(call_ids)),
     )
+
+
+def duplicate_outputs(messages: list[Any], call_ids: set[str]) -> list[str]:
+    """Outputs of ``call_ids`` a read_committed consumer saw more than once: a final (per revision), its
+    latency, a live alert, a call's QA result (per revision)."""
+    def identity(m: Any) -> tuple[Any, ...] | None:
+        if isinstance(m, TranscriptSegment) and m.is_final:
+            return ("final", m.segment_id, m.revision)
+        if isinstance(m, LatencyMetric):
+            return ("latency", m.segment_id)
+        if isinstance(m, QaAlert):
+            return ("alert", m.call_id, m.rule, m.leg, m.kind, m.offset_ms)
+        if isinstance(m, CallQA):
+            return ("QA result", m.call_id, m.revision)
+        return None
+
+    seen = Counter(key for m in messages if getattr(m, "call_id", None) in call_ids
+                   if (key := identity(m)) is not None)
+    return [f"{key[1]}: {key[0]} {key[2:]} on its topic {n} times" for key, n in seen.items() if n > 1]
 
 
 def _decode(serde: Serde, value: bytes) -> Any:

@@ -12,6 +12,10 @@ KIP-447): the transactional id names the partition, so whoever takes p over fenc
 a worker that was paused past its session and wakes up cannot commit for p any more. aiokafka, which
 faust uses, commits offsets in a transaction by group id only (no generation), so fencing by id is
 what keeps such a zombie out.
+
+``ConsumedTransactions`` is the same promise for a librdkafka consumer (the post-call pass): what one
+message led to is produced and that message's offset committed in one transaction; librdkafka sends the
+group's generation with the offsets (KIP-447), so one producer per process is enough.
 """
 
 from __future__ import annotations
@@ -25,8 +29,10 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition as KafkaTopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Message as KafkaMessage
 
-from pipeline.broker.security import aiokafka_security
+from pipeline.broker.security import aiokafka_security, kafka_config
 from pipeline.config.broker import BrokerSettings
 
 log = logging.getLogger("callqa.kafka.transactions")
@@ -147,3 +153,35 @@ class PartitionTransactions:
         """Abort what is open (a read_committed consumer is not held up until the next owner starts) and
         stop every producer."""
         await asyncio.gather(*(self._stop(p) for p in list(self._producers)))
+
+
+class ConsumedTransactions:
+    """Commits what a consumed message led to together with its offset (librdkafka, KIP-447)."""
+
+    def __init__(self, settings: BrokerSettings, transactional_id: str, transaction_timeout_s: float) -> None:
+        self.transactional_id = transactional_id
+        self._producer = Producer({
+            **kafka_config(settings), "transactional.id": transactional_id, "enable.idempotence": True,
+            "acks": "all", "linger.ms": 5, "transaction.timeout.ms": round(transaction_timeout_s * 1000)})
+        self._ready = False
+
+    def commit(self, records: list[tuple[str, bytes, bytes]], consumer: Consumer, message: KafkaMessage,
+               timeout_s: float = 60.0) -> None:
+        """Produce ``records`` (topic, key, value) and commit the position after ``message`` for
+        ``consumer``'s group, all or nothing (blocking). Raises KafkaException when the broker refuses,
+        e.g. the group moved the partition meanwhile: nothing of it is visible then."""
+        if not self._ready:  # fences an earlier process with this id and aborts what it left open
+            self._producer.init_transactions(timeout_s)
+            self._ready = True
+        self._producer.begin_transaction()
+        try:
+            for topic, key, value in records:
+                self._producer.produce(topic, value=value, key=key)
+                self._producer.poll(0)
+            position = TopicPartition(message.topic() or "", message.partition() or 0, (message.offset() or 0) + 1)
+            self._producer.send_offsets_to_transaction([position], consumer.consumer_group_metadata(), timeout_s)
+            self._producer.commit_transaction(timeout_s)
+        except Exception:
+            with contextlib.suppress(Exception):
+                self._producer.abort_transaction(timeout_s)
+            raise

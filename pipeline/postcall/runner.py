@@ -10,7 +10,10 @@ workers of one group share them and a job of a worker that died is taken by anot
    ``final_pass_live_queue_max`` segments queued: live finals go first, and under load the jobs queue
    (``callqa_postcall_backlog``);
 3. write the revision's rows (segments, QA events, QA result, calls row), flush the store, publish the
-   revision's QA result and transcripts, and only then commit the job.
+   revision's QA result and transcripts, and only then commit the job; with ``CALLQA_EXACTLY_ONCE``
+   (the default) the publishing and the job's commit are one Kafka transaction
+   (``ConsumedTransactions``), so a read_committed consumer sees a revision's results once, whoever
+   redid the job.
 
 Exactly once in the store: a worker killed mid-job leaves the job uncommitted, and whoever takes it next
 writes the same rows (same keys and revision, times taken from the job) again, which the tables'
@@ -26,6 +29,7 @@ import logging
 import os
 import threading
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -35,6 +39,7 @@ from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 from pipeline.asr.engine import Engine
 from pipeline.asr.results import TranscriptResult
 from pipeline.broker.security import kafka_config
+from pipeline.broker.transactions import ConsumedTransactions
 from pipeline.config import Settings
 from pipeline.contracts.messages import Message as ContractMessage
 from pipeline.contracts.messages import PostCallJob, now_ms
@@ -68,6 +73,11 @@ class PostCallRunner:
         self.config = config
         self.serde = serde
         self._kafka = kafka_config(settings)  # librdkafka settings of the job consumer and the audio reads
+        # Exactly once: a revision's messages and its job's commit in one transaction. The id is the worker's
+        # instance id when it has one (its restart fences what it left open), else unique to the process.
+        self._transactions = ConsumedTransactions(
+            settings, f"{settings.worker_id}.postcall.{settings.worker_instance_id or uuid.uuid4().hex}",
+            settings.transaction_timeout_s) if settings.exactly_once else None
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="postcall", initializer=self._low_priority)
         self._consumer: Consumer | None = None
         self._task: asyncio.Task[None] | None = None
@@ -143,6 +153,11 @@ class PostCallRunner:
                 return  # shutting down: not stored, not committed; the partition's next owner redoes it
             # Storing is not skipped on failure: a store that refuses fails the worker, and the job is redone.
             await self._store(job, outcome)
+            if self._transactions is not None:
+                await self._publish_and_commit(job, outcome, consumer, message, where)
+                self._backlog_at = 0.0
+                return
+            await self._publish(job, outcome)
         await self._commit(consumer, message, where)
         self._backlog_at = 0.0
 
@@ -193,9 +208,6 @@ class PostCallRunner:
             if table_rows:
                 await self.sink.write(table, table_rows)
         await self.sink.flush()
-        deliveries = [await self.publish(self.settings.topic_transcripts, job.call_id, t) for t in rows.transcripts]
-        deliveries.append(await self.publish(self.settings.topic_qa, job.call_id, rows.qa))
-        await asyncio.gather(*deliveries)
         self.metrics.postcall_calls.labels("written").inc()
         self.metrics.postcall_delay.observe(max(0, now_ms() - job.requested_at_ms) / 1000)
         if rows.qa.score_pct != job.live_score_pct:
@@ -204,6 +216,25 @@ class PostCallRunner:
             self.metrics.postcall_changes.labels("auto_fail").inc()
         log.info("call %s: revision %d written by %s (score %.1f, live %.1f)", job.call_id, job.revision,
                  self.final.model_label, rows.qa.score_pct, job.live_score_pct)
+
+    async def _publish(self, job: PostCallJob, outcome: PassOutcome) -> None:
+        """The revision's transcripts and QA result (at-least-once: a job redone publishes them again)."""
+        rows = outcome.rows
+        deliveries = [await self.publish(self.settings.topic_transcripts, job.call_id, t) for t in rows.transcripts]
+        deliveries.append(await self.publish(self.settings.topic_qa, job.call_id, rows.qa))
+        await asyncio.gather(*deliveries)
+
+    async def _publish_and_commit(self, job: PostCallJob, outcome: PassOutcome, consumer: Consumer,
+                                  message: Message, where: str) -> None:
+        """The revision's transcripts and QA result, and the job's commit, in one transaction."""
+        assert self._transactions is not None
+        rows, key = outcome.rows, job.call_id.encode()
+        records = [(self.settings.topic_transcripts, key, self.serde.encode(t)) for t in rows.transcripts]
+        records.append((self.settings.topic_qa, key, self.serde.encode(rows.qa)))
+        try:
+            await asyncio.to_thread(self._transactions.commit, records, consumer, message)
+        except KafkaException as exc:  # the partition moved meanwhile: its next owner redoes the job (same rows)
+            log.info("post-call job %s not committed: %s", where, exc)
 
     async def _update_backlog(self, consumer: Consumer) -> None:
         """Jobs on this worker's job partitions not committed yet (every few seconds: a broker round trip)."""

@@ -289,6 +289,18 @@ def build_worker(settings: Settings) -> Worker:
 
     input_topics = {settings.topic_audio, settings.topic_call_events}
 
+    if transactions is not None:
+        @app.timer(interval=settings.commit_interval_s)
+        async def commit_outputs() -> None:
+            # Outputs commit on time even while commit_durable waits for the store (an outage): their open
+            # transaction would otherwise reach transaction_timeout_s and be aborted by the broker, and the
+            # post-call jobs and QA results in it would wait for the store. The offsets are only what is
+            # committable already (checkpoints sent before their holds moved): a replay from them publishes
+            # nothing of what these transactions hold (the records of what was published come with them).
+            assigned = app.consumer.assignment()
+            offsets = {tp: o for tp, o in processor.offsets.committable().items() if TP(*tp) in assigned}
+            await commit_transactions(offsets, {tp.partition for tp in assigned if tp.topic == settings.topic_audio})
+
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]
     async def hand_over_calls(sender: Any, revoked: set[TP], **kwargs: Any) -> None:
         # Still a member of the group here: commit what is durable, within a bound (a store outage must

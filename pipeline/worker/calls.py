@@ -208,7 +208,11 @@ class CallProcessor:
         """Exactly once: record what the calls of ``partitions`` have published (a checkpoint record each,
         in their transactions), then ``commit`` (those transactions, with ``offsets``), with no output
         published in between: a transaction holds an output's messages and the record that lists them,
-        or none of it. A replay from ``offsets`` then publishes nothing of it again."""
+        or none of it. A replay from ``offsets`` then publishes nothing of it again. Nothing is committed
+        once a call failed (the worker exits, the next owner replays) or while a rebalance is under way
+        (the partitions may have a new owner already)."""
+        if self.tasks.failures or self.registry.suspended:
+            return
         async with self.outputs.publishing:
             await self.durability.record_published(partitions)
             await commit()
