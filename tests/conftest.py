@@ -157,7 +157,7 @@ def _read_topic(bootstrap: str, topic: str, expected: int | None = None, idle_s:
             if msg is not None and msg.error() is not None and msg.error().code() == KafkaError._PARTITION_EOF:
                 # Past the commit markers too, once a partition's transactions up to ``ends`` are committed.
                 if msg.offset() >= ends.get(msg.partition(), 0):
-                    read_to[msg.partition()] = max(read_to[msg.partition()], msg.offset())
+                    read_to[msg.partition()] = max(read_to.get(msg.partition(), 0), msg.offset())
             elif msg is not None and not msg.error():
                 out.append(msg)
                 read_to[msg.partition()] = msg.offset() + 1

@@ -126,6 +126,13 @@ def window_latency(matched: Iterable[MatchedFinal], from_s: float, to_s: float) 
                       if m.speech_end_s is not None and m.latency_s is not None and from_s <= m.speech_end_s < to_s])
 
 
+def window_visible_latency(matched: Iterable[MatchedFinal], from_s: float, to_s: float) -> LatencySummary:
+    """From the end of speech to when a read_committed consumer read the final (the benchmark's own tap):
+    with exactly once, the latency above plus the wait for the transaction's commit."""
+    return summarize([m.final.received_s - m.speech_end_s for m in matched
+                      if m.speech_end_s is not None and from_s <= m.speech_end_s < to_s])
+
+
 STAGES = ("endpoint", "after_close", "batcher_wait", "inference", "kafka_write")
 STAGE_DOC = (
     "a final's latency split by the worker's own timings: endpoint = speech end -> the segmenter closed the "

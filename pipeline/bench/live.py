@@ -38,6 +38,7 @@ from pipeline.bench.latency import (
     stages,
     unique_finals,
     window_latency,
+    window_visible_latency,
     written_in,
 )
 from pipeline.bench.sender import LiveSender, SendReport
@@ -135,8 +136,9 @@ class TranscriptTap(threading.Thread):
         super().__init__(name="bench-transcripts", daemon=True)
         self.topic = settings.topic_transcripts
         self.serde = serde
+        # read_committed, as a downstream consumer of exactly-once outputs reads (read_committed_latency).
         self.consumer = Consumer({**kafka_config(settings), "group.id": f"bench-live-{uuid.uuid4().hex}",
-                                  "enable.auto.commit": False})
+                                  "enable.auto.commit": False, "isolation.level": "read_committed"})
         partitions = self.consumer.list_topics(self.topic, timeout=10).topics[self.topic].partitions
         self.consumer.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in partitions])
         self.halt = threading.Event()
@@ -378,6 +380,7 @@ def measure(config: LevelConfig, plans: list[CallPlan], finals: list[FinalSeen],
         "legs_open_mean": round(2 * calls_mean, 2),
         "calls_started": len(report.started), "calls_ended": len(report.ended),
         "latency": latency.as_json(),
+        "read_committed_latency": window_visible_latency(matched, *window).as_json(),
         "stages": stages(matched, *window),
         "finals": finals_figures(finals, matched, written, turns_in_window(plans, matched, wall0, *window)),
         "throughput": {"speech_s_per_s": round(speech_s / config.hold_s, 3),

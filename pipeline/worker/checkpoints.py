@@ -152,9 +152,10 @@ def call_checkpoint(call: CallState, status: CheckpointStatus, legs: dict[str, L
 
 
 def published_record(call: CallState) -> CallCheckpoint:
-    """The call's latest checkpoint again (its durable leg snapshots; none yet: a replay from its first
-    frame), with what it has published since: written in the transaction that commits those outputs."""
-    return call_checkpoint(call, "open", dict(call.durable_legs))
+    """The call's newest checkpoint record again (its leg snapshots, sent if not yet acknowledged; none
+    yet: a replay from its first frame), with what it has published since: written in the transaction
+    that commits those outputs."""
+    return call_checkpoint(call, "open", dict(call.recorded_legs or call.durable_legs))
 
 
 def restore_call(checkpoint: CallCheckpoint, qa_config: QaConfig,

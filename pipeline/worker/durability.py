@@ -108,7 +108,7 @@ class CallDurability:
             for call in calls:
                 call.deliveries = [d for d in call.deliveries if id(d) not in done]
             await self.sink.flush()
-            saved = [await self._save(c, self._recorded(call_checkpoint(c, "open", legs), c)) for c, legs in due]
+            saved = [await self._save(c, self._recorded(call_checkpoint(c, "open", legs), c, legs)) for c, legs in due]
             saved += [await self._save(c, self._finished_record(c)) for c in ready]
             await asyncio.gather(*saved)
             for call, legs in due:
@@ -130,10 +130,13 @@ class CallDurability:
             self.metrics.checkpoints.labels("published").inc()
 
     @staticmethod
-    def _recorded(checkpoint: CallCheckpoint, call: CallState) -> CallCheckpoint:
-        """``checkpoint`` lists what ``call`` has published so far (taken in the same step: nothing is
-        published in between)."""
+    def _recorded(checkpoint: CallCheckpoint, call: CallState,
+                  legs: dict[str, LegSnapshot] | None = None) -> CallCheckpoint:
+        """``checkpoint`` (with ``legs``, a new one) lists what ``call`` has published so far (taken in the
+        same step: nothing is published in between)."""
         call.unrecorded = False
+        if legs is not None:
+            call.recorded_legs = dict(legs)
         return checkpoint
 
     def forget_partitions(self, partitions: set[int]) -> None:

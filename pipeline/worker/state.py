@@ -64,6 +64,10 @@ class CallState:
     # them again. ``unrecorded``: some are not in a checkpoint record yet (the next commit writes one).
     published: set[str] = field(default_factory=set)
     unrecorded: bool = False
+    # The leg snapshots of the newest checkpoint record sent (durable_legs once it is acknowledged): a record
+    # of what was published repeats these, never older ones, which would undo a checkpoint whose hold on
+    # the input has moved (its audio would then be skipped on a replay).
+    recorded_legs: dict[str, Any] = field(default_factory=dict)
 
     def hold_intervals(self, call_end_ms: int) -> list[tuple[int, int]]:
         """The call's holds; one still open at the end lasts until ``call_end_ms``."""

@@ -18,7 +18,7 @@ import pytest
 from pipeline.config import Settings
 from pipeline.contracts.messages import CallCheckpoint, CallEvent, CallQA, Message, TranscriptSegment
 from pipeline.worker.calls import CallProcessor
-from pipeline.worker.checkpoints import MemoryCheckpointStore
+from pipeline.worker.checkpoints import MemoryCheckpointStore, due_checkpoint
 from tests.worker.test_checkpoints import AUDIO, EVENTS, FRAME, _batches, _processor, _settle, call_legs
 
 # Leg snapshots 15 s of audio apart: finals are committed well before a checkpoint covers them, so a
@@ -71,8 +71,8 @@ def _done() -> asyncio.Future[None]:
     return delivered
 
 
-def _worker(kafka: Transactions) -> CallProcessor:
-    processor, _, _ = _processor(kafka.store, SETTINGS)
+def _worker(kafka: Transactions, settings: Settings = SETTINGS) -> CallProcessor:
+    processor, _, _ = _processor(kafka.store, settings)
     # Outputs and checkpoints go through the transaction; rows stay in the processor's memory sink.
     processor.outputs.output = kafka
     processor.durability.checkpoints = kafka
@@ -163,3 +163,64 @@ async def test_a_record_lists_finals_published_after_the_snapshots_and_not_those
     assert set(record.published) == call.published - covered
     assert not covered & set(record.published)
     assert not call.unrecorded
+
+
+class SlowDeliveries(Transactions):
+    """Checkpoint records are acknowledged only when the test says so (a broker round trip)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.unacknowledged: list[asyncio.Future[None]] = []
+
+    async def save(self, partition: int, call_id: str, checkpoint: CallCheckpoint | None) -> Awaitable[Any]:
+        await super().save(partition, call_id, checkpoint)
+        delivered: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.unacknowledged.append(delivered)
+        return delivered
+
+    def acknowledge(self) -> None:
+        for delivered in self.unacknowledged:
+            if not delivered.done():
+                delivered.set_result(None)
+
+
+async def test_a_record_of_what_was_published_never_repeats_a_checkpoint_older_than_one_sent(
+        legs: dict[str, bytes]) -> None:
+    kafka = SlowDeliveries()
+    worker = _worker(kafka, Settings(commit_interval_s=1.0, topic_audio=AUDIO[0], topic_call_events=EVENTS[0]))
+    await worker.on_event(EVENTS, 0, CallEvent("c1", "start", legs=["agent", "customer"]))
+    call = worker.calls["c1"]
+    batches = iter(_batches(legs))
+    first_checkpoint = False
+    while True:  # until a second checkpoint is due, the first one written and acknowledged
+        await worker.on_frames(next(batches))
+        await _settle(worker)
+        if due_checkpoint(call) is not None and first_checkpoint:
+            break
+        if due_checkpoint(call) is not None:
+            durable = asyncio.create_task(worker.make_durable())
+            while not kafka.unacknowledged or not all(d.done() for d in kafka.unacknowledged):
+                kafka.acknowledge()
+                await asyncio.sleep(0)
+            await durable
+            first_checkpoint = bool(call.durable_legs)
+    old_legs = {name: snap.state.next_seq for name, snap in call.durable_legs.items()}
+
+    # The second checkpoint is sent; before it is acknowledged (its hold has not moved yet), the commit
+    # timer records a segment published meanwhile.
+    durable = asyncio.create_task(worker.make_durable())
+    while not any(not d.done() for d in kafka.unacknowledged):
+        await asyncio.sleep(0)
+    call.published.add("c1/agent/published-meanwhile")
+    call.unrecorded = True
+    await worker.commit_transactions({}, {0}, kafka.commit)
+    kafka.acknowledge()
+    offsets = await durable
+    await worker.commit_transactions(offsets, {0}, kafka.commit)
+
+    newest = {name: snap.state.next_seq for name, snap in call.durable_legs.items()}
+    assert newest != old_legs, "the second checkpoint moved the legs on"
+    record = kafka.store.partitions[0]["c1"]
+    assert {leg.leg: leg.next_seq for leg in record.legs} == newest, (
+        "the last record must resume where the committed offsets do, not from the older checkpoint")
+    assert "c1/agent/published-meanwhile" in record.published
