@@ -73,6 +73,8 @@ SPECS: dict[str, tuple[str, tuple[Table | Pivot, ...]]] = {
             Col("calls", "calls"), Col("legs", "legs"), Col("max batch", "max_batch"),
             Col("setting", lambda r: f"`{r['variant']}`" if r.get("variant") else "default"),
             Col("P50 s", "latency.p50_s", 2), Col("P95 s", "latency.p95_s", 2), Col("P99 s", "latency.p99_s", 2),
+            # As a read_committed consumer reads finals: with exactly once, at the commit after them.
+            Col("read_committed P99 s", "read_committed_latency.p99_s", 2),
             Col("speech s/s", "throughput.speech_s_per_s", 1), Col("worker cores", "worker.cores_used", 2),
             Col("CPU s per speech s", "worker.cpu_s_per_speech_s.total", 4), Col("met", _met)), "levels"))),
     "memory": ("Memory per leg", (Table((
