@@ -1,5 +1,11 @@
-"""Requests in flight per source on the API server: one client cannot take the whole query pool.
+"""Limits in front of the API server: requests in flight per source, and the size of a request.
 
+Size: a request to /api/*, the call pages or /login whose target (path and query: /api/query's SQL
+rides in it) or body is larger than ``api_max_request_bytes`` is answered 413 at once, counted as
+``too_large``. The same bound is the aiohttp application's ``client_max_size``, for a body without a
+Content-Length. (aiohttp refuses a request line over 8 KB itself, before any middleware.)
+
+In flight:
 The pool (pool.py) bounds what the worker gives every reader together: ``api_query_threads`` running and
 ``api_query_max_waiting`` waiting, then 503 for everyone. A single script or an over-eager dashboard
 looping on /api/query filled that line and every other reader got 503s. Now each source (the peer's
@@ -66,3 +72,20 @@ def source_limit_middleware(limit: SourceLimit, refusals: ApiRefusals) -> Callab
             limit.leave(source)
 
     return hold_to_limit
+
+
+def request_size_middleware(max_bytes: int, refusals: ApiRefusals) -> Callable[[aioweb.Request, Handler],
+                                                                               Awaitable[aioweb.StreamResponse]]:
+    """aiohttp middleware refusing (413) a request whose target or declared body is over ``max_bytes``."""
+
+    @aioweb.middleware
+    async def hold_to_size(request: aioweb.Request, handler: Handler) -> aioweb.StreamResponse:
+        size = max(len(request.raw_path), request.content_length or 0)
+        if size > max_bytes:
+            refusals.count("too_large")
+            return aioweb.json_response(
+                {"error": f"request of {size} bytes is over the limit of {max_bytes} "
+                          "(CALLQA_API_MAX_REQUEST_BYTES)"}, status=413)
+        return await handler(request)
+
+    return hold_to_size

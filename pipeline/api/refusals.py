@@ -2,7 +2,8 @@
 
 Reasons: ``unauthorized`` (401: no or a wrong bearer token), ``unconfigured`` (503: no token set),
 ``login_required`` (a call page without a session: redirected to /login), ``busy`` (503: the pool's line
-is full), ``source_busy`` (429: one source's requests in flight, limits.py), ``query_refused`` (the SQL
+is full), ``source_busy`` (429: one source's requests in flight, limits.py), ``too_large`` (413: a request's
+target or body over its size limit, limits.py), ``query_refused`` (the SQL
 guard or a query limit), ``bad_request`` (a page size or cursor that
 cannot be used), ``store_unavailable`` (503). The counter is registered by whoever owns the /metrics
 registry (the worker: ``registry.register(refusals.counter)``); until then it counts unseen.

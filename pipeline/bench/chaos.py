@@ -52,6 +52,7 @@ from pipeline.bench.results import RESULTS, record, run_folder, settings_that_ma
 from pipeline.bench.sender import MAX_LOAD_CALL_MS, REPLAY, call_s, leg_audio_s, library_calls, replay
 from pipeline.bench.stores import GroupCalls, GroupStores, QaVerdicts
 from pipeline.bench.workers import WorkerGroup
+from pipeline.broker.groups import group_members, wait_for_takeover
 from pipeline.broker.local import LocalKafka, free_port
 from pipeline.broker.topics import ensure_topics
 from pipeline.config import Settings
@@ -248,6 +249,7 @@ class Faults:
     outage_s: float
     done: list[dict[str, Any]] = field(default_factory=list)
     timers: list[threading.Timer] = field(default_factory=list)
+    measuring: list[threading.Thread] = field(default_factory=list)  # take-over times after kills
 
     def apply(self, kind: str, turn: int) -> None:
         at = self.workers.now()
@@ -259,7 +261,10 @@ class Faults:
             worker = self.workers.slots[slot]
             entry.update(worker=slot, active_calls=self.workers.life(slot).metrics.get(ACTIVE_CALLS, 0.0))
             if kind == "kill9":
+                group = self.workers.group
+                _, members = group_members(group.admin, group.settings.worker_id, group.settings.topic_audio)
                 worker.kill9()
+                self._measure_takeover(entry, set(members))
             else:
                 worker.stop(timeout_s=90)
                 entry["exit_code"] = worker.exit_code
@@ -280,6 +285,20 @@ class Faults:
         victim = f" worker{entry['worker']}" if "worker" in entry else ""
         self.workers.say(f"  {at:6.1f} s  {kind}{victim} ({entry['took_s']:.0f} s)")
         self.done.append(entry)
+
+    def _measure_takeover(self, entry: dict[str, Any], before: set[str]) -> None:
+        """In the background (the killed worker restarts meanwhile): how long until the group, without the
+        killed member, owns every partition again; ``entry["takeover_s"]`` (None: not within 120 s)."""
+        group = self.workers.group
+
+        def measure() -> None:
+            took = wait_for_takeover(group.admin, group.settings.worker_id, group.settings.topic_audio,
+                                     group.settings.audio_partitions, before)
+            entry["takeover_s"] = None if took is None else round(took, 2)
+
+        thread = threading.Thread(target=measure, name="chaos-takeover", daemon=True)
+        thread.start()
+        self.measuring.append(thread)
 
     def outage_over(self) -> bool:
         return not any(t.is_alive() for t in self.timers)
@@ -472,6 +491,9 @@ class ChaosResult:
             "finals_equal_offline_pct": round(100 * (n - len(bad_finals)) / n, 1),
             "verdicts_equal_offline_pct": round(100 * (n - len(bad_verdicts)) / n, 1),
             "calls_moved_between_workers": self.moved_calls,
+            # After each kill -9: until the group, without the killed member, owned every partition again.
+            "takeover_s": [f.get("takeover_s") for f in self.faults if f["kind"] == "kill9"],
+            "duplicate_outputs": len(self.duplicates),
             "pii_leaks": len(self.leaks), "pii_scanned": self.scanned, "store_refusals_logged": self.fault_log_lines,
             "leg_audio_sent_s": round(self.sent_leg_audio_s, 1), "leg_audio_fed_s": round(fed, 1),
             "redecoded_s": round(redecoded, 1),
@@ -592,6 +614,8 @@ def verdict_problems(offline: Offline, stored: dict[str, list[QaVerdicts]],
 def _verdict(options: ChaosOptions, workers: Workers, traffic: Traffic, settings: Settings,
              picked: list[tuple[dict[str, Any], Path]], recordings: list[CallRecording], call_ids: list[str],
              faults: Faults, stores: GroupStores) -> ChaosResult:
+    for thread in faults.measuring:  # take-over times: the group settled long ago, or not within 120 s
+        thread.join(timeout=120)
     checkpoint_messages = _wait_checkpoints_forgotten(settings)
     workers.poll_all()
     calls = stores.read(call_ids)

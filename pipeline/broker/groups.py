@@ -34,6 +34,31 @@ def group_assignment(admin: AdminClient, group_id: str, topic: str) -> tuple[str
     return desc.state.name, members
 
 
+def group_members(admin: AdminClient, group_id: str, topic: str) -> tuple[str, dict[str, set[int]]]:
+    """The group's state name and each member's (by member id) partitions of ``topic``."""
+    try:
+        desc = admin.describe_consumer_groups([group_id], request_timeout=5)[group_id].result()
+    except Exception:  # noqa: BLE001 - not created yet, or its coordinator loading: unknown for now
+        return "UNKNOWN", {}
+    return desc.state.name, {m.member_id: {tp.partition for tp in m.assignment.topic_partitions if tp.topic == topic}
+                             for m in desc.members}
+
+
+def wait_for_takeover(admin: AdminClient, group_id: str, topic: str, partitions: int, before: set[str],
+                      timeout_s: float = 120.0, poll_s: float = 0.1) -> float | None:
+    """Seconds until the group is stable again without one of the members in ``before`` (one was killed)
+    and every partition of ``topic`` has an owner: when a killed member's partitions are taken over.
+    None if that does not happen within ``timeout_s``."""
+    began = time.monotonic()
+    while time.monotonic() - began < timeout_s:
+        state, members = group_members(admin, group_id, topic)
+        owned = set().union(*members.values()) if members else set()
+        if state == "STABLE" and before - set(members) and len(owned) == partitions:
+            return time.monotonic() - began
+        time.sleep(poll_s)
+    return None
+
+
 def wait_for_members(admin: AdminClient, group_id: str, topic: str, partitions: int, count: int,
                      timeout_s: float = 120.0, check: Callable[[], None] = lambda: None) -> list[set[int]]:
     """Until ``count`` members hold all ``partitions`` of ``topic`` between them in a stable group; returns

@@ -73,7 +73,13 @@ class WorkerSettings(BaseModel):
     # faust's default is 60 s: after a crash, the crashed worker's calls would wait a minute for a new owner.
     # Heartbeats come from the consumer's own thread, so a busy event loop does not lose the group.
     kafka_session_timeout_s: float = Field(
-        15.0, gt=3, description="A worker silent this long (crashed, killed) loses its partitions to the others (s).",
+        15.0, ge=1, description="A worker silent this long (crashed, killed) loses its partitions to the others (s).",
+    )
+    # A member learns of a rebalance (another one died or joined) at its next heartbeat, and its expiry is
+    # judged from its last one: a fifth of the session timeout keeps a few heartbeats inside every session.
+    kafka_heartbeat_interval_s: float = Field(
+        0.0, ge=0, description="How often the worker's consumer heartbeats to its group (s); 0: a fifth of "
+        "kafka_session_timeout_s.",
     )
     # Static membership (KIP-345): a worker restarted under the same instance id within the session timeout
     # gets its partitions back with no rebalance, so the other workers' calls never pause for it. Unique per
@@ -223,6 +229,12 @@ class WorkerSettings(BaseModel):
     api_source_max_concurrent: int = Field(
         4, ge=0, description="Requests on /api/* and the call pages one source (peer address) may have in "
         "flight; one more is answered 429. 0: no limit.",
+    )
+    # CALLQA_API_MAX_REQUEST_BYTES, default 16 KiB: the SQL of /api/query rides in the URL and a login form is a
+    # token; aiohttp's own body limit was 1 MiB, with no count of what it refused.
+    api_max_request_bytes: int = Field(
+        16384, ge=1024, description="Largest request target (path and query) or body the API and pages take "
+        "(bytes); a larger one is answered 413.",
     )
     api_query_timeout_s: float = Field(
         30.0, gt=0, description="ClickHouse max_execution_time of one /api/query statement (seconds).",

@@ -27,7 +27,7 @@ from faust.types import TP
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from pipeline.api.auth import ApiAuth, auth_middleware, check_api_settings
-from pipeline.api.limits import SourceLimit, source_limit_middleware
+from pipeline.api.limits import SourceLimit, request_size_middleware, source_limit_middleware
 from pipeline.api.pool import QueryPool
 from pipeline.api.server import register_api_views
 from pipeline.asr.engine import Engine
@@ -107,14 +107,16 @@ def build_worker(settings: Settings) -> Worker:
         stream_buffer_maxsize=settings.stream_buffer_maxsize,
         broker_max_poll_records=settings.max_poll_records,
         broker_session_timeout=settings.kafka_session_timeout_s,
+        broker_heartbeat_interval=settings.kafka_heartbeat_interval_s or settings.kafka_session_timeout_s / 5,
         consumer_group_instance_id=settings.worker_instance_id or None,
         consumer_metadata_max_age_ms=round(settings.kafka_metadata_max_age_s * 1000),
         consumer_auto_offset_reset="earliest",
         topic_replication_factor=settings.replication_factor,
         producer_acks=-1,
         # /api/* needs the bearer token (pipeline/api/auth.py); faust's own pages are not served.
-        # In front of it, each source's requests in flight are bounded (pipeline/api/limits.py).
-        web_application_options={"middlewares": [
+        # In front of it, request sizes and each source's requests in flight are bounded (pipeline/api/limits.py).
+        web_application_options={"client_max_size": settings.api_max_request_bytes, "middlewares": [
+            request_size_middleware(settings.api_max_request_bytes, api_auth.refusals),
             source_limit_middleware(SourceLimit(settings.api_source_max_concurrent), api_auth.refusals),
             auth_middleware(api_auth)]},
         web_router_enabled=False,

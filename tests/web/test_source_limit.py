@@ -8,7 +8,7 @@ import asyncio
 from aiohttp import web as aioweb
 from aiohttp.test_utils import TestClient, TestServer
 
-from pipeline.api.limits import SourceLimit, source_limit_middleware
+from pipeline.api.limits import SourceLimit, request_size_middleware, source_limit_middleware
 from pipeline.api.refusals import ApiRefusals
 
 
@@ -43,3 +43,20 @@ async def test_a_source_past_its_requests_in_flight_gets_429_and_the_limit_frees
 def test_no_limit_with_zero() -> None:
     limit = SourceLimit(0)
     assert all(limit.enter("10.0.0.1") for _ in range(100))
+
+
+async def test_a_request_over_the_size_limit_gets_413_and_is_counted() -> None:
+    refusals = ApiRefusals()
+
+    async def query(request: aioweb.Request) -> aioweb.Response:
+        return aioweb.json_response({"sql": request.query.get("sql", "")})
+
+    app = aioweb.Application(middlewares=[request_size_middleware(1024, refusals)], client_max_size=1024)
+    app.router.add_get("/api/query", query)
+    app.router.add_post("/login", query)
+    async with TestClient(TestServer(app)) as client:
+        assert (await client.get("/api/query", params={"sql": "SELECT 1"})).status == 200
+        long_sql = await client.get("/api/query", params={"sql": "SELECT " + "1, " * 400 + "1"})
+        assert long_sql.status == 413 and "CALLQA_API_MAX_REQUEST_BYTES" in (await long_sql.json())["error"]
+        assert (await client.post("/login", data={"token": "x" * 2000})).status == 413
+    assert refusals.counter.labels("too_large")._value.get() == 2
