@@ -19,6 +19,7 @@ from pipeline.config import Settings
 from pipeline.contracts import Serde
 from pipeline.contracts.messages import CallCheckpoint
 from pipeline.ingest.replay import ReplayOptions, TelephonyReplay, load_recording
+from tests.conftest import _high_watermark
 
 pytestmark = pytest.mark.broker
 
@@ -29,7 +30,8 @@ def high_watermarks(settings: Settings, topic: str) -> dict[int, int]:
     consumer = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": "watermarks"})
     try:
         partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
-        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in partitions}
+        # A topic created a moment ago can answer NOT_LEADER for a while (seen in CI): retried there.
+        return {p: _high_watermark(consumer, TopicPartition(topic, p)) for p in partitions}
     finally:
         consumer.close()
 
