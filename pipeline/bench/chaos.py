@@ -262,7 +262,12 @@ class Faults:
             entry.update(worker=slot, active_calls=self.workers.life(slot).metrics.get(ACTIVE_CALLS, 0.0))
             if kind == "kill9":
                 group = self.workers.group
-                _, members = group_members(group.admin, group.settings.worker_id, group.settings.topic_audio)
+                members: dict[str, set[int]] = {}
+                for _ in range(20):  # the coordinator may not answer at once (after a broker restart)
+                    state, members = group_members(group.admin, group.settings.worker_id, group.settings.topic_audio)
+                    if members:
+                        break
+                    time.sleep(0.1)
                 worker.kill9()
                 self._measure_takeover(entry, set(members))
             else:
@@ -288,8 +293,12 @@ class Faults:
 
     def _measure_takeover(self, entry: dict[str, Any], before: set[str]) -> None:
         """In the background (the killed worker restarts meanwhile): how long until the group, without the
-        killed member, owns every partition again; ``entry["takeover_s"]`` (None: not within 120 s)."""
+        killed member, owns every partition again; ``entry["takeover_s"]`` (None: not within 120 s, or
+        the group's members were not known at the kill)."""
         group = self.workers.group
+        if not before:
+            entry["takeover_s"] = None
+            return
 
         def measure() -> None:
             took = wait_for_takeover(group.admin, group.settings.worker_id, group.settings.topic_audio,
