@@ -41,9 +41,10 @@ MARKERS = ("PAN", "SSN", "PHONE", "EMAIL", "CVV", "EXPIRY")
 
 _CONTEXT_KEYWORDS: dict[str, re.Pattern[str]] = {
     "CVV": re.compile(
-        # "secure code", "security G-code", "secure iG code": how ASR often renders a security-code question.
+        # "secure code", "security G-code", "secure iG code", "secure a G code" (a chaos run's decode of "the
+        # security code on the back"): how ASR often renders a security-code question.
         r"\b(security code|cvv2?|cvc|card verification|(three|four|3|4)[- ]digit code|back of the card"
-        r"|secur\w*\W+(\w+\W+)?code)\b"
+        r"|secur\w*\W+(\w+\W+){0,2}code)\b"
     ),
     "EXPIRY": re.compile(r"\b(expiry|expiration|expires?|valid (thru|through)|exp date)\b"),
     "SSN": re.compile(r"\b(social security|ssn|social)\b"),

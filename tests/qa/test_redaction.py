@@ -182,7 +182,7 @@ def test_security_code_after_the_expiry_is_redacted_when_its_question_was_mishea
 
 
 @pytest.mark.parametrize("question", ["and the secure G-code on the back.", "and the secure iG code",
-                                      "what's the security code"])
+                                      "what's the security code", "And the secure a G code on the back."])
 def test_garbled_security_code_question_opens_cvv_context(question: str) -> None:
     texts = _call([("agent", 1_000, question), ("customer", 3_000, "591")])
     assert texts[1] == "[CVV]"
