@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
@@ -50,11 +50,16 @@ class PartitionTransactions:
     each partition's transaction with its input offsets. A send waits while its partition commits.
     """
 
-    def __init__(self, settings: BrokerSettings, group_id: str, transaction_timeout_s: float) -> None:
+    def __init__(self, settings: BrokerSettings, group_id: str, transaction_timeout_s: float,
+                 owned: Callable[[int], bool] = lambda partition: False) -> None:
         self.settings = settings
         self.group_id = group_id
         self.transaction_timeout_ms = round(transaction_timeout_s * 1000)
+        # Whether the consumer holds input partition p now: a record for p may come before ``assign`` has
+        # started p's producer (faust hands out frames of a new partition while its assignment is handled).
+        self.owned = owned
         self._producers: dict[int, AIOKafkaProducer] = {}
+        self._starting: dict[int, asyncio.Task[None]] = {}
         self._locks: dict[int, asyncio.Lock] = {}
         self._open: set[int] = set()  # partitions with a transaction begun and not yet ended
         self.commits = 0
@@ -71,14 +76,24 @@ class PartitionTransactions:
         """Own exactly ``partitions``: start a producer for each new one (its start fences the partition's
         previous owner and aborts what that one left open), stop the others (aborting their open work)."""
         gone = set(self._producers) - partitions
-        new = partitions - set(self._producers)
         await asyncio.gather(*(self._stop(p) for p in gone))
-        started = await asyncio.gather(*(self._start(p) for p in sorted(new)), return_exceptions=True)
-        failed = [(p, e) for p, e in zip(sorted(new), started, strict=True) if isinstance(e, BaseException)]
+        new = sorted(partitions)
+        started = await asyncio.gather(*(self._started(p) for p in new), return_exceptions=True)
+        failed = [(p, e) for p, e in zip(new, started, strict=True) if isinstance(e, BaseException)]
         if failed:
             p, exc = failed[0]
             raise TransactionError(f"transactional producer {self.transactional_id(p)} did not start: "
                                    f"{type(exc).__name__}: {exc}")
+
+    async def _started(self, partition: int) -> None:
+        """Partition ``partition``'s producer, started once (by ``assign`` or by its first record)."""
+        if partition in self._producers:
+            return
+        task = self._starting.get(partition)
+        if task is None:
+            task = self._starting[partition] = asyncio.create_task(self._start(partition))
+            task.add_done_callback(lambda _: self._starting.pop(partition, None))
+        await asyncio.shield(task)
 
     async def _start(self, partition: int) -> None:
         producer = AIOKafkaProducer(
@@ -107,10 +122,14 @@ class PartitionTransactions:
                    to_partition: int | None = None) -> Awaitable[Any]:
         """Put a record in input partition ``partition``'s transaction; returns its delivery future (the
         record is written, not yet committed, when it resolves)."""
-        producer = self._producers.get(partition)
-        if producer is None:
-            raise TransactionError(f"input partition {partition} is not owned here: no transaction to send "
-                                   f"{topic} records in")
+        if partition not in self._producers:
+            # Starting, or assigned and not started yet: wait for it. Not owned: never start one, which would
+            # fence the partition's real owner.
+            if partition not in self._starting and not self.owned(partition):
+                raise TransactionError(f"input partition {partition} is not owned here: no transaction to send "
+                                       f"{topic} records in")
+            await self._started(partition)
+        producer = self._producers[partition]
         async with self._locks[partition]:
             if partition not in self._open:
                 await producer.begin_transaction()

@@ -20,6 +20,7 @@ import datetime
 import hashlib
 import hmac
 import os
+import re
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
@@ -146,6 +147,8 @@ class AudioHookAuthenticator:
             return "missing_headers"
         if not self.secret:
             return None
+        if not _canonical_signatures(headers.get("signature", "")):
+            return "bad_signature"
         try:
             nonce = self.verify(target, authority, headers, key)
         except InvalidSignature as exc:
@@ -168,6 +171,22 @@ class AudioHookAuthenticator:
         request = _SignedRequest("GET", f"https://{authority}{target}", headers)
         results = verifier.verify(request, max_age=self.max_age, require_components=AUDIOHOOK_COVERED)
         return results[0].nonce or ""
+
+
+_SIGNATURE_VALUE = re.compile(r":([^:]*):")
+
+
+def _canonical_signatures(header: str) -> bool:
+    """Every byte sequence in a ``Signature`` header (``label=:base64:``) in canonical base64. A decoder
+    ignores the unused low bits of the last character, so 'sig1=:...A=:' and '...B=:' carry the same
+    signature; only the form the signer wrote is taken, and a signature changed anywhere is refused."""
+    for value in _SIGNATURE_VALUE.findall(header):
+        try:
+            if base64.b64encode(base64.b64decode(value, validate=True)).decode() != value:
+                return False
+        except (binascii.Error, ValueError):
+            return False
+    return True
 
 
 def audiohook_signed_headers(authority: str, target: str, api_key: str, client_secret: str,

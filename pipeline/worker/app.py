@@ -137,7 +137,8 @@ def build_worker(settings: Settings) -> Worker:
     # once per partition on assignment: no store lookup in the hot path.
     # Exactly once: what the calls of input partition p produce, checkpoints included, goes in p's
     # transaction, committed with p's offsets by commit_now (pipeline/broker/transactions.py).
-    transactions = (PartitionTransactions(settings, settings.worker_id, settings.transaction_timeout_s)
+    transactions = (PartitionTransactions(settings, settings.worker_id, settings.transaction_timeout_s,
+                                          lambda p: TP(settings.topic_audio, p) in app.consumer.assignment())
                     if settings.exactly_once else None)
     output = TransactionalOutput(transactions, serde) if transactions is not None else FaustOutput(app, serde)
     processor = CallProcessor(

@@ -202,3 +202,16 @@ def test_a_twilio_signature_is_taken_only_for_its_own_url(path: str, signature: 
     assert twilio_refusal(TWILIO_TOKEN, url, twilio_signature(TWILIO_TOKEN, url)) is None
     if signature != twilio_signature(TWILIO_TOKEN, url):
         assert twilio_refusal(TWILIO_TOKEN, url, signature) in {"missing_signature", "bad_signature"}
+
+
+def test_an_audiohook_signature_in_another_base64_spelling_of_the_same_bytes_is_refused() -> None:
+    # Found by the fuzzer above in CI: the last base64 character of a 32-byte HMAC carries 2 unused bits,
+    # so three other characters decode to the same signature; only the signer's own spelling is taken.
+    import string
+
+    signed = lowered(audiohook_signed_headers(AUTHORITY, TARGET, AUDIOHOOK_KEY, AUDIOHOOK_SECRET, AUDIOHOOK_HEADERS))
+    value = signed["signature"]
+    last = value.rindex("=:") - 1  # the last data character, before the padding
+    taken = [c for c in string.ascii_letters + string.digits + "+/" if c != value[last] and authenticator().refusal(
+        TARGET, AUTHORITY, {**signed, "signature": value[:last] + c + value[last + 1:]}) is None]
+    assert taken == []
