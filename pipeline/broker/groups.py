@@ -26,12 +26,8 @@ class GroupNotStableError(RuntimeError):
 def group_assignment(admin: AdminClient, group_id: str, topic: str) -> tuple[str, list[set[int]]]:
     """The group's state name and each member's partitions of ``topic`` ("UNKNOWN", [] while the group is
     not known yet)."""
-    try:
-        desc = admin.describe_consumer_groups([group_id], request_timeout=5)[group_id].result()
-    except Exception:  # noqa: BLE001 - not created yet, or its coordinator loading: unknown for now
-        return "UNKNOWN", []
-    members = [{tp.partition for tp in m.assignment.topic_partitions if tp.topic == topic} for m in desc.members]
-    return desc.state.name, members
+    state, members = group_members(admin, group_id, topic)
+    return state, list(members.values())
 
 
 def group_members(admin: AdminClient, group_id: str, topic: str) -> tuple[str, dict[str, set[int]]]:

@@ -72,11 +72,9 @@ def _done() -> asyncio.Future[None]:
 
 
 def _worker(kafka: Transactions, settings: Settings = SETTINGS) -> CallProcessor:
-    processor, _, _ = _processor(kafka.store, settings)
+    processor, _, _ = _processor(kafka, settings)  # type: ignore[arg-type]
     # Outputs and checkpoints go through the transaction; rows stay in the processor's memory sink.
     processor.outputs.output = kafka
-    processor.durability.checkpoints = kafka
-    processor.registry.checkpoints = kafka
     return processor
 
 
