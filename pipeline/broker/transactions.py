@@ -181,7 +181,10 @@ class ConsumedTransactions:
         self.transactional_id = transactional_id
         self._producer = Producer({
             **kafka_config(settings), "transactional.id": transactional_id, "enable.idempotence": True,
-            "acks": "all", "linger.ms": 5, "transaction.timeout.ms": round(transaction_timeout_s * 1000)})
+            "acks": "all", "linger.ms": 5, "transaction.timeout.ms": round(transaction_timeout_s * 1000),
+            # The Java client's (and aiokafka's) key hash: a call's revision lands on the partition of its
+            # live results, after them (librdkafka's default, crc32, put it on another partition).
+            "partitioner": "murmur2_random"})
         self._ready = False
 
     def commit(self, records: list[tuple[str, bytes, bytes]], consumer: Consumer, message: KafkaMessage,
