@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass
 
 from confluent_kafka import KafkaException
-from confluent_kafka.admin import NewTopic
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from pipeline.broker.security import ClientErrors, admin_client, cluster_metadata
 from pipeline.config import Settings
@@ -85,7 +85,27 @@ def ensure_topics(settings: Settings, specs: list[TopicSpec] | None = None, time
             if exc.args and exc.args[0].name() == "TOPIC_ALREADY_EXISTS":
                 continue
             raise
+    _wait_for_leaders(admin, errors, missing, timeout_s)
     return created
+
+
+def _wait_for_leaders(admin: AdminClient, errors: ClientErrors, specs: list[TopicSpec], timeout_s: float) -> None:
+    """Return once every partition of ``specs`` has a leader in the brokers' metadata. KRaft answers
+    CreateTopics when the controller has committed the topic, before the brokers have published it: a
+    produce in that window fails with UNKNOWN_TOPIC_OR_PART for good (a gateway's first frames of a call
+    were lost so on a busy CI machine)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        topics = cluster_metadata(admin, errors, timeout_s).topics
+        pending = [t.name for t in specs
+                   if t.name not in topics or topics[t.name].error is not None
+                   or len(topics[t.name].partitions) < t.partitions
+                   or any(p.leader < 0 for p in topics[t.name].partitions.values())]
+        if not pending:
+            return
+        if time.monotonic() > deadline:
+            raise TopicLayoutError(f"topic {pending[0]} was created but has no leader after {timeout_s:.0f} s")
+        time.sleep(0.1)
 
 
 class TopicLayoutError(ValueError):

@@ -488,7 +488,9 @@ async def test_a_slow_kafka_drops_twilio_audio_oldest_first(start_gateway, kafka
     assert dropped > 0
     frames, _ = await read_calls(gw.settings, frames=int(100 - dropped))
     seqs = sorted(f.seq for f in frames)
-    assert len(seqs) == 100 - dropped and seqs[-1] == 99  # the newest audio is what was kept
+    assert len(seqs) == 100 - dropped and seqs[-1] == 99, (  # the newest audio is what was kept
+        seqs, gw.server.metrics.value("callqa_gateway_frames_dropped_total"),
+        gw.server.metrics.value("callqa_gateway_delivery_failures_total"))
     assert only(events, "end").frame_counts == {"customer": 100}  # the gap is the worker's to fill
 
 
