@@ -242,11 +242,26 @@ def worker(
     check_api_settings(settings)  # before anything starts: an exposed /api/* is refused in one line
     ensure_topics(settings)
     check_copartitioned(settings)  # topics made elsewhere: a count that splits calls is refused in one line
+    settings = _session_within_broker_bounds(settings)
     console.print(f"worker {settings.worker_id}: Kafka {settings.bootstrap}, web http://{settings.web_host}:{settings.web_port}")
     if not configured.api_token.get_secret_value().strip() and settings.api_token.get_secret_value():
         console.print(f"call pages: http://{settings.web_host}:{settings.web_port}/calls (log in with the API token "
                       f"in {token_path(settings.state_dir)}; `callqa report` reads it there)", soft_wrap=True)
     run_worker(settings, loglevel=loglevel)
+
+
+def _session_within_broker_bounds(settings: Settings) -> Settings:
+    """The session timeout the brokers allow nearest to the setting (said in one line when it differs)."""
+    from pipeline.broker.groups import fitted_session_timeout, session_timeout_bounds
+    from pipeline.broker.security import ClientErrors, admin_client
+
+    wanted = settings.kafka_session_timeout_s
+    fitted = fitted_session_timeout(wanted, session_timeout_bounds(admin_client(settings, ClientErrors(settings))))
+    if fitted == wanted:
+        return settings
+    console.print(f"CALLQA_KAFKA_SESSION_TIMEOUT_S={wanted:g} is outside what the brokers allow "
+                  f"(group.min/max.session.timeout.ms): using {fitted:g} s", soft_wrap=True)
+    return settings.model_copy(update={"kafka_session_timeout_s": fitted})
 
 
 @app.command("report")

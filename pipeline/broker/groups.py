@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 
 from confluent_kafka import Consumer, TopicPartition
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, ConfigResource
 
 from pipeline.broker.security import kafka_config
 from pipeline.config.broker import BrokerSettings
@@ -82,3 +82,25 @@ def committed_offsets(settings: BrokerSettings, group: str, topic: str) -> dict[
         return {tp.partition: tp.offset for tp in consumer.committed(asked, timeout=10) if tp.offset >= 0}
     finally:
         consumer.close()
+
+
+def session_timeout_bounds(admin: AdminClient, timeout_s: float = 10.0) -> tuple[float, float] | None:
+    """The brokers' allowed consumer session timeouts (``group.min/max.session.timeout.ms``, s); None when
+    they cannot be read (no DescribeConfigs permission, an old broker): then the setting is used as is."""
+    try:
+        brokers = admin.list_topics(timeout=timeout_s).brokers
+        resource = ConfigResource(ConfigResource.Type.BROKER, str(min(brokers)))
+        configs = admin.describe_configs([resource], request_timeout=timeout_s)[resource].result(timeout_s)
+        return (int(configs["group.min.session.timeout.ms"].value) / 1000,
+                int(configs["group.max.session.timeout.ms"].value) / 1000)
+    except Exception:  # noqa: BLE001 - unknown bounds: the join says so if the setting is outside them
+        return None
+
+
+def fitted_session_timeout(wanted_s: float, bounds: tuple[float, float] | None) -> float:
+    """``wanted_s`` moved into the brokers' bounds: a JoinGroup outside them is refused
+    (INVALID_SESSION_TIMEOUT), and a worker that cannot join serves nothing."""
+    if bounds is None:
+        return wanted_s
+    low, high = bounds
+    return min(max(wanted_s, low), high)
