@@ -45,6 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from confluent_kafka.admin import AdminClient
+
 from pipeline.analyze import analyze_recordings
 from pipeline.asr.engine import Engine
 from pipeline.bench import probes
@@ -54,6 +56,7 @@ from pipeline.bench.stores import GroupCalls, GroupStores, QaVerdicts
 from pipeline.bench.workers import WorkerGroup
 from pipeline.broker.groups import group_members, wait_for_takeover
 from pipeline.broker.local import LocalKafka, free_port
+from pipeline.broker.security import ClientErrors, admin_client
 from pipeline.broker.topics import ensure_topics
 from pipeline.config import Settings
 from pipeline.contracts import Serde
@@ -262,14 +265,17 @@ class Faults:
             entry.update(worker=slot, active_calls=self.workers.life(slot).metrics.get(ACTIVE_CALLS, 0.0))
             if kind == "kill9":
                 group = self.workers.group
+                # A client of its own: the run's long-lived admin client timed out on every group
+                # description after the broker restart (librdkafka 2.16), which left take-overs unmeasured.
+                admin = admin_client(group.settings, ClientErrors(group.settings))
                 members: dict[str, set[int]] = {}
                 for _ in range(20):  # the coordinator may not answer at once (after a broker restart)
-                    state, members = group_members(group.admin, group.settings.worker_id, group.settings.topic_audio)
+                    state, members = group_members(admin, group.settings.worker_id, group.settings.topic_audio)
                     if members:
                         break
                     time.sleep(0.1)
                 worker.kill9()
-                self._measure_takeover(entry, set(members))
+                self._measure_takeover(entry, admin, set(members))
             else:
                 worker.stop(timeout_s=90)
                 entry["exit_code"] = worker.exit_code
@@ -291,7 +297,7 @@ class Faults:
         self.workers.say(f"  {at:6.1f} s  {kind}{victim} ({entry['took_s']:.0f} s)")
         self.done.append(entry)
 
-    def _measure_takeover(self, entry: dict[str, Any], before: set[str]) -> None:
+    def _measure_takeover(self, entry: dict[str, Any], admin: AdminClient, before: set[str]) -> None:
         """In the background (the killed worker restarts meanwhile): how long until the group, without the
         killed member, owns every partition again; ``entry["takeover_s"]`` (None: not within 120 s, or
         the group's members were not known at the kill)."""
@@ -301,7 +307,7 @@ class Faults:
             return
 
         def measure() -> None:
-            took = wait_for_takeover(group.admin, group.settings.worker_id, group.settings.topic_audio,
+            took = wait_for_takeover(admin, group.settings.worker_id, group.settings.topic_audio,
                                      group.settings.audio_partitions, before)
             entry["takeover_s"] = None if took is None else round(took, 2)
 
@@ -762,6 +768,7 @@ def summary_lines(figures: dict[str, Any]) -> list[str]:
         f"latency topic max {stall.get('latency_topic_max_end_to_end_s')} s)",
         f"checkpoint topic: {cp['records']} records, {cp['bytes']} bytes, {cp['tombstones']} tombstones; live keys "
         f"{cp['live_keys']} ({cp['live_bytes']} bytes) against {figures['open_calls_at_end']} open calls",
+        f"take-over after each kill -9: {figures.get('takeover_s')} s (None: the group was not whole again in 120 s)",
         f"PII leaks {figures['pii_leaks']} (scanned {figures['pii_scanned']}); problems {len(figures['problems'])}",
         *(f"QA result published {len(d['qa_results_at_s'])} times: {d['call']} at {d['qa_results_at_s']} s (its end "
           f"event at {d['call_end_s']} s; faults within 30 s: {', '.join(d['faults_near']) or 'none'})"

@@ -96,6 +96,8 @@ SPECS: dict[str, tuple[str, tuple[Table | Pivot, ...]]] = {
             lambda d: f"{d['kills']}, {d['sigterms']}, {d['broker_restarts']}, {d['outages']}"),
         Col("leg audio re-decoded s", "redecoded_s", 0), Col("re-decoded per worker fault s", "redecoded_per_worker_fault_s", 1),
         Col("longest stall of live finals s", "stall.max_s", 1), Col("stall P99 s", "stall.p99_s", 1),
+        Col("take-over s after each kill -9", lambda d: ", ".join(
+            "none" if t is None else f"{t:.2f}" for t in d["takeover_s"]) if d.get("takeover_s") else "not measured"),
         Col("checkpoint topic MB", "checkpoint_topic.bytes", 1, 1e-6), Col("problems", lambda d: len(d["problems"])))),)),
     "soak": ("Soak", (Table((
         Col("calls", "settings.calls"), Col("minutes", "settings.minutes"), Col("restarts", lambda d: len(d["restarts"])),
