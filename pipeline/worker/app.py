@@ -283,12 +283,13 @@ def build_worker(settings: Settings) -> Worker:
         for (topic, partition), offset in offsets.items():
             by_partition.setdefault(partition, {})[(topic, partition)] = offset
         try:
-            await processor.commit_transactions(offsets, partitions, lambda: transactions.commit(
+            committed = await processor.commit_transactions(offsets, partitions, lambda: transactions.commit(
                 {p: o for p, o in by_partition.items() if p in partitions}))
         except Exception as exc:  # noqa: BLE001 - fenced or refused: what is open is the next owner's to replay
             failed("transaction commit", exc)
             return
-        metrics.commits.inc()
+        if committed:  # not while a call has failed or a rebalance is under way: nothing was committed then
+            metrics.commits.inc()
 
     input_topics = {settings.topic_audio, settings.topic_call_events}
 

@@ -204,19 +204,20 @@ class CallProcessor:
         return await self.durability.make_durable()
 
     async def commit_transactions(self, offsets: dict[TopicPartition, int], partitions: set[int],
-                                  commit: Callable[[], Awaitable[None]]) -> None:
+                                  commit: Callable[[], Awaitable[None]]) -> bool:
         """Exactly once: record what the calls of ``partitions`` have published (a checkpoint record each,
         in their transactions), then ``commit`` (those transactions, with ``offsets``), with no output
         published in between: a transaction holds an output's messages and the record that lists them,
         or none of it. A replay from ``offsets`` then publishes nothing of it again. Nothing is committed
         once a call failed (the worker exits, the next owner replays) or while a rebalance is under way
-        (the partitions may have a new owner already)."""
+        (the partitions may have a new owner already). Returns whether it committed."""
         if self.tasks.failures or self.registry.suspended:
-            return
+            return False
         async with self.outputs.publishing:
             await self.durability.record_published(partitions)
             await commit()
         self.offsets.committed(offsets)
+        return True
 
     async def drain(self) -> None:
         """Finish in-flight inference (on shutdown); calls stay open and will be replayed."""
