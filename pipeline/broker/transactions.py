@@ -111,8 +111,10 @@ class PartitionTransactions:
             if partition in self._open:
                 self._open.discard(partition)
                 # Not committed: its records are dropped and the next owner replays their input. Fenced
-                # already (the next owner started) is the same outcome.
-                with contextlib.suppress(KafkaError, asyncio.TimeoutError):
+                # already (the next owner started) is the same outcome; aiokafka then refuses the abort with
+                # an AssertionError (FATAL_ERROR -> ABORTING), which once ended a SIGTERM'd worker's shutdown
+                # with the other producers unstopped, and the process hung until SIGKILL.
+                with contextlib.suppress(KafkaError, asyncio.TimeoutError, AssertionError):
                     await asyncio.wait_for(producer.abort_transaction(), 10.0)
                 self.aborts += 1
             with contextlib.suppress(KafkaError, asyncio.TimeoutError):
@@ -171,7 +173,9 @@ class PartitionTransactions:
     async def close(self) -> None:
         """Abort what is open (a read_committed consumer is not held up until the next owner starts) and
         stop every producer."""
-        await asyncio.gather(*(self._stop(p) for p in list(self._producers)))
+        results = await asyncio.gather(*(self._stop(p) for p in list(self._producers)), return_exceptions=True)
+        for failure in (r for r in results if isinstance(r, BaseException)):
+            log.warning("a transactional producer did not stop cleanly: %s", failure)
 
 
 class ConsumedTransactions:
