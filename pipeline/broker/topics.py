@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from pipeline.broker.security import ClientErrors, admin_client, cluster_metadata
+from pipeline.broker.security import ClientErrors, KafkaUnavailableError, admin_client, cluster_metadata
 from pipeline.config import Settings
 
 COMPACTED_SEGMENT_MS = 600_000
@@ -104,7 +104,8 @@ def _wait_for_leaders(admin: AdminClient, errors: ClientErrors, specs: list[Topi
         if not pending:
             return
         if time.monotonic() > deadline:
-            raise TopicLayoutError(f"topic {pending[0]} was created but has no leader after {timeout_s:.0f} s")
+            # Not a layout problem: the broker has not published what it created (overloaded, or down).
+            raise KafkaUnavailableError(f"topic {pending[0]} was created but has no leader after {timeout_s:.0f} s")
         time.sleep(0.1)
 
 
