@@ -56,6 +56,7 @@ from pipeline.bench.stores import GroupCalls, GroupStores, QaVerdicts
 from pipeline.bench.workers import WorkerGroup
 from pipeline.broker.groups import group_members, wait_for_takeover
 from pipeline.broker.local import LocalKafka, free_port
+from pipeline.broker.peers import EVICTED
 from pipeline.broker.security import ClientErrors, admin_client
 from pipeline.broker.topics import ensure_topics
 from pipeline.config import Settings
@@ -459,6 +460,7 @@ class ChaosResult:
     leaks: list[Leak]
     scanned: dict[str, int]
     fault_log_lines: int  # worker log lines saying the store refused an insert (the outage happened)
+    evictions_logged: int  # worker log lines saying a peer died and was evicted (pipeline/broker/peers.py)
     checkpoints: dict[str, Any]
     stalls: dict[str, Any]
     sent_leg_audio_s: float
@@ -508,6 +510,7 @@ class ChaosResult:
             "calls_moved_between_workers": self.moved_calls,
             # After each kill -9: until the group, without the killed member, owned every partition again.
             "takeover_s": [f.get("takeover_s") for f in self.faults if f["kind"] == "kill9"],
+            "peer_evictions_logged": self.evictions_logged,
             "duplicate_outputs": len(self.duplicates),
             "pii_leaks": len(self.leaks), "pii_scanned": self.scanned, "store_refusals_logged": self.fault_log_lines,
             "leg_audio_sent_s": round(self.sent_leg_audio_s, 1), "leg_audio_fed_s": round(fed, 1),
@@ -671,6 +674,7 @@ def _verdict(options: ChaosOptions, workers: Workers, traffic: Traffic, settings
         differences=calls.differences(offline.finals), verdict_differences=verdict_problems(offline, stored_qa, on_topic),
         leaks=scan.leaks, scanned=dict(scan.scanned),
         fault_log_lines=sum(w.log_text().count("test fault:") for w in workers.slots),
+        evictions_logged=sum(w.log_text().count(EVICTED) for w in workers.slots),
         checkpoints={**checkpoint_figures(checkpoint_messages),
                      "records_decoded": sum(1 for m in checkpoint_messages if m.value() is not None
                                             and isinstance(_decode(serde, m.value()), CallCheckpoint))},
@@ -768,7 +772,8 @@ def summary_lines(figures: dict[str, Any]) -> list[str]:
         f"latency topic max {stall.get('latency_topic_max_end_to_end_s')} s)",
         f"checkpoint topic: {cp['records']} records, {cp['bytes']} bytes, {cp['tombstones']} tombstones; live keys "
         f"{cp['live_keys']} ({cp['live_bytes']} bytes) against {figures['open_calls_at_end']} open calls",
-        f"take-over after each kill -9: {figures.get('takeover_s')} s (None: the group was not whole again in 120 s)",
+        f"take-over after each kill -9: {figures.get('takeover_s')} s (None: the group was not whole again in 120 s); "
+        f"peers evicted by a survivor: {figures.get('peer_evictions_logged')}",
         f"PII leaks {figures['pii_leaks']} (scanned {figures['pii_scanned']}); problems {len(figures['problems'])}",
         *(f"QA result published {len(d['qa_results_at_s'])} times: {d['call']} at {d['qa_results_at_s']} s (its end "
           f"event at {d['call_end_s']} s; faults within 30 s: {', '.join(d['faults_near']) or 'none'})"

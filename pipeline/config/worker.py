@@ -75,11 +75,33 @@ class WorkerSettings(BaseModel):
     kafka_session_timeout_s: float = Field(
         15.0, ge=1, description="A worker silent this long (crashed, killed) loses its partitions to the others (s).",
     )
-    # A member learns of a rebalance (another one died or joined) at its next heartbeat, and its expiry is
-    # judged from its last one: a fifth of the session timeout keeps a few heartbeats inside every session.
+    # A member learns of a rebalance (another one died or joined) at its next heartbeat, so the interval is
+    # part of every take-over after a peer's eviction (peer_watch); its expiry is judged from its last one,
+    # so a fifth of the session at most keeps a few heartbeats inside every session. A heartbeat is one small
+    # request to the group coordinator. CALLQA_KAFKA_HEARTBEAT_INTERVAL_S, default 0.
     kafka_heartbeat_interval_s: float = Field(
-        0.0, ge=0, description="How often the worker's consumer heartbeats to its group (s); 0: a fifth of "
-        "kafka_session_timeout_s.",
+        0.0, ge=0, description="How often the worker's consumer heartbeats to its group (s); 0: 1 s, or a fifth "
+        "of kafka_session_timeout_s if that is shorter.",
+    )
+    # A worker killed with SIGKILL (OOM, crash) holds its calls until its session expires. With this on, each
+    # worker keeps a TCP connection to every other worker's liveness listener; the OS closes a dead process's
+    # sockets at once, and a surviving peer then evicts it from the group (LeaveGroup on its behalf), so its
+    # partitions move at the survivors' next heartbeat. A slow or paused worker keeps its sockets open and is
+    # left alone; a lost host closes nothing and still waits for the session. Peers must reach each other's
+    # peer_watch_host:port at the address the broker sees them connect from (pipeline/broker/peers.py).
+    # CALLQA_PEER_WATCH, default on.
+    peer_watch: bool = Field(
+        True, description="Evict a peer worker from the group the moment its process dies (its liveness "
+        "connection closes) instead of at its session expiry.",
+    )
+    # CALLQA_PEER_WATCH_HOST, default empty (the worker's web_host, 127.0.0.1 unless set).
+    peer_watch_host: str = Field("", description="Interface of the liveness listener; empty: web_host.")
+    # CALLQA_PEER_WATCH_PORT, default 0: a free port, which the worker's Kafka client id tells its peers.
+    peer_watch_port: int = Field(0, ge=0, le=65535, description="Port of the liveness listener; 0: any free port.")
+    # How often the group's members are listed to watch new ones (a DescribeGroups per worker); a death is
+    # noticed at once whatever this is. CALLQA_PEER_WATCH_INTERVAL_S, default 1.
+    peer_watch_interval_s: float = Field(
+        1.0, gt=0, description="How often the worker lists its group's members to watch new ones (s).",
     )
     # Static membership (KIP-345): a worker restarted under the same instance id within the session timeout
     # gets its partitions back with no rebalance, so the other workers' calls never pause for it. Unique per
@@ -101,6 +123,7 @@ class WorkerSettings(BaseModel):
     # A rebalance waits for every member's revocation; a store outage must not hang the whole group, so
     # the hand-over (let ending calls finish, flush, commit) gives up after this, and what it could not
     # make durable is replayed by the next owner from the last commit. Capped at 60 % of the session timeout.
+    # A store that refuses writes for over a second ends the wait at once (pipeline/worker/calls.py).
     handover_timeout_s: float = Field(
         8.0, gt=0, description="Longest a revocation waits to finish ending calls and commit before handing partitions over (s).",
     )

@@ -32,6 +32,7 @@ from pipeline.api.pool import QueryPool
 from pipeline.api.server import register_api_views
 from pipeline.asr.engine import Engine
 from pipeline.broker.consumer import use_worker_consumer
+from pipeline.broker.peers import LivenessListener, PeerWatch
 from pipeline.broker.security import faust_credentials
 from pipeline.broker.transactions import PartitionTransactions
 from pipeline.config import Settings
@@ -93,6 +94,9 @@ def build_worker(settings: Settings) -> Worker:
     check_api_settings(settings)
     (settings.state_dir / "faust").mkdir(parents=True, exist_ok=True)  # faust makes only the last folder
     api_auth = ApiAuth.from_settings(settings)
+    # Bound before the app: the consumer's client id tells the peers where it listens (pipeline/broker/peers.py).
+    listener = (LivenessListener(settings.peer_watch_host or settings.web_host, settings.peer_watch_port,
+                                 settings.worker_id) if settings.peer_watch else None)
     app = faust.App(
         settings.worker_id,
         broker=f"kafka://{settings.bootstrap}",
@@ -107,7 +111,8 @@ def build_worker(settings: Settings) -> Worker:
         stream_buffer_maxsize=settings.stream_buffer_maxsize,
         broker_max_poll_records=settings.max_poll_records,
         broker_session_timeout=settings.kafka_session_timeout_s,
-        broker_heartbeat_interval=settings.kafka_heartbeat_interval_s or settings.kafka_session_timeout_s / 5,
+        broker_heartbeat_interval=settings.kafka_heartbeat_interval_s or min(1.0, settings.kafka_session_timeout_s / 5),
+        broker_client_id=listener.identity.client_id if listener is not None else f"faust-{faust.__version__}",
         consumer_group_instance_id=settings.worker_instance_id or None,
         consumer_metadata_max_age_ms=round(settings.kafka_metadata_max_age_s * 1000),
         consumer_auto_offset_reset="earliest",
@@ -128,6 +133,13 @@ def build_worker(settings: Settings) -> Worker:
     serde = Serde.from_settings(settings.schema_registry_url)
     metrics = WorkerMetrics()
     metrics.registry.register(api_auth.refusals.counter)  # the API's refusals on the worker's /metrics
+    watch = None
+    if listener is not None:
+        # Started now, so the listener greets peers as soon as the consumer joins. Never closed: its sockets
+        # close when the process ends, after a goodbye if it stops cleanly (flush_on_shutdown).
+        watch = PeerWatch(settings, settings.worker_id, listener, settings.peer_watch_interval_s,
+                          on_evicted=lambda client_id, removed: metrics.peer_evictions.inc(len(removed)))
+        watch.start()
     store_client = connect(settings.writer_url, settings.clickhouse_database)
     migrate(store_client, settings.clickhouse_database)
     sink = ClickHouseSink(settings.writer_url, settings.clickhouse_database)
@@ -379,6 +391,8 @@ def build_worker(settings: Settings) -> Worker:
         # here, so open calls are replayed by the next worker (at-least-once; ids make it idempotent).
         # Not when unhealthy: segments queued for a batcher that died would be waited for forever (and
         # nothing is committed: the next worker replays them). Bounded anyway.
+        if watch is not None:  # a clean stop: no peer evicts us when our sockets close
+            await asyncio.get_running_loop().run_in_executor(None, watch.say_goodbye)
         if not health.reasons():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(processor.drain(), settings.unhealthy_exit_timeout_s / 2)

@@ -114,6 +114,11 @@ class WorkerMetrics:
             "Open calls handed over on a rebalance (their new owner resumes them).", registry=r,
         )
         self.rebalances = Counter("callqa_rebalances_total", "Partition assignments received.", registry=r)
+        self.peer_evictions = Counter(
+            "callqa_peer_evictions_total",
+            "Peer workers this worker removed from the group when their process died (pipeline/broker/peers.py).",
+            registry=r,
+        )
         # The post-call pass (pipeline/postcall): jobs written when calls finish, and the pass's work.
         self.postcall_jobs = Counter("callqa_postcall_jobs_total", "Post-call jobs written for finished calls.",
                                      registry=r)

@@ -46,6 +46,8 @@ def test_live_calls_survive_kills_a_sigterm_a_broker_restart_and_a_store_outage(
     assert all(f["active_calls"] > 0 for f in worker_faults), f"a fault hit an idle worker: {worker_faults}"
     assert [f["exit_code"] for f in result.faults if f["kind"] == "sigterm"] == [0], "SIGTERM: not a clean exit"
     assert result.fault_log_lines > 0, "no worker logged a refused insert: the outage did not reach the sink"
+    # Each killed worker was evicted by a surviving peer (not left to its session); none that was stopped.
+    assert result.evictions_logged == counts["kills"], f"{result.evictions_logged} evictions for {counts['kills']} kills"
     # Every call finished once, with the offline finals and QA; no PII anywhere.
     # Short on purpose: CI shows the end of the output, and a full diff of 60 problems pushed the printed
     # summary and problem lines (the run's own account, above) out of it.

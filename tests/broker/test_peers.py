@@ -1,0 +1,172 @@
+"""Workers evict a peer from their group when its process dies (pipeline/broker/peers.py).
+
+The peer is a real process in a real consumer group whose session is 60 s: if the group loses it well
+before that, only the eviction can have removed it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from pipeline.broker.peers import LivenessListener, Member, PeerIdentity, PeerWatch
+
+# The peer: a liveness listener served by its own watch, and a consumer of the group under the listener's
+# client id, with a session far longer than the test waits.
+PEER = """
+import os, signal, sys, time
+from confluent_kafka import Consumer
+from pipeline.broker.peers import LivenessListener, PeerWatch
+from pipeline.config import Settings
+bootstrap, group, topic = sys.argv[1:4]
+listener = LivenessListener("127.0.0.1", 0, "peer")
+watch = PeerWatch(Settings(bootstrap_servers=bootstrap), group, listener, 0.5)
+watch.start()
+# A clean stop that does not leave the group, as a static member's: goodbye, then exit.
+signal.signal(signal.SIGTERM, lambda *_: (watch.say_goodbye(), os._exit(0)))
+consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "client.id": listener.identity.client_id,
+                     "session.timeout.ms": 60000, "heartbeat.interval.ms": 1000})
+consumer.subscribe([topic])
+said = False
+while True:
+    consumer.poll(0.2)
+    if consumer.assignment() and not said:
+        print(listener.identity.client_id, flush=True)
+        said = True
+"""
+
+
+def test_a_client_id_names_the_listener_and_foreign_ones_are_not_peers() -> None:
+    identity = PeerIdentity("callqa-worker", 40123, "0123abcd0123abcd")
+    assert PeerIdentity.parse(identity.client_id) == identity
+    assert PeerIdentity.parse("faust-0.11.3") is None
+    assert PeerIdentity.parse("callqa-worker.live.0.0123abcd") is None  # no port 0
+    assert PeerIdentity.parse("callqa-worker.live.99999.0123abcd") is None
+
+
+def _until(condition, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout_s:.0f} s: {what}")
+        time.sleep(0.1)
+
+
+def _start_peer(settings, group: str, log) -> tuple[subprocess.Popen[str], str]:  # type: ignore[no-untyped-def]
+    peer = subprocess.Popen([sys.executable, "-c", PEER, settings.bootstrap, group, settings.topic_audio],
+                            stdout=subprocess.PIPE, stderr=log, text=True, cwd=Path(__file__).parents[2])
+    assert peer.stdout is not None
+    peer_id = peer.stdout.readline().strip()  # once its consumer holds partitions
+    assert PeerIdentity.parse(peer_id), f"the peer did not join: {peer_id!r}, see {log.name}"
+    return peer, peer_id
+
+
+def _members(admin, group: str) -> list[tuple[str, str]]:  # type: ignore[no-untyped-def]
+    desc = admin.describe_consumer_groups([group], request_timeout=5)[group].result(timeout=10)
+    return [(m.client_id, m.member_id) for m in desc.members]
+
+
+@pytest.mark.broker
+def test_a_killed_peer_is_evicted_and_a_paused_one_is_not(kafka_settings, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": kafka_settings.bootstrap})
+    group = f"{kafka_settings.worker_id}.peers"
+    log = (tmp_path / "peer.log").open("w")
+    peer, peer_id = _start_peer(kafka_settings, group, log)
+    evicted: list[tuple[str, list[str]]] = []
+    watch = PeerWatch(kafka_settings, group, LivenessListener("127.0.0.1", 0, "survivor"), poll_s=0.5,
+                      on_evicted=lambda client_id, removed: evicted.append((client_id, removed)))
+    try:
+        watch.start()
+        _until(lambda: peer_id in watch.watched, 30, f"the watch connects to {peer_id}")
+
+        os.kill(peer.pid, signal.SIGSTOP)  # a stalled process keeps its sockets: it is not evicted
+        time.sleep(3)
+        os.kill(peer.pid, signal.SIGCONT)
+        members = _members(admin, group)
+        assert evicted == [] and [client_id for client_id, _ in members] == [peer_id]
+
+        peer.kill()  # SIGKILL: no LeaveGroup of its own
+        peer.wait()
+        # Gone from the group well inside its 60 s session: the eviction did it.
+        _until(lambda: _members(admin, group) == [], 30, "the killed peer leaves the group")
+        _until(lambda: evicted != [], 10, "the watch reports the eviction")  # it hears back after the group changed
+        assert evicted == [(peer_id, [member_id for _, member_id in members])]
+        assert peer_id not in watch.watched
+    finally:
+        if peer.poll() is None:
+            peer.kill()
+        watch.close()
+        log.close()
+
+
+@pytest.mark.broker
+def test_a_peer_that_says_goodbye_is_not_evicted(kafka_settings, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A clean stop (a static member restarting keeps its partitions until it is back) is not a death."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": kafka_settings.bootstrap})
+    group = f"{kafka_settings.worker_id}.goodbye"
+    log = (tmp_path / "peer.log").open("w")
+    peer, peer_id = _start_peer(kafka_settings, group, log)
+    evicted: list[str] = []
+    watch = PeerWatch(kafka_settings, group, LivenessListener("127.0.0.1", 0, "survivor"), poll_s=0.5,
+                      on_evicted=lambda client_id, removed: evicted.append(client_id))
+    try:
+        watch.start()
+        _until(lambda: peer_id in watch.watched, 30, f"the watch connects to {peer_id}")
+        peer.terminate()
+        assert peer.wait(10) == 0
+        _until(lambda: peer_id not in watch.watched, 10, "the watch sees the connection close")
+        time.sleep(2)
+        assert evicted == [] and [c for c, _ in _members(admin, group)] == [peer_id]  # left to its session
+    finally:
+        if peer.poll() is None:
+            peer.kill()
+        watch.close()
+        log.close()
+
+
+def test_only_a_greeted_connection_that_closes_counts_as_a_death(kafka_settings) -> None:  # type: ignore[no-untyped-def]
+    """A refused port or one that answers as someone else (an address seen through a NAT, a port another
+    process took) is no proof: the member is left to its session, and not tried again at every poll."""
+    evicted: list[str] = []
+    watch = PeerWatch(kafka_settings, "g", LivenessListener("127.0.0.1", 0, "me"),
+                      on_evicted=lambda client_id, removed: evicted.append(client_id))
+    stranger = socket.create_server(("127.0.0.1", 0))
+    refused = socket.create_server(("127.0.0.1", 0))
+    refused_port = refused.getsockname()[1]
+    refused.close()
+
+    def greet_as_someone_else() -> None:
+        conn, _ = stranger.accept()
+        conn.sendall(b"other.live.1234.0123abcd\n")
+        time.sleep(0.5)
+        conn.close()
+
+    threading.Thread(target=greet_as_someone_else, daemon=True).start()
+    foreign = PeerIdentity("w", stranger.getsockname()[1], "aaaabbbb").client_id
+    gone = PeerIdentity("w", refused_port, "ccccdddd").client_id
+
+    async def watch_both() -> None:
+        watch.refresh([Member("m1", foreign, "127.0.0.1"), Member("m2", gone, "127.0.0.1")])
+        await asyncio.gather(*watch.tasks.values())
+        watch.refresh([Member("m1", foreign, "127.0.0.1"), Member("m2", gone, "127.0.0.1")])
+        assert watch.tasks == {}  # within the retry delay: not even tried
+
+    try:
+        asyncio.run(watch_both())
+        assert evicted == [] and watch.watched == {}
+        assert set(watch.retry_at) == {foreign, gone}
+    finally:
+        stranger.close()
+        watch.close()
