@@ -323,7 +323,8 @@ def build_worker(settings: Settings) -> Worker:
         # not hang the group's rebalance), then pause the revoked partitions' calls (CallProcessor.hand_over).
         ours = {(tp.topic, tp.partition) for tp in revoked if tp.topic in input_topics}
         if ours:
-            await processor.hand_over(ours, handover_budget_s(settings), commit_now)
+            await processor.hand_over(ours, handover_budget_s(settings), commit_now,
+                                      store_failing=lambda: sink.stats.last_error is not None)
 
     @app.on_partitions_assigned.connect  # type: ignore[arg-type]
     async def take_over_calls(sender: Any, assigned: set[TP], **kwargs: Any) -> None:

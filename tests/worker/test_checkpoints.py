@@ -310,5 +310,9 @@ async def test_a_store_that_never_flushes_does_not_hold_the_hand_over_and_nothin
     # Bounded: the hand-over gives up on the flush (the outer limit only stops a hung test).
     await asyncio.wait_for(processor.hand_over({AUDIO, EVENTS}, 0.5, commit), 30)
     assert committed == [] and processor.registry.suspended == {0}
+    # A store known to refuse writes is not waited for the whole budget (600 s here: the outer limit fails it).
+    processor.on_assigned({AUDIO, EVENTS})
+    await asyncio.wait_for(processor.hand_over({AUDIO, EVENTS}, 600.0, commit, store_failing=lambda: True), 30)
+    assert committed == [] and processor.registry.suspended == {0}
     processor.on_assigned({("audio", 1), ("events", 1)})  # the partition moved: its next owner replays it
     assert not processor.awaiting_release and not processor.calls and processor.offsets.partitions() == []
