@@ -38,6 +38,8 @@ from pipeline.qa.numbers import DigitRun, NumberItem, Token, digit_runs, luhn_va
 from pipeline.qa.segment import Segment
 
 MARKERS = ("PAN", "SSN", "PHONE", "EMAIL", "CVV", "EXPIRY")
+# A marker already in a segment's text: it was redacted before (a stored final a resumed call is rebuilt from).
+_MARKER_IN_TEXT = re.compile(r"\[(" + "|".join(MARKERS) + r")\]")
 
 _CONTEXT_KEYWORDS: dict[str, re.Pattern[str]] = {
     "CVV": re.compile(
@@ -262,7 +264,9 @@ class CallRedactor:
         for span in sorted(spans, key=lambda s: s.start, reverse=True):
             text = f"{text[: span.start]}[{span.marker}]{text[span.end :]}"
         if remember:
-            self._remember(segment, mentioned, counts)
+            # What the text held redacted already counts too: a call resumed from its stored finals must
+            # keep the card open after "[PAN]" as after the digits, or the expiry or code after it leaks.
+            self._remember(segment, mentioned, counts + Counter(_MARKER_IN_TEXT.findall(segment.text)))
         return RedactedText(segment.with_text(text), dict(counts))
 
 

@@ -147,3 +147,27 @@ def test_phone_number_said_with_oh_after_call_me_and_a_slashed_date_in_card_cont
         Segment("c", "agent", "d", 5000, 8000, "your card was issued on 12/05"),
     ])  # fmt: skip
     assert texts == {"p": "call me on [PHONE]", "d": "your card was issued on 12/05"}
+
+
+def test_a_call_resumed_from_its_redacted_finals_keeps_the_card_context(qa_config: QaConfig) -> None:
+    """A worker taking over a call rebuilds its redaction context from the stored finals, whose card numbers
+    are already "[PAN]": the card must still count as given, or an expiry or code said after it leaks (a
+    chaos run stored "L227", the expiry "oh two twenty seven", after a kill -9 moved call 12 between its card
+    number and its expiry)."""
+    said = [
+        Segment("c", "agent", "a1", 0, 2000, "Thank you. The premium is forty nine dollars. What is the card number?"),
+        Segment("c", "customer", "c1", 2500, 5000, "Let me get my card. It is 4012, 8888."),
+        Segment("c", "customer", "c2", 7500, 9000, "8888, 1881."),
+        Segment("c", "agent", "a2", 9500, 11000, "Thank you. And the expiry date?"),
+    ]
+    answer = Segment("c", "customer", "c3", 11500, 12500, "L227")
+    whole = CallAnalyzer("c", qa_config)
+    stored = [whole.process(s).redacted.segment for s in said]
+    assert [s.text for s in stored[1:3]] == ["Let me get my card. It is [PAN].", "[PAN]."]
+    expected = whole.process(answer).redacted.segment.text
+
+    resumed = CallAnalyzer("c", qa_config)  # as pipeline/worker/checkpoints.py restores a call
+    for segment in stored:
+        resumed.process(segment)
+    assert expected == "L[CVV]"
+    assert resumed.process(answer).redacted.segment.text == expected
