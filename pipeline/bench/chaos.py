@@ -651,6 +651,7 @@ def _verdict(options: ChaosOptions, workers: Workers, traffic: Traffic, settings
         scan.topic(name, messages, serde)
     for worker in workers.slots:
         scan.log(worker.log_path)
+    logs = [worker.log_text() for worker in workers.slots]  # read once for the counts below
     # (Kafka timestamp, message) of the outputs, in time order
     outputs = sorted(((m.timestamp()[1], serde.decode_any(m.value())) for t in (
         settings.topic_transcripts, settings.topic_latency, settings.topic_qa) for m in topics[t]
@@ -673,8 +674,8 @@ def _verdict(options: ChaosOptions, workers: Workers, traffic: Traffic, settings
                     for c, r in zip(call_ids, recordings, strict=True) if c in traffic.live_wall_ms},
         differences=calls.differences(offline.finals), verdict_differences=verdict_problems(offline, stored_qa, on_topic),
         leaks=scan.leaks, scanned=dict(scan.scanned),
-        fault_log_lines=sum(w.log_text().count("test fault:") for w in workers.slots),
-        evictions_logged=sum(w.log_text().count(EVICTED) for w in workers.slots),
+        fault_log_lines=sum(text.count("test fault:") for text in logs),
+        evictions_logged=sum(text.count(EVICTED) for text in logs),
         checkpoints={**checkpoint_figures(checkpoint_messages),
                      "records_decoded": sum(1 for m in checkpoint_messages if m.value() is not None
                                             and isinstance(_decode(serde, m.value()), CallCheckpoint))},

@@ -13,7 +13,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -74,66 +77,67 @@ def _members(admin, group: str) -> list[tuple[str, str]]:  # type: ignore[no-unt
     return [(m.client_id, m.member_id) for m in desc.members]
 
 
-@pytest.mark.broker
-def test_a_killed_peer_is_evicted_and_a_paused_one_is_not(kafka_settings, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+@dataclass
+class Group:
+    """A real peer process in a group of its own, and this process's watch over it (not started)."""
+
+    admin: Any
+    name: str
+    peer: subprocess.Popen[str]
+    peer_id: str
+    watch: PeerWatch
+    evicted: list[tuple[str, list[str]]]
+
+
+@pytest.fixture
+def group(kafka_settings, tmp_path: Path) -> Iterator[Group]:  # type: ignore[no-untyped-def]
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient({"bootstrap.servers": kafka_settings.bootstrap})
-    group = f"{kafka_settings.worker_id}.peers"
-    log = (tmp_path / "peer.log").open("w")
-    peer, peer_id = _start_peer(kafka_settings, group, log)
+    name = f"{kafka_settings.worker_id}.peers"
     evicted: list[tuple[str, list[str]]] = []
-    watch = PeerWatch(kafka_settings, group, LivenessListener("127.0.0.1", 0, "survivor"), poll_s=0.5,
-                      on_evicted=lambda client_id, removed: evicted.append((client_id, removed)))
-    try:
-        watch.start()
-        _until(lambda: peer_id in watch.watched, 30, f"the watch connects to {peer_id}")
-
-        os.kill(peer.pid, signal.SIGSTOP)  # a stalled process keeps its sockets: it is not evicted
-        time.sleep(3)
-        os.kill(peer.pid, signal.SIGCONT)
-        members = _members(admin, group)
-        assert evicted == [] and [client_id for client_id, _ in members] == [peer_id]
-
-        peer.kill()  # SIGKILL: no LeaveGroup of its own
-        peer.wait()
-        # Gone from the group well inside its 60 s session: the eviction did it.
-        _until(lambda: _members(admin, group) == [], 30, "the killed peer leaves the group")
-        _until(lambda: evicted != [], 10, "the watch reports the eviction")  # it hears back after the group changed
-        assert evicted == [(peer_id, [member_id for _, member_id in members])]
-        assert peer_id not in watch.watched
-    finally:
-        if peer.poll() is None:
-            peer.kill()
-        watch.close()
-        log.close()
+    with (tmp_path / "peer.log").open("w") as log:
+        peer, peer_id = _start_peer(kafka_settings, name, log)
+        watch = PeerWatch(kafka_settings, name, LivenessListener("127.0.0.1", 0, "survivor"), poll_s=0.5,
+                          on_evicted=lambda client_id, removed: evicted.append((client_id, removed)))
+        try:
+            yield Group(AdminClient({"bootstrap.servers": kafka_settings.bootstrap}), name, peer, peer_id, watch,
+                        evicted)
+        finally:
+            if peer.poll() is None:
+                peer.kill()
+            watch.close()
 
 
 @pytest.mark.broker
-def test_a_peer_that_says_goodbye_is_not_evicted(kafka_settings, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    """A clean stop (a static member restarting keeps its partitions until it is back) is not a death."""
-    from confluent_kafka.admin import AdminClient
+def test_a_killed_peer_is_evicted_and_a_paused_one_is_not(group: Group) -> None:
+    group.watch.start()
+    _until(lambda: group.peer_id in group.watch.watched, 30, f"the watch connects to {group.peer_id}")
 
-    admin = AdminClient({"bootstrap.servers": kafka_settings.bootstrap})
-    group = f"{kafka_settings.worker_id}.goodbye"
-    log = (tmp_path / "peer.log").open("w")
-    peer, peer_id = _start_peer(kafka_settings, group, log)
-    evicted: list[str] = []
-    watch = PeerWatch(kafka_settings, group, LivenessListener("127.0.0.1", 0, "survivor"), poll_s=0.5,
-                      on_evicted=lambda client_id, removed: evicted.append(client_id))
-    try:
-        watch.start()
-        _until(lambda: peer_id in watch.watched, 30, f"the watch connects to {peer_id}")
-        peer.terminate()
-        assert peer.wait(10) == 0
-        _until(lambda: peer_id not in watch.watched, 10, "the watch sees the connection close")
-        time.sleep(2)
-        assert evicted == [] and [c for c, _ in _members(admin, group)] == [peer_id]  # left to its session
-    finally:
-        if peer.poll() is None:
-            peer.kill()
-        watch.close()
-        log.close()
+    os.kill(group.peer.pid, signal.SIGSTOP)  # a stalled process keeps its sockets: it is not evicted
+    time.sleep(3)
+    os.kill(group.peer.pid, signal.SIGCONT)
+    members = _members(group.admin, group.name)
+    assert group.evicted == [] and [client_id for client_id, _ in members] == [group.peer_id]
+
+    group.peer.kill()  # SIGKILL: no LeaveGroup of its own
+    group.peer.wait()
+    # Gone from the group well inside its 60 s session: the eviction did it.
+    _until(lambda: _members(group.admin, group.name) == [], 30, "the killed peer leaves the group")
+    _until(lambda: group.evicted != [], 10, "the watch reports the eviction")  # it hears back after the group changed
+    assert group.evicted == [(group.peer_id, [member_id for _, member_id in members])]
+    assert group.peer_id not in group.watch.watched
+
+
+@pytest.mark.broker
+def test_a_peer_that_says_goodbye_is_not_evicted(group: Group) -> None:
+    """A clean stop (a static member restarting keeps its partitions until it is back) is not a death."""
+    group.watch.start()
+    _until(lambda: group.peer_id in group.watch.watched, 30, f"the watch connects to {group.peer_id}")
+    group.peer.terminate()
+    assert group.peer.wait(10) == 0
+    _until(lambda: group.peer_id not in group.watch.watched, 10, "the watch sees the connection close")
+    time.sleep(2)
+    assert group.evicted == [] and [c for c, _ in _members(group.admin, group.name)] == [group.peer_id]  # its session
 
 
 def test_only_a_greeted_connection_that_closes_counts_as_a_death(kafka_settings) -> None:  # type: ignore[no-untyped-def]
