@@ -71,7 +71,7 @@ class CallStream:
     def end_event(self) -> CallEvent:
         return CallEvent(self.plan.call_id, "end", tenant=TENANT, agent_id=self.agent_id, queue="bench",
                          legs=list(LEGS), sample_rate=RATE, encoding="mulaw",
-                         frame_counts=dict.fromkeys(LEGS, self.messages))
+                         frame_counts=dict.fromkeys(LEGS, -(-self.next_frame // self.message_frames)))
 
     def frames_until(self, end_frame: int) -> list[AudioFrame]:
         """Both legs' messages whose frames are all due before ``end_frame`` (the call's last message
@@ -126,9 +126,11 @@ class LiveSender:
         noise.data  # noqa: B018 - built now, not at the first call's arrival
 
     def run(self, plans: Sequence[CallPlan], until_s: float, stop: threading.Event,
-            report: SendReport | None = None, on_tick: Callable[[float], None] | None = None) -> SendReport:
-        """Send until traffic time ``until_s`` (calls still open then just stop, as at a capture's end) or
-        ``stop``. ``report`` is filled as it goes (others may read it while this runs)."""
+            report: SendReport | None = None, on_tick: Callable[[float], None] | None = None,
+            end_open: bool = False) -> SendReport:
+        """Send until traffic time ``until_s`` (calls still open then just stop, as at a capture's end, or
+        with ``end_open`` are ended there, so a turn that ended just before gets its final) or ``stop``.
+        ``report`` is filled as it goes (others may read it while this runs)."""
         report = report or SendReport()
         pending = sorted(plans, key=lambda p: p.arrival_s)
         arrival_tick = {p.call_id: round(p.arrival_s * 1000 / FRAME_MS) for p in plans}
@@ -149,6 +151,9 @@ class LiveSender:
             if on_tick is not None:
                 on_tick(tick * FRAME_MS / 1000)
             tick += 1
+        if end_open:
+            for stream in active:
+                self._end(stream, report)
         self.producer.flush(DELIVERY_TIMEOUT_S)
         return report
 
@@ -164,9 +169,12 @@ class LiveSender:
             self.producer.send(self.audio_topic, stream.plan.call_id, frame)
             report.frames_sent += 1
         if stream.done:
-            self.producer.send(self.events_topic, stream.plan.call_id, stream.end_event())
-            report.events_sent += 1
-            report.ended.add(stream.plan.call_id)
+            self._end(stream, report)
+
+    def _end(self, stream: CallStream, report: SendReport) -> None:
+        self.producer.send(self.events_topic, stream.plan.call_id, stream.end_event())
+        report.events_sent += 1
+        report.ended.add(stream.plan.call_id)
 
 
 # ---- library calls, replayed whole ---------------------------------------------------------------------

@@ -13,7 +13,8 @@ Every ``interval_s`` one row of the time series: each worker's RSS, open files a
 the finals whose speech ended in that interval (count and P99 latency), the calls open, the checkpoint
 topic's offsets (watermarks) and every topic's bytes on the broker's disk (local broker only); at the
 end the checkpoint topic as compaction leaves it (live keys: calls still open).
-After the traffic, a drain; then the verdict against the goals: the long-lived worker's RSS grows at most
+The calls still open when the traffic stops are ended there (a turn that ended a moment before would
+otherwise wait for its endpoint's silence, which never comes). After the traffic, a drain; then the verdict against the goals: the long-lived worker's RSS grows at most
 ``RSS_GROWTH_MAX_PCT`` from the first ``COMPARE_S`` (after the warm-up) to the last; the finals' P99 of the
 last ``COMPARE_S`` is within ``P99_DRIFT_MAX_PCT`` of the first's; nothing lost: every turn whose speech
 ended before the traffic stopped got a final. Result: ``soak``.
@@ -108,7 +109,7 @@ class SoakRun:
         """Send the traffic; every interval a row, every restart period the next worker restarted."""
         config = self.config
         traffic = Background("the traffic sender", lambda stop: sender.run(self.plans, config.traffic_s, stop,
-                                                                           self.report))
+                                                                           self.report, end_open=True))
         next_row, next_restart, turn = config.interval_s, config.warmup_s + config.restart_every_s, 0
         with traffic:
             while traffic.is_alive():

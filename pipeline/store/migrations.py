@@ -242,6 +242,18 @@ _QA_EVENTS_LATEST_VIEW = (
 )
 
 
+# Issue 41's soak: ClickHouse removes outdated parts with a pool of up to 128 threads once more than
+# concurrent_part_removal_threshold (100) are due, and the embedded engine (chdb) keeps every such thread
+# for the life of the worker: 125 threads at the first clean-up, ~8 minutes after start, each later
+# holding its allocator cache and three /proc files, so a worker's memory and open files grew for the
+# whole hour. The sink writes small parts often; one thread removes a clean-up's few hundred in well under
+# a second, on a server too.
+_PART_TABLES = (*TABLE_KEYS, "revoked_sessions", "schema_migrations")
+_ONE_THREAD_PART_REMOVAL = tuple(
+    f"ALTER TABLE {{db}}.{table} MODIFY SETTING concurrent_part_removal_threshold = 1000000" for table in _PART_TABLES
+)
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "tables", (_CALLS, _SEGMENTS, _LATENCY, _CALL_QA, _QA_EVENTS)),
     Migration(2, "deduped views", tuple(_deduped_view(t) for t in TABLE_KEYS)),
@@ -259,6 +271,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(6, "revisions of a call's QA events", (_revision_key("qa_events"), _QA_EVENTS_LATEST_VIEW)),
     # /logout revokes a call-page session for every worker on the store (issue 41; pipeline/api/revocations.py).
     Migration(7, "sessions logged out", (_REVOKED_SESSIONS,)),
+    Migration(8, "outdated parts removed by one thread", _ONE_THREAD_PART_REMOVAL),
 )
 
 

@@ -4,14 +4,16 @@ and finals are matched to that ground truth as the latency reference."""
 
 from __future__ import annotations
 
+import threading
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import pytest
 
 from pipeline.audio import codecs
 from pipeline.bench.latency import FinalSeen, match_finals, stages, window_latency
-from pipeline.bench.sender import CallStream
+from pipeline.bench.sender import CallStream, LiveSender
 from pipeline.bench.traffic import (
     FRAME_BYTES,
     FRAME_MS,
@@ -199,6 +201,38 @@ def test_messages_of_100_ms_carry_five_frames_each_and_the_last_one_short(librar
         assert all(len(m.payload) == 5 * FRAME_BYTES for m in own[:-1]) and 0 < len(own[-1].payload) <= 5 * FRAME_BYTES
         assert b"".join(m.payload for m in own) == stream.legs[leg]
     assert stream.end_event().frame_counts == dict.fromkeys(LEGS, count)
+
+
+class _Recorder:
+    """What the sender hands its producer, in order (no broker: this is about what is sent)."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, str, Any]] = []
+
+    def send(self, topic: str, key: str, value: Any) -> None:
+        self.sent.append((topic, key, value))
+
+    def flush(self, timeout: float) -> int:
+        return 0
+
+
+@pytest.mark.parametrize("end_open", [False, True])
+def test_calls_open_when_the_traffic_stops_are_ended_there_when_asked(library: TurnLibrary, end_open: bool) -> None:
+    plan = plan_traffic(library, TrafficSpec(calls=1, seed=5), 1.0, "f")[0]
+    plan = replace(plan, arrival_s=0.0)
+    recorder = _Recorder()
+    sender = LiveSender(recorder, "audio", "events", library,  # type: ignore[arg-type]
+                        NoiseBed(TrafficSpec(1).max_call_s), message_ms=100)
+    report = sender.run([plan], 0.3, threading.Event(), end_open=end_open)
+    events = [v for topic, _, v in recorder.sent if topic == "events"]
+    audio = [v for topic, _, v in recorder.sent if topic == "audio"]
+    assert plan.frames > 100 and 0 < len(audio) < 2 * plan.frames  # cut short, well before the call's end
+    if not end_open:
+        assert [e.event_type for e in events] == ["start"] and report.ended == set()
+        return
+    assert [e.event_type for e in events] == ["start", "end"] and report.ended == {plan.call_id}
+    # The end counts the messages each leg really got, so the worker waits for no missing one.
+    assert events[1].frame_counts == {leg: sum(1 for m in audio if m.leg == leg) for leg in LEGS}
 
 
 # ---- the ground truth as the latency reference -------------------------------------------------------------

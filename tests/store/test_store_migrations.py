@@ -49,3 +49,15 @@ def test_deduped_views_expose_the_table_columns(store: Client) -> None:
         table_cols = [r[0] for r in store.query(f"DESCRIBE TABLE {table}").result_rows]
         view_cols = [r[0] for r in store.query(f"DESCRIBE TABLE {table}_deduped").result_rows]
         assert view_cols == [c for c in table_cols if c != "row_version"]
+
+
+def test_every_merge_tree_removes_outdated_parts_with_one_thread(store: Client, database: str) -> None:
+    """The embedded engine keeps each thread of its part-removal pool (128) for the worker's life: no table
+    may use that pool (the soak's worker grew by 125 threads at its first clean-up without this)."""
+    rows = store.query(
+        "SELECT name, create_table_query FROM system.tables WHERE database = {db:String} AND engine LIKE '%MergeTree'",
+        parameters={"db": database},
+    ).result_rows
+    assert {name for name, _ in rows} >= set(TABLE_KEYS)
+    for name, query in rows:
+        assert "concurrent_part_removal_threshold = 1000000" in query, name
