@@ -22,7 +22,6 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.asr.batcher import SegmentBatcher, inference_processes
-from pipeline.asr.build import build_model
 from pipeline.asr.canary import load_checked
 from pipeline.asr.manifest import Manifest, ModelNotBuiltError, latest_model_folder
 from pipeline.asr.recognizer import Recognizer
@@ -115,6 +114,14 @@ class TranscriptStream:
         return self._engine.transcribe_segments(self.front_end.finish())
 
 
+def _build(name: str, models_dir: Path) -> Path:
+    # Imported here: building pulls in onnx, whose ml_dtypes costs ~0.8 CPU-s at import, and a worker or an
+    # inference process that finds its model built (every start but a machine's first) never needs it.
+    from pipeline.asr.build import build_model
+
+    return build_model(name, models_dir).folder
+
+
 class Engine:
     def __init__(self, recognizer: Recognizer, settings: Settings) -> None:
         self.recognizer = recognizer
@@ -131,11 +138,11 @@ class Engine:
         try:
             folder = latest_model_folder(models_dir, name)
             if not Manifest.read(folder).format_current and build:
-                folder = build_model(name, models_dir).folder  # built by an older callqa: next version
+                folder = _build(name, models_dir)  # built by an older callqa: next version
         except ModelNotBuiltError:
             if not build:
                 raise
-            folder = build_model(name, models_dir).folder
+            folder = _build(name, models_dir)
         return cls(load_checked(folder, settings), settings)
 
     @property
