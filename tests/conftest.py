@@ -6,6 +6,7 @@ shares one path; tests isolate themselves with a database of their own.
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
 from collections.abc import Iterator
@@ -58,6 +59,27 @@ def pytest_itemcollected(item: pytest.Item) -> None:
         item.add_marker(pytest.mark.broker)
     if REFERENCE_FIXTURES.intersection(fixtures):
         item.add_marker(pytest.mark.slow)
+
+
+# CALLQA_TEST_CPU=FILE: one JSON line per test with the CPU it cost, its own process's and that of the
+# processes it started and reaped (workers, CLI runs), beside its wall time. pytest's --durations ranks by
+# wall time, which on 2 cores hides what to cut: a real-time replay waits, a worker start burns CPU.
+CPU_LOG = os.environ.get("CALLQA_TEST_CPU", "")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    if not CPU_LOG:
+        yield
+        return
+    before = os.times()
+    yield
+    after = os.times()
+    own = after.user + after.system - before.user - before.system
+    children = (after.children_user + after.children_system - before.children_user - before.children_system)
+    with open(CPU_LOG, "a") as log:
+        log.write(json.dumps({"test": item.nodeid, "wall_s": round(after.elapsed - before.elapsed, 2),
+                              "cpu_s": round(own, 2), "children_cpu_s": round(children, 2)}) + "\n")
 
 
 @pytest.fixture(scope="session")
