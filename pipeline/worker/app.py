@@ -43,7 +43,7 @@ from pipeline.store.client import connect
 from pipeline.store.migrations import migrate
 from pipeline.store.sink import ClickHouseSink, SinkClosedError
 from pipeline.web.views import register_web_views
-from pipeline.worker.allocator import set_mmap_threshold
+from pipeline.worker.allocator import release_free_memory, set_mmap_threshold, trim_available
 from pipeline.worker.calls import CallProcessor
 from pipeline.worker.checkpoint_topic import KafkaCheckpointStore
 from pipeline.worker.dead_letters import describe_error
@@ -367,6 +367,11 @@ def build_worker(settings: Settings) -> Worker:
             # A crash stops faust's worker with exit status 1; the timer ends it if stopping hangs.
             exit_after(settings.unhealthy_exit_timeout_s)
             await app.crash(reason)
+
+    if settings.malloc_trim_interval_s > 0 and trim_available():
+        @app.timer(interval=settings.malloc_trim_interval_s)
+        async def trim_free_memory() -> None:
+            await asyncio.to_thread(release_free_memory)
 
     api_pool = QueryPool(settings.api_query_threads, settings.api_query_max_waiting)
     # The call pages plug into the API server.

@@ -51,3 +51,40 @@ def test_the_environment_variable_wins(monkeypatch) -> None:  # type: ignore[no-
     assert set_mmap_threshold(131072) is False
     monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_")
     assert set_mmap_threshold(0) is False
+
+
+# Blocks under the mmap threshold (on the heap), all freed but the last one, which pins the heap's top:
+# glibc cannot shrink the heap from the top, so the freed middle stays resident until a trim.
+TRIM_PROBE = textwrap.dedent("""
+    import ctypes, sys
+    from pipeline.worker.allocator import release_free_memory
+
+    def rss_kb():
+        return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmRSS"))
+
+    libc = ctypes.CDLL("libc.so.6")
+    libc.malloc.restype = ctypes.c_void_p
+    libc.free.argtypes = [ctypes.c_void_p]
+    libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+    blocks = [libc.malloc(65536) for _ in range(1000)]
+    for b in blocks:
+        libc.memset(b, 1, 65536)
+    for b in blocks[:-1]:
+        libc.free(b)
+    before = rss_kb()
+    released = release_free_memory() if sys.argv[1] == "trim" else False
+    print(released, before - rss_kb())
+""")
+
+
+def _trimmed_kb(how: str) -> tuple[bool, int]:
+    out = subprocess.run([sys.executable, "-c", TRIM_PROBE, how], cwd=REPO, capture_output=True, text=True,
+                         timeout=120, check=True, env={"PATH": "/usr/bin:/bin"}).stdout.split()
+    return out[0] == "True", int(out[1])
+
+
+def test_a_trim_hands_back_freed_heap_memory_the_heap_top_pinned() -> None:
+    released, given_back_kb = _trimmed_kb("trim")
+    assert released and given_back_kb > 40_000, given_back_kb  # most of the ~64 MB freed
+    kept, kept_back_kb = _trimmed_kb("none")
+    assert not kept and kept_back_kb < 4_000, kept_back_kb  # without it glibc keeps them: the lever's reason
