@@ -60,9 +60,9 @@ class CallStream:
         return f"agent-{zlib.crc32(self.plan.call_id.encode()) % 100:02d}"
 
     @property
-    def messages(self) -> int:
-        """Messages a leg of the call takes (the last one may be short)."""
-        return -(-self.plan.frames // self.message_frames)
+    def messages_sent(self) -> int:
+        """Messages each leg got so far (the whole call's once done; the last one may be short)."""
+        return -(-self.next_frame // self.message_frames)
 
     def start_event(self) -> CallEvent:
         return CallEvent(self.plan.call_id, "start", tenant=TENANT, agent_id=self.agent_id, queue="bench",
@@ -71,7 +71,7 @@ class CallStream:
     def end_event(self) -> CallEvent:
         return CallEvent(self.plan.call_id, "end", tenant=TENANT, agent_id=self.agent_id, queue="bench",
                          legs=list(LEGS), sample_rate=RATE, encoding="mulaw",
-                         frame_counts=dict.fromkeys(LEGS, -(-self.next_frame // self.message_frames)))
+                         frame_counts=dict.fromkeys(LEGS, self.messages_sent))
 
     def frames_until(self, end_frame: int) -> list[AudioFrame]:
         """Both legs' messages whose frames are all due before ``end_frame`` (the call's last message

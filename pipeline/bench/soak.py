@@ -14,10 +14,11 @@ the finals whose speech ended in that interval (count and P99 latency), the call
 topic's offsets (watermarks) and every topic's bytes on the broker's disk (local broker only); at the
 end the checkpoint topic as compaction leaves it (live keys: calls still open).
 The calls still open when the traffic stops are ended there (a turn that ended a moment before would
-otherwise wait for its endpoint's silence, which never comes). After the traffic, a drain; then the verdict against the goals: the long-lived worker's RSS grows at most
-``RSS_GROWTH_MAX_PCT`` from the first ``COMPARE_S`` (after the warm-up) to the last; the finals' P99 of the
-last ``COMPARE_S`` is within ``P99_DRIFT_MAX_PCT`` of the first's; nothing lost: every turn whose speech
-ended before the traffic stopped got a final. Result: ``soak``.
+otherwise wait for its endpoint's silence, which never comes). After the traffic, a drain; then the
+verdict against the goals: the long-lived worker's RSS grows at most ``RSS_GROWTH_MAX_PCT`` from the first
+``COMPARE_S`` (after the warm-up) to the last; the finals' P99 of the last ``COMPARE_S`` is within
+``P99_DRIFT_MAX_PCT`` of the first's; nothing lost: every turn whose speech ended before the traffic
+stopped got a final. Result: ``soak``.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import logging
 import os
 import platform
@@ -27,6 +28,7 @@ M_MMAP_THRESHOLD = -3  # glibc's malloc.h
 ENV_VARIABLE = "MALLOC_MMAP_THRESHOLD_"
 
 
+@functools.cache  # find_library runs `ldconfig -p`: once per process, not at every trim
 def _glibc() -> ctypes.CDLL | None:
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return None
