@@ -264,6 +264,8 @@ def bench_soak(
     cores: Annotated[str, typer.Option(help="CPU list shared out among the workers (taskset), e.g. 0-1; "
                                             "default: not pinned.")] = "",
     seed: Annotated[int, typer.Option(help="Traffic seed.")] = 1,
+    static: Annotated[bool, typer.Option(help="Static group membership (a restart moves no partition); "
+                                              "--no-static: every restart rebalances the group.")] = True,
     out: Out = None,
 ) -> None:
     """Long live load with rolling restarts: does memory, latency or any topic grow?
@@ -284,7 +286,7 @@ def bench_soak(
         calls, why = default_calls(out or RESULTS)
         console.print(f"--calls {calls}: {why}")
     config = SoakConfig(minutes=minutes, calls=calls, cores=pinned, workers=workers, restart_every_s=restart_every_s,
-                        interval_s=interval_s, warmup_s=warmup_s, seed=seed)
+                        interval_s=interval_s, warmup_s=warmup_s, seed=seed, static_membership=static)
     doc, paths = run_soak(config, console, out or RESULTS)
     for line in summary_lines(doc):
         console.print(line)

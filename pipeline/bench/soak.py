@@ -3,8 +3,13 @@
 One run on the shared broker, built from the live benchmark's parts (traffic plan, sender, transcript tap,
 worker group, probes): ``workers`` workers in one consumer group, each pinned to its share of the cores;
 the first one runs throughout (its memory and open files are the ones that must stay flat), the others are
-stopped with SIGTERM and started again in turn every ``restart_every_s``, as a rolling deployment does,
-so the group rebalances and calls move under load. The traffic is the live benchmark's 2-6 minute calls,
+stopped with SIGTERM and started again in turn every ``restart_every_s``, as a rolling deployment does.
+By default each worker has a static group membership (its instance id, as a StatefulSet pod's name, and
+a session above a restart's length): a restart moves no partition and pauses only the restarted worker's
+calls, the deployment the worker's README recommends; ``static_membership=False``: every stop and start
+rebalances the group and calls move under load. The first restart comes half a period after the warm-up,
+so each compared window of whole periods holds as many restarts as the other (with the first one a
+period after the warm-up, the last window of an hour held two and the first one). The traffic is the live benchmark's 2-6 minute calls,
 exactly ``calls`` open at every moment (a new call on a line as soon as its last one ends: with Poisson
 arrivals the first hour-long run went from about 10 to over 20 open calls, and its figures followed the
 load, not time); by default 70 % of the capacity the latest `callqa bench live --search` found.
@@ -54,6 +59,8 @@ DEFAULT_CALLS = 6  # when no capacity was ever found
 RSS_GROWTH_MAX_PCT = 5.0
 P99_DRIFT_MAX_PCT = 20.0
 COMPARE_S = 600.0  # the first and the last ten minutes (or a third of a shorter run) are compared
+STATIC_SESSION_S = 45.0  # a static member's session: well above a restart (5-6 s), so none is evicted
+AFTER_RESTART_S = 60.0  # each restart's row: the P99 of the finals whose speech ended this long after it
 DRAIN_S = 120.0
 
 
@@ -67,6 +74,7 @@ class SoakConfig:
     interval_s: float = 60.0
     warmup_s: float = 60.0
     seed: int = 1
+    static_membership: bool = True
 
     @property
     def traffic_s(self) -> float:
@@ -75,6 +83,20 @@ class SoakConfig:
     @property
     def compare_s(self) -> float:
         return min(COMPARE_S, self.minutes * 60 / 3)
+
+    def restart_times(self) -> list[float]:
+        """When the restarts are due (s from the traffic's start): half a period after the warm-up, then
+        every period while traffic runs, so windows of whole periods hold equally many."""
+        if self.workers < 2:
+            return []
+        first = self.warmup_s + self.restart_every_s / 2
+        return [float(t) for t in np.arange(first, self.traffic_s, self.restart_every_s)]
+
+    def worker_overrides(self, prefix: str, label: str) -> dict[str, str]:
+        """A worker's own settings: its static membership id and a session that outlasts its restart."""
+        if not self.static_membership:
+            return {}
+        return {"worker_instance_id": f"{prefix}-{label}", "kafka_session_timeout_s": f"{STATIC_SESSION_S:g}"}
 
     def worker_cores(self) -> list[str]:
         """Each worker's CPU list for taskset (empty: not pinned)."""
@@ -111,7 +133,7 @@ class SoakRun:
         config = self.config
         traffic = Background("the traffic sender", lambda stop: sender.run(self.plans, config.traffic_s, stop,
                                                                            self.report, end_open=True))
-        next_row, next_restart, turn = config.interval_s, config.warmup_s + config.restart_every_s, 0
+        next_row, due, turn = config.interval_s, config.restart_times(), 0
         with traffic:
             while traffic.is_alive():
                 t = self.now()
@@ -119,9 +141,9 @@ class SoakRun:
                     self.rows.append(self.sample(t, t - config.interval_s))
                     self.say(row_line(self.rows[-1]))
                     next_row += config.interval_s
-                if config.workers > 1 and t >= next_restart:
+                if turn < len(due) and t >= due[turn]:
                     self.restart(self.workers.workers[1 + turn % (config.workers - 1)], t)
-                    next_restart, turn = next_restart + config.restart_every_s, turn + 1
+                    turn += 1
                 self.revive(t)
                 time.sleep(0.5)
         traffic.check()
@@ -204,7 +226,7 @@ def run_soak(config: SoakConfig, console: Console, out: Path = RESULTS) -> tuple
     with shared_broker(console.print), WorkerGroup.fresh(prefix, work / prefix) as workers:
         with console.status(f"starting {config.workers} workers..."):
             for i, cpus in enumerate(config.worker_cores()):
-                workers.start(f"w{i}", cpus=cpus)
+                workers.start(f"w{i}", cpus=cpus, overrides=config.worker_overrides(prefix, f"w{i}"))
             workers.wait_members(config.workers)
         settings = workers.settings
         serde = Serde.from_settings(settings.schema_registry_url)
@@ -227,7 +249,8 @@ def run_soak(config: SoakConfig, console: Console, out: Path = RESULTS) -> tuple
     figures["worker_logs"] = str(work)
     doc = record("soak", {"calls": config.calls, "minutes": config.minutes, "workers": config.workers,
                           "restart_every_s": config.restart_every_s, "interval_s": config.interval_s,
-                          "warmup_s": config.warmup_s, "cores": list(config.cores), "seed": config.seed},
+                          "warmup_s": config.warmup_s, "cores": list(config.cores), "seed": config.seed,
+                          "static_membership": config.static_membership},
                  figures, started=stamp)
     return doc, write_result("soak", doc, out)
 
@@ -248,6 +271,11 @@ def soak_figures(config: SoakConfig, run: SoakRun) -> dict[str, Any]:
     first = (config.warmup_s, config.warmup_s + config.compare_s)
     last = (config.traffic_s - config.compare_s, config.traffic_s)
     p99 = [window_latency(matched, wall0 + a, wall0 + b).p99_s for a, b in (first, last)]
+    restarts_in = [sum(1 for r in run.restarts if a <= r["t_s"] < b) for a, b in (first, last)]
+    # Does a restart's pause grow over the hour? Each one's P99 of the finals whose speech ended after it.
+    restarts = [{**r, "p99_after_s": _round(window_latency(matched, wall0 + r["t_s"],
+                                                           wall0 + r["t_s"] + AFTER_RESTART_S).p99_s)}
+                for r in run.restarts]
     turns, unheard = turns_in_window(run.plans, matched, wall0, wall0 + config.warmup_s, wall0 + config.traffic_s)
     heard = {(m.final.call_id, id(m.turn)) for m in matched if m.turn is not None}
     missing = [{"call_id": p.call_id, "leg": t.leg, "end_s": round(p.arrival_s + t.end_ms / 1000, 1),
@@ -276,9 +304,10 @@ def soak_figures(config: SoakConfig, run: SoakRun) -> dict[str, Any]:
                   "compared_s": config.compare_s, "lost_turns": 0},
         "long_lived_worker": long_lived,
         "rss_mb": {"first": rss[0], "last": rss[1], "growth_pct": growth, "slope_after_first_mb_per_h": slope},
-        "p99_s": {"first": _round(p99[0]), "last": _round(p99[1]), "drift_pct": drift},
+        "p99_s": {"first": _round(p99[0]), "last": _round(p99[1]), "drift_pct": drift,
+                  "restarts_in_windows": restarts_in},
         "turns": {"ended": turns, "without_final": unheard, "without_final_first_20": missing},
-        "finals": len(finals), "restarts": run.restarts, "unplanned_exits": run.unplanned_exits,
+        "finals": len(finals), "restarts": restarts, "unplanned_exits": run.unplanned_exits,
         "timeline": run.rows,
         "met": not why_not, "why_not": why_not,
     }
@@ -292,7 +321,7 @@ def summary_lines(doc: dict[str, Any]) -> list[str]:
         f"<= {doc['goals']['rss_growth_max_pct']} %); after the first window "
         f"{rss.get('slope_after_first_mb_per_h')} MB/h",
         f"P99 of finals: {p99['first']} s -> {p99['last']} s ({p99['drift_pct']} %, goal <= "
-        f"{doc['goals']['p99_drift_max_pct']} %)",
+        f"{doc['goals']['p99_drift_max_pct']} %; restarts in the windows: {p99.get('restarts_in_windows')})",
         f"turns ended {turns['ended']}, without a final {turns['without_final']}; "
         + ("met" if doc["met"] else "not met: " + "; ".join(doc["why_not"])),
     ]

@@ -252,15 +252,17 @@ class WorkerGroup:
             for folder in [*self.work.glob("store-*"), *self.work.glob("faust-*")]:
                 shutil.rmtree(folder, ignore_errors=True)
 
-    def start(self, label: str, cpus: str = "", store: str | None = None, timeout_s: float = 120.0) -> WorkerProcess:
+    def start(self, label: str, cpus: str = "", store: str | None = None, timeout_s: float = 120.0,
+              overrides: Mapping[str, str] | None = None) -> WorkerProcess:
         """Start worker ``label`` pinned to ``cpus``; ``store`` names its store folder (default: its label,
-        so two workers given one name share a store, as one host restarted does)."""
+        so two workers given one name share a store, as one host restarted does); ``overrides``: settings of
+        this worker alone, over the group's."""
         s = self.settings
         env = worker_env({**{name: getattr(s, name) for name in TOPIC_FIELDS}, "worker_id": s.worker_id,
                           "bootstrap_servers": s.bootstrap, "kafka_security_protocol": s.kafka_security_protocol,
                           "clickhouse_url": f"chdb://{(self.work / f'store-{store or label}').resolve()}",
                           "model_watch_interval_s": "0",  # no hot reload in the middle of a measurement
-                          **self.overrides})
+                          **self.overrides, **(overrides or {})})
         env["FAUST_DATADIR"] = str((self.work / f"faust-{label}").resolve())  # not in the working folder
         worker = WorkerProcess(env, 0, self.work / f"{label}.log", cpus=cpus, fault_file=self.fault_file)
         self.workers.append(worker)

@@ -65,9 +65,11 @@ class KafkaCheckpointStore:
                              "isolation.level": "read_committed"})
         try:
             low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=READ_TIMEOUT_S)
-            out: dict[str, CallCheckpoint] = {}
+            # Raw values first, decoded once per surviving key at the end: the uncompacted head holds many
+            # versions of each open call's checkpoint (tens of KB each), and a take-over's stall is this read.
+            latest: dict[str, bytes] = {}
             if high <= low:
-                return out
+                return {}
             consumer.assign([TopicPartition(topic, partition, OFFSET_BEGINNING)])
             position = low
             while position < high:
@@ -84,10 +86,11 @@ class KafkaCheckpointStore:
                 key = (msg.key() or b"").decode("utf-8", errors="replace")
                 value = msg.value()
                 if value is None:  # a tombstone: the call is forgotten
-                    out.pop(key, None)
+                    latest.pop(key, None)
                 else:
-                    out[key] = self.serde.decode(self.cipher.open(key, value), CallCheckpoint)
-            return out
+                    latest[key] = value
+            return {key: self.serde.decode(self.cipher.open(key, value), CallCheckpoint)
+                    for key, value in latest.items()}
         except Exception as exc:
             if isinstance(exc, CheckpointTopicError):
                 raise

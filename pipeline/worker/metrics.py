@@ -114,6 +114,10 @@ class WorkerMetrics:
             "Open calls handed over on a rebalance (their new owner resumes them).", registry=r,
         )
         self.rebalances = Counter("callqa_rebalances_total", "Partition assignments received.", registry=r)
+        self.checkpoint_load_seconds = Histogram(
+            "callqa_checkpoint_load_seconds", "Reading one taken-over partition's call checkpoints (its calls wait).",
+            buckets=DELAY_BUCKETS, registry=r,
+        )
         self.peer_evictions = Counter(
             "callqa_peer_evictions_total",
             "Peer workers this worker removed from the group when their process died (pipeline/broker/peers.py).",

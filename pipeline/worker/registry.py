@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 
@@ -225,7 +226,9 @@ class CallRegistry:
             # the batch that waited for it; the caller sees the partition is no longer owned.
 
     async def _load_resume_points(self, partition: int) -> None:
+        began = time.monotonic()
         points = await self.checkpoints.load(partition)
+        self.metrics.checkpoint_load_seconds.observe(time.monotonic() - began)
         self.resume_points[partition] = points
         self.inherited_finished += [(partition, c) for c in points.values() if c.status != "open"]
 

@@ -23,6 +23,19 @@ def test_a_short_soak_compares_thirds_and_workers_share_the_cores() -> None:
     assert config.worker_cores() == ["0", "1"] and SoakConfig(60, 2, (), workers=3).worker_cores() == ["", "", ""]
 
 
+def test_each_compared_window_of_an_hour_holds_as_many_restarts_and_workers_are_static_members() -> None:
+    config = SoakConfig(minutes=60, calls=14, cores=(0, 1))
+    due = config.restart_times()
+    first, last = (config.warmup_s, config.warmup_s + config.compare_s), (config.traffic_s - config.compare_s,
+                                                                          config.traffic_s)
+    assert len(due) == 12 and due[0] == 210.0  # half a period after the warm-up
+    assert [sum(1 for t in due if a <= t < b) for a, b in (first, last)] == [2, 2]
+    assert SoakConfig(60, 2, (), workers=1).restart_times() == []
+    static = config.worker_overrides("bench.x", "w1")
+    assert static["worker_instance_id"] == "bench.x-w1" and float(static["kafka_session_timeout_s"]) > 6
+    assert SoakConfig(60, 2, (), static_membership=False).worker_overrides("bench.x", "w1") == {}
+
+
 def test_the_summary_says_what_was_not_met() -> None:
     doc = {"settings": {"calls": 14, "minutes": 60}, "restarts": [{}] * 11, "long_lived_worker": "w0",
            "rss_mb": {"first": 800.0, "last": 880.0, "growth_pct": 10.0}, "p99_s": {"first": 1.2, "last": 1.3,
