@@ -17,12 +17,19 @@ position after the dropped records, and those frames were never read: a worker t
 partition through a rebalance lost the seconds of audio it had fetched (the chaos test, 2 runs of 8 on 2
 busy cores). Here such a partition is sought to 0, or to its beginning (``auto_offset_reset`` earliest,
 as a first read of it would do).
+
+**Group coordination that died.** aiokafka runs the group membership (join, sync, heartbeats) in one
+background task; when it raises, aiokafka logs it and the consumer goes on fetching nothing, for good.
+``GroupCoordination(app).error`` is that task's exception, a health component: the worker exits and is
+restarted instead of holding its partitions' calls silently (seen when a static member came back with
+another web URL, which faust's assignor asserts on: see ``canonical_url``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import quote
 
 import aiokafka
 import faust
@@ -86,3 +93,30 @@ def use_worker_consumer(app: faust.App, min_bytes: int, max_wait_ms: int) -> Non
                           {"fetch_min_bytes": min_bytes, "fetch_max_wait_ms": max_wait_ms})
     # The transport makes the app's consumer from its ``Consumer`` class (faust's Transport.create_consumer).
     app.transport.Consumer = consumer_class  # type: ignore[misc]
+
+
+def static_member_url(instance_id: str) -> str:
+    """faust's URL of a worker with static membership, named by its instance id, not its web address.
+
+    A static member that comes back gets the assignment the group's leader made for its last life, and
+    faust's assignor asserts that the URL in it is its own: a restart on another port or pod address
+    killed its group coordination. The worker serves no faust tables, so nothing reaches it by this URL."""
+    return f"http://callqa-worker/{quote(instance_id, safe='')}"
+
+
+class GroupCoordination:
+    """Health component: why the consumer's group coordination stopped (None while it runs)."""
+
+    def __init__(self, app: faust.App) -> None:
+        self.app = app
+
+    @property
+    def error(self) -> BaseException | None:
+        # Read from the event loop while the task lives in the consumer's thread: done() and exception()
+        # only read a finished task's state.
+        thread = getattr(self.app.consumer, "_thread", None)
+        client = getattr(thread, "_consumer", None)
+        task = getattr(getattr(client, "_coordinator", None), "_coordination_task", None)
+        if task is None or not task.done() or task.cancelled():
+            return None
+        return task.exception()

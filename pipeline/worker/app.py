@@ -31,7 +31,7 @@ from pipeline.api.limits import SourceLimit, request_size_middleware, source_lim
 from pipeline.api.pool import QueryPool
 from pipeline.api.server import register_api_views
 from pipeline.asr.engine import Engine
-from pipeline.broker.consumer import use_worker_consumer
+from pipeline.broker.consumer import GroupCoordination, static_member_url, use_worker_consumer
 from pipeline.broker.peers import LivenessListener, PeerWatch
 from pipeline.broker.security import faust_credentials
 from pipeline.broker.transactions import PartitionTransactions
@@ -97,6 +97,9 @@ def build_worker(settings: Settings) -> Worker:
     # Bound before the app: the consumer's client id tells the peers where it listens (pipeline/broker/peers.py).
     listener = (LivenessListener(settings.peer_watch_host or settings.web_host, settings.peer_watch_port,
                                  settings.worker_id) if settings.peer_watch else None)
+    # With static membership, faust's URL for this worker names its instance, not its address (see there).
+    member_url: dict[str, Any] = ({"canonical_url": static_member_url(settings.worker_instance_id)}
+                                  if settings.worker_instance_id else {})
     app = faust.App(
         settings.worker_id,
         broker=f"kafka://{settings.bootstrap}",
@@ -107,6 +110,7 @@ def build_worker(settings: Settings) -> Worker:
         datadir=str(settings.state_dir / "faust" / "{conf.name}-data"),
         web_host=settings.web_host,
         web_port=settings.web_port,
+        **member_url,
         web_bind=settings.web_host,
         stream_buffer_maxsize=settings.stream_buffer_maxsize,
         broker_max_poll_records=settings.max_poll_records,
@@ -349,7 +353,8 @@ def build_worker(settings: Settings) -> Worker:
         return web.bytes(generate_latest(metrics.registry), content_type=CONTENT_TYPE_LATEST.split(";")[0])
 
     postcall = post_call_runner(settings, transcriber, FaustOutput(app, serde), sink, metrics, serde)
-    parts: dict[str, Component] = {"batcher": transcriber, "store sink": sink}
+    parts: dict[str, Component] = {"batcher": transcriber, "store sink": sink,
+                                   "Kafka group coordination": GroupCoordination(app)}
     if postcall is not None:
         parts["post-call pass"] = postcall
     health = WorkerHealth(parts, lambda: processor.failures)
