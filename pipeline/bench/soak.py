@@ -272,6 +272,14 @@ def soak_figures(config: SoakConfig, run: SoakRun) -> dict[str, Any]:
     last = (config.traffic_s - config.compare_s, config.traffic_s)
     p99 = [window_latency(matched, wall0 + a, wall0 + b).p99_s for a, b in (first, last)]
     restarts_in = [sum(1 for r in run.restarts if a <= r["t_s"] < b) for a, b in (first, last)]
+    # Between restarts: the finals whose speech ended outside every restart's next minute. A restart's
+    # pause sets the window's P99 (its calls wait for the worker to come back and catch up), so this says
+    # whether the steady path itself slows down over the hour.
+    def steady(m: Any) -> bool:
+        return not any(0 <= m.speech_end_s - wall0 - r["t_s"] < AFTER_RESTART_S for r in run.restarts)
+
+    p99_steady = [window_latency([m for m in matched if m.speech_end_s is not None and steady(m)],
+                                 wall0 + a, wall0 + b).p99_s for a, b in (first, last)]
     # Does a restart's pause grow over the hour? Each one's P99 of the finals whose speech ended after it.
     restarts = [{**r, "p99_after_s": _round(window_latency(matched, wall0 + r["t_s"],
                                                            wall0 + r["t_s"] + AFTER_RESTART_S).p99_s)}
@@ -305,7 +313,8 @@ def soak_figures(config: SoakConfig, run: SoakRun) -> dict[str, Any]:
         "long_lived_worker": long_lived,
         "rss_mb": {"first": rss[0], "last": rss[1], "growth_pct": growth, "slope_after_first_mb_per_h": slope},
         "p99_s": {"first": _round(p99[0]), "last": _round(p99[1]), "drift_pct": drift,
-                  "restarts_in_windows": restarts_in},
+                  "restarts_in_windows": restarts_in,
+                  "between_restarts": {"first": _round(p99_steady[0]), "last": _round(p99_steady[1])}},
         "turns": {"ended": turns, "without_final": unheard, "without_final_first_20": missing},
         "finals": len(finals), "restarts": restarts, "unplanned_exits": run.unplanned_exits,
         "timeline": run.rows,
@@ -321,7 +330,9 @@ def summary_lines(doc: dict[str, Any]) -> list[str]:
         f"<= {doc['goals']['rss_growth_max_pct']} %); after the first window "
         f"{rss.get('slope_after_first_mb_per_h')} MB/h",
         f"P99 of finals: {p99['first']} s -> {p99['last']} s ({p99['drift_pct']} %, goal <= "
-        f"{doc['goals']['p99_drift_max_pct']} %; restarts in the windows: {p99.get('restarts_in_windows')})",
+        f"{doc['goals']['p99_drift_max_pct']} %; restarts in the windows: {p99.get('restarts_in_windows')}; "
+        f"between restarts {(p99.get('between_restarts') or {}).get('first')} s -> "
+        f"{(p99.get('between_restarts') or {}).get('last')} s)",
         f"turns ended {turns['ended']}, without a final {turns['without_final']}; "
         + ("met" if doc["met"] else "not met: " + "; ".join(doc["why_not"])),
     ]

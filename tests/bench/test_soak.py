@@ -39,9 +39,12 @@ def test_each_compared_window_of_an_hour_holds_as_many_restarts_and_workers_are_
 def test_the_summary_says_what_was_not_met() -> None:
     doc = {"settings": {"calls": 14, "minutes": 60}, "restarts": [{}] * 11, "long_lived_worker": "w0",
            "rss_mb": {"first": 800.0, "last": 880.0, "growth_pct": 10.0}, "p99_s": {"first": 1.2, "last": 1.3,
-                                                                                   "drift_pct": 8.3},
+                                                                                   "drift_pct": 8.3,
+                                                                                   "between_restarts": {
+                                                                                       "first": 0.9, "last": 1.0}},
            "goals": {"rss_growth_max_pct": 5.0, "p99_drift_max_pct": 20.0}, "turns": {"ended": 900, "without_final": 0},
            "met": False, "why_not": ["RSS of w0 grew 10.0 %"]}
     lines = summary_lines(doc)
     assert lines[0] == "14 calls for 60 min, 11 restarts" and "800.0 MB -> 880.0 MB (10.0 %" in lines[1]
+    assert "between restarts 0.9 s -> 1.0 s" in lines[2]
     assert lines[-1].endswith("not met: RSS of w0 grew 10.0 %")
