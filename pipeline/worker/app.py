@@ -454,4 +454,27 @@ def run_worker(settings: Settings, loglevel: str = "warning") -> None:
     # Before faust sets up logging: it configures the root logger only, so these levels and filters stay.
     quiet_payload_loggers()
     collapse_client_repeats()
-    FaustWorker(worker.app, loglevel=loglevel, quiet=True, redirect_stdouts=False).execute_from_commandline()
+    prompt_exit_worker(FaustWorker)(worker.app, loglevel=loglevel, quiet=True,
+                                    redirect_stdouts=False).execute_from_commandline()
+
+
+def prompt_exit_worker(base: type[Any]) -> type[Any]:
+    """faust's worker without mode's two fixed waits at exit: 1 s for tasks left after every service stopped
+    (there always are some: timers, the web server's), then 1 s of a sentinel sleep before the loop closes.
+    By then flush_on_shutdown has stored, committed or left for replay everything, so those 2 s were only
+    the time a restarted worker's calls waited longer (a rolling restart: 2.3 s of a 5 s pause) and every
+    worker stop of the test suite. What is left is cancelled after 0.2 s and given 0.1 s to unwind."""
+
+    class PromptExitWorker(base):  # type: ignore[misc,valid-type]
+        def _gather_all(self) -> None:
+            for _ in range(20):
+                if not asyncio.all_tasks(loop=self.loop):
+                    break
+                self.loop.run_until_complete(asyncio.sleep(0.01))
+            for task in asyncio.all_tasks(loop=self.loop):
+                task.cancel()
+
+        async def _sentinel_task(self) -> None:
+            await asyncio.sleep(0.1)
+
+    return PromptExitWorker
