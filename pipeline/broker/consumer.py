@@ -114,7 +114,8 @@ class GroupCoordination:
     def error(self) -> BaseException | None:
         # Read from the event loop while the task lives in the consumer's thread: done() and exception()
         # only read a finished task's state.
-        thread = getattr(self.app.consumer, "_thread", None)
+        # faust's ``app.consumer`` makes the consumer when there is none yet: a probe must not.
+        thread = getattr(getattr(self.app, "_consumer", None), "_thread", None)
         client = getattr(thread, "_consumer", None)
         task = getattr(getattr(client, "_coordinator", None), "_coordination_task", None)
         if task is None or not task.done() or task.cancelled():

@@ -11,7 +11,7 @@ from pipeline.broker.consumer import GroupCoordination, static_member_url
 
 def app_with(task: object) -> SimpleNamespace:
     client = SimpleNamespace(_coordinator=SimpleNamespace(_coordination_task=task))
-    return SimpleNamespace(consumer=SimpleNamespace(_thread=SimpleNamespace(_consumer=client)))
+    return SimpleNamespace(_consumer=SimpleNamespace(_thread=SimpleNamespace(_consumer=client)))
 
 
 async def test_a_dead_coordination_task_is_the_components_error_and_a_running_one_is_not() -> None:
@@ -26,7 +26,7 @@ async def test_a_dead_coordination_task_is_the_components_error_and_a_running_on
     try:
         assert isinstance(GroupCoordination(app_with(died)).error, AssertionError)  # type: ignore[arg-type]
         assert GroupCoordination(app_with(running)).error is None  # type: ignore[arg-type]
-        assert GroupCoordination(SimpleNamespace(consumer=None)).error is None  # type: ignore[arg-type]
+        assert GroupCoordination(SimpleNamespace(_consumer=None)).error is None  # type: ignore[arg-type]
     finally:
         running.cancel()
 
