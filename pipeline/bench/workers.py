@@ -91,6 +91,11 @@ class WorkerProcess:
         """A client of this worker's /api/query, with its token."""
         return WorkerApiSource(self.base_url, self.env.get("CALLQA_API_TOKEN", ""))
 
+    def new_web_port(self) -> None:
+        """Serve on another free port from the next start (a worker restarted elsewhere)."""
+        self.web_port = free_port()
+        self.env["CALLQA_WEB_PORT"] = str(self.web_port)
+
     def start(self, timeout_s: float = 120.0) -> None:
         """Start the worker and return once its web port answers; raises a one-line RuntimeError."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -271,8 +276,7 @@ class WorkerGroup:
 
     def restart(self, worker: WorkerProcess, timeout_s: float = 120.0) -> None:
         """(Re)start a worker of the group in place: its store, log and cores, on a new web port."""
-        worker.web_port = free_port()
-        worker.env["CALLQA_WEB_PORT"] = str(worker.web_port)
+        worker.new_web_port()
         try:
             worker.start(timeout_s)
         except RuntimeError as exc:

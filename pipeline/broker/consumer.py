@@ -22,7 +22,7 @@ as a first read of it would do).
 background task; when it raises, aiokafka logs it and the consumer goes on fetching nothing, for good.
 ``GroupCoordination(app).error`` is that task's exception, a health component: the worker exits and is
 restarted instead of holding its partitions' calls silently (seen when a static member came back with
-another web URL, which faust's assignor asserts on: see ``canonical_url``).
+another web URL, which faust's assignor asserts on: see ``static_member_url``).
 """
 
 from __future__ import annotations

@@ -13,7 +13,6 @@ import pytest
 from confluent_kafka.admin import AdminClient
 
 from pipeline.broker.groups import wait_for_members
-from pipeline.broker.local import free_port
 from pipeline.config import Settings
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
@@ -44,8 +43,7 @@ def test_a_restart_rebalances_the_other_worker_only_without_an_instance_id(
     b.stop()
     # Back on another web port, as a pod rescheduled with another address: faust's assignor asserted that
     # the URL in the assignment kept from its last life was its own, and its group coordination died.
-    b.web_port = free_port()
-    b.env["CALLQA_WEB_PORT"] = str(b.web_port)
+    b.new_web_port()
     b.start()
     after = sorted(map(sorted, members()))
     deadline = time.monotonic() + 20
