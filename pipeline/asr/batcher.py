@@ -86,7 +86,7 @@ class SegmentBatcher:
         self.order = order
         self.age_limit_s = age_limit_ms / 1000.0
         self.one_window = one_window
-        self._window = window or recognizer.decoder.options.window
+        self._window = window or recognizer.window
         self._queue: asyncio.Queue[_Pending | None] = asyncio.Queue(maxsize=queue_size)
         self.inference_threads = max(1, inference_threads)
         self._executor = ThreadPoolExecutor(

@@ -123,15 +123,39 @@ def _build(name: str, models_dir: Path) -> Path:
 
 
 class Engine:
-    def __init__(self, recognizer: Recognizer, settings: Settings) -> None:
-        self.recognizer = recognizer
+    def __init__(self, recognizer: Recognizer | None, settings: Settings, folder: Path | None = None) -> None:
+        """``recognizer``: a loaded model version; or None, and it is loaded (and checked) from ``folder``
+        when first needed (``Engine.load(..., defer=True)``)."""
+        self._recognizer = recognizer
+        self._folder = folder
         self.settings = settings
 
+    @property
+    def recognizer(self) -> Recognizer:
+        """The model version in this process, loaded and checked (canary included) on first use."""
+        if self._recognizer is None:
+            self._recognizer = load_checked(self.folder, self.settings)
+        return self._recognizer
+
+    @property
+    def folder(self) -> Path:
+        """The model version's folder."""
+        if self._folder is not None:
+            return self._folder
+        if self._recognizer is None:
+            raise ValueError("this Engine has no model: neither a recognizer nor a folder to load one from")
+        return Path(self._recognizer.model.folder)
+
     @classmethod
-    def load(cls, name: str | None = None, *, settings: Settings | None = None, build: bool = True) -> Engine:
+    def load(cls, name: str | None = None, *, settings: Settings | None = None, build: bool = True,
+             defer: bool = False) -> Engine:
         """Load the newest built version of `name` (default: settings.model), building it if missing or
         built for another graph format. Refuses it (ModelIntegrityError, one line naming the folder)
-        when a file or, with a trusted key set, the signature does not check out, or the canary fails."""
+        when a file or, with a trusted key set, the signature does not check out, or the canary fails.
+
+        ``defer``: only find (or build) the folder; the model is loaded where it first decodes. A worker
+        with inference processes so loads it only in those, which check it as this would (one load and
+        canary at start, not two: about a second of a restart on one core, and one copy of the weights)."""
         settings = settings or get_settings()
         name = name or settings.model
         models_dir = Path(settings.models_dir)
@@ -143,7 +167,7 @@ class Engine:
             if not build:
                 raise
             folder = _build(name, models_dir)
-        return cls(load_checked(folder, settings), settings)
+        return cls(None if defer else load_checked(folder, settings), settings, folder)
 
     @property
     def model_label(self) -> str:
@@ -157,7 +181,8 @@ class Engine:
         if processes > 0:
             from pipeline.asr.inference_process import process_batcher
 
-            return process_batcher(self.recognizer, self.settings.model_copy(update={"inference_processes": processes}))
+            return process_batcher(self.folder, self.settings.model_copy(update={"inference_processes": processes}),
+                                   self._recognizer)
         return SegmentBatcher.from_settings(self.recognizer, self.settings)
 
     def open_front_end(self, sample_rate: int = 8000, encoding: str = "mulaw") -> LegFrontEnd:

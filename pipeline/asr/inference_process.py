@@ -3,19 +3,18 @@
 The greedy / beam loop of ``decoding.py`` runs in Python between ONNX Runtime calls: in the worker's
 inference thread it holds the GIL the event loop needs, so a second inference thread lost (issue 25).
 Here each of ``CALLQA_INFERENCE_PROCESSES`` child processes (multiprocessing ``spawn``: the worker has
-threads, so no fork) loads the same model folder once and decodes whole batches with an ordinary
-``Recognizer``. The worker's inference thread writes the batch's float32 audio into a shared-memory
-block of that child (one block per child, reused and grown, so no audio is pickled), sends the rows'
-times, waits, wide flag and prompt tokens over a pipe, and then only waits on the pipe (no GIL held)
-while each row's ``TranscriptResult`` (or exception) comes back as soon as it is final, so the
-batcher's ``settle_soon`` still fires row by row. With N processes the batcher runs N batches at once.
+threads, so no fork) loads and checks the same model folder once (sha256s, signature, canary: what
+``Engine.load`` checks in-process) and decodes whole batches with an ordinary ``Recognizer``. The worker's
+inference thread writes the batch's float32 audio into a shared-memory block of that child (one block per
+child, reused and grown, so no audio is pickled), sends the rows' times, waits, wide flag and prompt tokens
+over a pipe, and then only waits on the pipe (no GIL held) while each row's ``TranscriptResult`` (or
+exception) comes back as soon as it is final, so the batcher's ``settle_soon`` still fires row by row. With N processes the batcher runs N batches at once.
 
-- ``ProcessRecognizer``: the ``Recognizer`` contract (``recognize``, ``name``, ``version``, ``model``,
-  ``decoder.options``) over the children; it keeps the in-process recognizer it was made from for its
-  options and label (the worker's engine has it loaded anyway), the children hold the model in use.
+- ``ProcessRecognizer``: the ``Recognizer`` contract (``recognize``, ``name``, ``version``, ``window``)
+  over the children, which hold the model in use; the worker's process loads no copy of its own.
 - ``ProcessBatcher``: a ``SegmentBatcher`` that closes the children on ``close()`` and, on a hot
-  ``reload``, checks the new version in-process (sha256s, signature, canary) as before, starts a new set
-  of children on it and retires the old set once its running batches end.
+  ``reload``, starts a new set of children on the new version (each checks it) and retires the old set
+  once its running batches end.
 - A child that dies (killed, out of memory) fails the rows of its batch it had not yet answered with
   ``InferenceProcessError`` naming its pid and exit code (the batcher hands each segment its error; no
   wait hangs), and a new child starts for the next batch.
@@ -37,14 +36,15 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from multiprocessing.shared_memory import SharedMemory
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from pipeline.asr.batcher import SegmentBatcher, check_newer
 from pipeline.asr.canary import load_checked
+from pipeline.asr.decoding import WindowPolicy
 from pipeline.asr.manifest import Manifest, ModelIntegrityError
 from pipeline.asr.recognizer import Recognizer, SegmentOutcome, checked_audio
-from pipeline.asr.recognizers import load_recognizer
 from pipeline.asr.results import AudioSegment, SegmentAudio, TranscriptResult
 from pipeline.config.asr import AsrSettings
 
@@ -207,26 +207,33 @@ def _release_block(block: SharedMemory) -> None:
 
 
 class ProcessRecognizer(Recognizer):
-    """``Recognizer.recognize`` run by one of ``processes`` children, each loaded from the same folder.
+    """``Recognizer.recognize`` run by one of ``processes`` children, each loaded from ``folder``.
 
-    ``local`` is the same version loaded in this process (its options, name and label; nothing is decoded
-    with it). Up to ``processes`` batches run at once; a further ``recognize`` waits for a free child.
+    ``local`` is the same version already loaded (and checked) in this process, if the caller has one.
+    Without it this process holds no model: each child checks the folder as ``Engine.load`` would (sha256s,
+    signature and the canary), and a model is loaded here only if ``model``, ``decoder`` or a batch that
+    reached no child needs one (a hot swap retired the children while it was on its way). A worker so
+    starts about a second sooner on one core (one load and canary, not two) and holds one copy of the
+    weights, not two. Up to ``processes`` batches run at once; a further ``recognize`` waits for a free child.
     """
 
-    def __init__(self, local: Recognizer, settings: AsrSettings, processes: int) -> None:
-        # Not Recognizer.__init__: the decoding happens in the children; ``model`` and ``decoder`` are the
-        # local recognizer's, for what the batcher and the worker read of them (options, name, label).
-        self.model = local.model
-        self.decoder = local.decoder
-        self.local = local
+    def __init__(self, folder: Path, settings: AsrSettings, processes: int, local: Recognizer | None = None) -> None:
+        # Not Recognizer.__init__: the decoding happens in the children.
+        self.manifest = Manifest.read(folder)
         self.processes = max(1, processes)
         self._settings = asr_settings(settings)
-        self._folder = Path(local.model.folder)
+        self._folder = Path(folder)
+        self._local = local
+        self._local_lock = threading.Lock()
         self._lock = threading.Lock()
         self._running = 0
         self._retired = False
         self._closed = False
-        self._children: list[_Child] = [_Child(self._folder, self._settings, n) for n in range(self.processes)]
+        # Checked here already: the children skip the canary (the sha256s and signature they check anyway).
+        child_settings = (self._settings.model_copy(update={"model_canary": False}) if local is not None
+                          else self._settings)
+        self._child_settings = child_settings
+        self._children: list[_Child] = [_Child(self._folder, child_settings, n) for n in range(self.processes)]
         try:
             for child in self._children:
                 child.wait_ready()
@@ -236,6 +243,37 @@ class ProcessRecognizer(Recognizer):
         self._idle: queue.Queue[_Child] = queue.Queue()
         for child in self._children:
             self._idle.put(child)
+
+    @property
+    def name(self) -> str:
+        return self.manifest.name
+
+    @property
+    def version(self) -> int:
+        return self.manifest.version
+
+    @property
+    def window(self) -> WindowPolicy:
+        """The batcher's window policy, as the children's recognizers have it (both families: the setting)."""
+        return WindowPolicy(self._settings.window_bucket_s)
+
+    @property
+    def local(self) -> Recognizer:
+        """The version loaded in this process (checked, canary included), loaded on first use."""
+        with self._local_lock:
+            if self._local is None:
+                log.info("loading %s in the worker process too (a batch reached no inference process)", self._folder)
+                self._local = load_checked(self._folder, self._settings)
+            return self._local
+
+    # The local model and decoder: read by nothing on the decoding path, so loaded only if asked for.
+    @property
+    def model(self) -> Any:  # type: ignore[override]
+        return self.local.model
+
+    @property
+    def decoder(self) -> Any:  # type: ignore[override]
+        return self.local.decoder
 
     @property
     def pids(self) -> list[int | None]:
@@ -313,7 +351,7 @@ class ProcessRecognizer(Recognizer):
 
     def _replace(self, child: _Child, why: str) -> _Child:
         child.stop()
-        successor = _Child(self._folder, self._settings, child.number)
+        successor = _Child(self._folder, self._child_settings, child.number)
         self._children[self._children.index(child)] = successor
         log.warning("%s; started inference process %s in its place", why, successor.pid)
         return successor
@@ -342,7 +380,7 @@ def serve(conn: Connection, folder: str, settings: AsrSettings, number: int) -> 
     with contextlib.suppress(OSError):  # the name top, ps and /proc show (and `callqa bench live` counts as
         Path("/proc/self/comm").write_text("asr-batch-proc")  # inference, as the asr-batch threads)
     try:
-        recognizer = load_recognizer(Path(folder), settings)
+        recognizer = load_checked(Path(folder), settings)  # the canary too, unless the parent ran it
     except Exception as exc:  # noqa: BLE001 - sent to the parent, which raises it
         conn.send(("failed", _sendable(exc)))
         return
@@ -408,14 +446,14 @@ class ProcessBatcher(SegmentBatcher):
             old.retire()  # closes once its running batches have ended
 
     async def reload(self, folder: Path, settings: AsrSettings) -> Recognizer:
-        """As ``SegmentBatcher.reload`` (checked in-process: sha256s, signature, canary), then a new set
-        of children on the new version takes the batches formed from now on."""
+        """As ``SegmentBatcher.reload``: a new set of children on the new version, each checking it (sha256s,
+        signature, canary) while the running set decodes, takes the batches formed from now on; a refusal
+        (the children's ModelIntegrityError) leaves the running one in place."""
         check_newer(Manifest.read(folder).version, self.recognizer.version, folder.parent.name)
-        local = await asyncio.to_thread(load_checked, folder, settings)
         running = self.recognizer
         processes = running.processes if isinstance(running, ProcessRecognizer) else self.inference_threads
         try:
-            recognizer = await asyncio.to_thread(ProcessRecognizer, local, settings, processes)
+            recognizer = await asyncio.to_thread(ProcessRecognizer, folder, settings, processes)
         except InferenceProcessError as exc:  # e.g. a child killed while loading: refused, the running one stays
             raise ModelIntegrityError(f"{folder}: refused: {exc}") from exc
         try:
@@ -432,12 +470,12 @@ class ProcessBatcher(SegmentBatcher):
             await asyncio.to_thread(recognizer.close)
 
 
-def process_batcher(local: Recognizer, settings: AsrSettings) -> SegmentBatcher:
-    """``settings.inference_processes`` children on ``local``'s folder, behind a batcher that runs as
-    many batches at once (a thread per child: it only waits on the pipe; ``inference_threads`` is not
-    used)."""
+def process_batcher(folder: Path, settings: AsrSettings, local: Recognizer | None = None) -> SegmentBatcher:
+    """``settings.inference_processes`` children on ``folder`` (see ``ProcessRecognizer`` for ``local``),
+    behind a batcher that runs as many batches at once (a thread per child: it only waits on the pipe;
+    ``inference_threads`` is not used)."""
     processes = settings.inference_processes
-    recognizer = ProcessRecognizer(local, settings, processes)
+    recognizer = ProcessRecognizer(folder, settings, processes, local)
     try:
         return ProcessBatcher.from_settings(recognizer, settings.model_copy(update={"inference_threads": processes}))
     except BaseException:

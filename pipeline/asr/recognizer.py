@@ -117,6 +117,11 @@ class Recognizer:
     def version(self) -> int:
         return self.model.manifest.version
 
+    @property
+    def window(self) -> WindowPolicy:
+        """How long an encoder window each segment gets (the batcher groups segments by it)."""
+        return self.decoder.options.window
+
     def recognize(
         self,
         segments: Sequence[SegmentAudio],

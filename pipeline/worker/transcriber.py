@@ -37,7 +37,7 @@ class BatcherTranscriber:
 
     @classmethod
     def from_settings(cls, settings: Settings, metrics: WorkerMetrics) -> BatcherTranscriber:
-        return cls(Engine.load(settings.model, settings=settings), metrics)
+        return cls(Engine.load(settings.model, settings=settings, defer=True), metrics)
 
     async def start(self) -> None:
         await self.batcher.start()

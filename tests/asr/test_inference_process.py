@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from pipeline.asr.batcher import BatcherClosedError, SegmentBatcher, inference_processes
+from pipeline.asr.canary import ModelCanaryError
 from pipeline.asr.engine import Engine
 from pipeline.asr.inference_process import InferenceProcessError, ProcessBatcher, ProcessRecognizer
 from pipeline.asr.manifest import ModelIntegrityError
@@ -63,7 +64,7 @@ def test_a_child_gives_the_in_process_text_row_by_row(
     bad = AudioSegment(0, 1000, np.full(16000, np.nan, np.float32))
     batch = [segments[0], bad, *segments[1:]]
     here = recognizer.recognize(batch)
-    remote = ProcessRecognizer(recognizer, asr_settings, 1)
+    remote = ProcessRecognizer(recognizer.model.folder, asr_settings, 1, recognizer)
     try:
         told: list[int] = []
         there = remote.recognize(batch, [float(i) for i in range(len(batch))], False,
@@ -161,7 +162,7 @@ def test_a_child_that_cannot_load_the_folder_says_why(
     local = Recognizer.load(folder, asr_settings)
     (folder / "decoder.fp32.onnx").unlink()
     with pytest.raises(ModelIntegrityError, match="decoder.fp32.onnx"):
-        ProcessRecognizer(local, asr_settings, 1)
+        ProcessRecognizer(folder, asr_settings, 1, local)
 
 
 def test_a_batch_that_reaches_closed_children_is_decoded_here(
@@ -169,7 +170,7 @@ def test_a_batch_that_reaches_closed_children_is_decoded_here(
 ) -> None:
     """A reload retires the old children while a batch formed on them is on its way: it is not lost."""
     segments = _segments(eval_sets["16k"][3:5])
-    remote = ProcessRecognizer(recognizer, asr_settings, 1)
+    remote = ProcessRecognizer(recognizer.model.folder, asr_settings, 1, recognizer)
     remote.retire()  # no batch running: closes at once
     told: list[int] = []
     late = remote.recognize(segments, on_result=lambda i, _: told.append(i))
@@ -177,3 +178,36 @@ def test_a_batch_that_reaches_closed_children_is_decoded_here(
     for here, there in zip(recognizer.recognize(segments), late, strict=True):
         assert isinstance(here, TranscriptResult) and isinstance(there, TranscriptResult)
         assert there.tokens == here.tokens
+
+
+async def test_a_deferred_engine_decodes_in_its_children_and_loads_no_model_here(
+    recognizer: Recognizer, asr_settings: Settings, eval_sets: dict[str, list[EvalUtterance]],
+    place_version: Callable[..., Path], tmp_path: Path,
+) -> None:
+    """The worker's engine (``defer``): only the children load the model, and they give the same text."""
+    models = tmp_path / "models"
+    place_version(models, 1)
+    settings = asr_settings.model_copy(update={"models_dir": str(models), "inference_processes": 1})
+    engine = Engine.load("tiny.en", settings=settings, defer=True)
+    batcher = engine.new_batcher()
+    remote = batcher.recognizer
+    assert isinstance(remote, ProcessRecognizer)
+    assert (remote.name, remote.version, remote.window) == ("tiny.en", 1, recognizer.window)
+    segments = _segments(eval_sets["16k"][5:7])
+    await batcher.start()
+    got = await asyncio.gather(*(batcher.submit(s) for s in segments))
+    await batcher.close()
+    assert [r.tokens for r in got] == [r.tokens for r in recognizer.recognize(segments)]  # type: ignore[union-attr]
+    assert engine._recognizer is None and remote._local is None  # no copy of the weights in this process
+
+
+@pytest.mark.slow
+def test_children_run_the_canary_when_this_process_did_not(
+    asr_settings: Settings, place_version: Callable[..., Path], broken_decoder: Path, tmp_path: Path
+) -> None:
+    """A signed-and-intact but broken version is refused at a deferred worker's start, as in-process."""
+    broken = place_version(tmp_path / "models", 1, decoder=broken_decoder)
+    fp32 = asr_settings.model_copy(update={"quantization": "fp32"})
+    with pytest.raises(ModelCanaryError, match=rf"^{broken}: refused: canary WER"):
+        ProcessRecognizer(broken, fp32, 1)
+    ProcessRecognizer(broken, fp32.model_copy(update={"model_canary": False}), 1).close()  # the canary refused it

@@ -19,7 +19,7 @@ class EchoRecognizer:
     """Says "ok" for every segment (no model: this is about the transcriber's bookkeeping)."""
 
     name, version = "echo", 1
-    decoder = SimpleNamespace(options=SimpleNamespace(window=SimpleNamespace(window_frames=lambda frames: 3000)))
+    window = SimpleNamespace(window_frames=lambda frames: 3000)
 
     def recognize(self, segments: Any, waits: Any = None, wide: bool = False, on_result: Any = None,
                   contexts: Any = None) -> list[Any]:
