@@ -25,7 +25,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 # Workers and engines the tests start decode in-process (CALLQA_INFERENCE_PROCESSES=0): the default (auto)
 # gives every worker on 2+ cores two child processes that each hold the model, ~1 GB more for each of the
 # up to a dozen workers the suite runs at once. The default path has tests of its own, which say so
-# (tests/asr/test_inference_process.py, tests/worker/test_inference_processes.py).
+# (tests/asr/test_inference_process.py; tests/worker/test_pipeline.py starts a worker on the default).
 os.environ.setdefault("CALLQA_INFERENCE_PROCESSES", "0")
 
 
@@ -59,6 +59,18 @@ def pytest_itemcollected(item: pytest.Item) -> None:
         item.add_marker(pytest.mark.broker)
     if REFERENCE_FIXTURES.intersection(fixtures):
         item.add_marker(pytest.mark.slow)
+
+
+# Files longest first (their seconds measured in a whole run, tests/file_seconds.json; a file not in it counts
+# as FILE_SECONDS_UNKNOWN): with --dist loadfile each process takes the next file when it is free, and xdist's
+# own order (most tests first, turned off in the Makefile) left the slow worker files, a test or two each, to
+# the end, where one or two processes ran them alone for minutes. Within a file the order is kept.
+FILE_SECONDS = json.loads(Path(__file__).with_name("file_seconds.json").read_text())
+FILE_SECONDS_UNKNOWN = 10.0
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: -FILE_SECONDS.get(item.nodeid.split("::")[0], FILE_SECONDS_UNKNOWN))
 
 
 # CALLQA_TEST_CPU=FILE: one JSON line per test with the CPU it cost, its own process's and that of the
