@@ -266,6 +266,9 @@ def bench_soak(
     seed: Annotated[int, typer.Option(help="Traffic seed.")] = 1,
     static: Annotated[bool, typer.Option(help="Static group membership (a restart moves no partition); "
                                               "--no-static: every restart rebalances the group.")] = True,
+    standby: Annotated[bool, typer.Option(help="A static member's restart starts its successor first, which "
+                                               "takes over when the old one exits; --no-standby: stop, then "
+                                               "start.")] = True,
     out: Out = None,
 ) -> None:
     """Long live load with rolling restarts: does memory, latency or any topic grow?
@@ -286,7 +289,8 @@ def bench_soak(
         calls, why = default_calls(out or RESULTS)
         console.print(f"--calls {calls}: {why}")
     config = SoakConfig(minutes=minutes, calls=calls, cores=pinned, workers=workers, restart_every_s=restart_every_s,
-                        interval_s=interval_s, warmup_s=warmup_s, seed=seed, static_membership=static)
+                        interval_s=interval_s, warmup_s=warmup_s, seed=seed, static_membership=static,
+                        standby=standby)
     doc, paths = run_soak(config, console, out or RESULTS)
     for line in summary_lines(doc):
         console.print(line)

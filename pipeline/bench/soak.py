@@ -7,7 +7,9 @@ stopped with SIGTERM and started again in turn every ``restart_every_s``, as a r
 By default each worker has a static group membership (its instance id, as a StatefulSet pod's name, and
 a session above a restart's length): a restart moves no partition and pauses only the restarted worker's
 calls, the deployment the worker's README recommends; ``static_membership=False``: every stop and start
-rebalances the group and calls move under load. The first restart comes half a period after the warm-up,
+rebalances the group and calls move under load. A static member is restarted by hand-over (``standby``):
+its successor starts first and loads its model beside it, and takes over the instance when the old one,
+then stopped, exits (pipeline/worker/instance_lock.py); ``standby=False``: stopped, then started. The first restart comes half a period after the warm-up,
 so each compared window of whole periods holds as many restarts as the other (with the first one a
 period after the warm-up, the last window of an hour held two and the first one). The traffic is the live benchmark's 2-6 minute calls,
 exactly ``calls`` open at every moment (a new call on a line as soon as its last one ends: with Poisson
@@ -75,6 +77,7 @@ class SoakConfig:
     warmup_s: float = 60.0
     seed: int = 1
     static_membership: bool = True
+    standby: bool = True  # with static_membership: a restart hands over to a standby (started first)
 
     @property
     def traffic_s(self) -> float:
@@ -160,13 +163,19 @@ class SoakRun:
                 self.say(f"  {t:7.1f} s  {worker.label} exited by itself ({code}): {why}; started again")
 
     def restart(self, worker: WorkerProcess, t: float) -> None:
-        began = time.monotonic()
-        worker.stop()
-        code = worker.exit_code
-        self.workers.restart(worker)
+        """Restart ``worker``; ``took_s``: from its SIGTERM to its successor serving, the pause its calls see."""
+        if self.config.standby and self.config.static_membership:
+            code, took_s = self.workers.hand_over(worker)
+            how = "handed over to a standby"
+        else:
+            began = time.monotonic()
+            worker.stop()
+            code = worker.exit_code
+            self.workers.restart(worker)
+            took_s, how = time.monotonic() - began, "stopped, then started"
         self.restarts.append({"t_s": round(t, 1), "worker": worker.label, "exit_code": code,
-                              "took_s": round(time.monotonic() - began, 1)})
-        self.say(f"  {t:7.1f} s  restarted {worker.label} (SIGTERM, exit {code}, back after "
+                              "took_s": round(took_s, 2)})
+        self.say(f"  {t:7.1f} s  restarted {worker.label} ({how}; SIGTERM exit {code}, back after "
                  f"{self.restarts[-1]['took_s']} s)")
 
     def sample(self, t: float, since: float) -> dict[str, Any]:
@@ -250,7 +259,7 @@ def run_soak(config: SoakConfig, console: Console, out: Path = RESULTS) -> tuple
     doc = record("soak", {"calls": config.calls, "minutes": config.minutes, "workers": config.workers,
                           "restart_every_s": config.restart_every_s, "interval_s": config.interval_s,
                           "warmup_s": config.warmup_s, "cores": list(config.cores), "seed": config.seed,
-                          "static_membership": config.static_membership},
+                          "static_membership": config.static_membership, "standby": config.standby},
                  figures, started=stamp)
     return doc, write_result("soak", doc, out)
 

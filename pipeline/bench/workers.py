@@ -37,6 +37,7 @@ from pipeline.broker.security import ClientErrors, KafkaUnavailableError, admin_
 from pipeline.broker.topics import ensure_topics
 from pipeline.config import Settings
 from pipeline.report import WorkerApiSource
+from pipeline.worker.instance_lock import STANDBY_READY
 
 TOPIC_FIELDS = tuple(name for name in Settings.model_fields if name.startswith("topic_"))
 # Log lines that say why a worker stopped, most telling first: faust's crash reason, the health check's
@@ -98,6 +99,43 @@ class WorkerProcess:
 
     def start(self, timeout_s: float = 120.0) -> None:
         """Start the worker and return once its web port answers; raises a one-line RuntimeError."""
+        self._spawn()
+        self._wait_web(time.monotonic() + timeout_s)
+
+    def hand_over(self, timeout_s: float = 120.0) -> tuple[int | None, float]:
+        """Restart a static member by hand-over, as a rolling deployment with a standby does: its successor
+        (same settings and instance id, a new web port) starts beside it and loads its model; once it stands
+        by, this one gets SIGTERM, and the successor takes over when it exits (pipeline/worker/instance_lock.py).
+        Returns the old process's exit status and the seconds from its SIGTERM to the successor serving."""
+        assert self.proc is not None and self.env.get("CALLQA_WORKER_INSTANCE_ID"), "hand-over needs a static member"
+        old, seen = self.proc, self.log_path.stat().st_size if self.log_path.exists() else 0
+        self.new_web_port()
+        self._spawn()
+        deadline = time.monotonic() + timeout_s
+        while STANDBY_READY not in self._log_since(seen):
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"worker {self.label}'s successor exited at start ({self.proc.returncode}): "
+                                   f"{self.why()}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"worker {self.label}'s successor did not stand by in {timeout_s:.0f} s: {self.why()}")
+            time.sleep(0.1)
+        began = time.monotonic()
+        with suppress(ProcessLookupError):
+            os.killpg(old.pid, signal.SIGTERM)
+        try:
+            old.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(old.pid, signal.SIGKILL)
+            old.wait(timeout=30)
+        self._wait_web(deadline)
+        return old.returncode, time.monotonic() - began
+
+    def _log_since(self, offset: int) -> str:
+        with open(self.log_path, "rb") as log:
+            log.seek(offset)
+            return log.read().decode(errors="replace")
+
+    def _spawn(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child
         entry = ["pipeline.bench.store_fault", str(self.fault_file)] if self.fault_file else ["pipeline.cli"]
@@ -106,7 +144,10 @@ class WorkerProcess:
             command = ["taskset", "-c", self.cpus, *command]  # taskset execs the worker: same pid
         self.proc = subprocess.Popen(command, env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
-        deadline = time.monotonic() + timeout_s
+
+    def _wait_web(self, deadline: float) -> None:
+        assert self.proc is not None
+        timeout_s = deadline - time.monotonic()
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"worker {self.label} exited at start ({self.proc.returncode}): {self.why()}")
@@ -114,7 +155,7 @@ class WorkerProcess:
                 self.metrics_text()
                 return
             except (urllib.error.URLError, OSError):
-                time.sleep(0.5)
+                time.sleep(0.1)  # a restart's pause is measured to the answer: a coarse poll would add to it
         raise RuntimeError(f"worker {self.label}'s web API did not come up in {timeout_s:.0f} s: {self.why()}")
 
     def kill9(self) -> None:
@@ -279,6 +320,13 @@ class WorkerGroup:
         worker.new_web_port()
         try:
             worker.start(timeout_s)
+        except RuntimeError as exc:
+            raise BenchError(str(exc)) from exc
+
+    def hand_over(self, worker: WorkerProcess, timeout_s: float = 120.0) -> tuple[int | None, float]:
+        """Restart a static member by hand-over to a standby (``WorkerProcess.hand_over``)."""
+        try:
+            return worker.hand_over(timeout_s)
         except RuntimeError as exc:
             raise BenchError(str(exc)) from exc
 

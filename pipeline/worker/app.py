@@ -19,6 +19,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,6 +53,7 @@ from pipeline.worker.checkpoint_topic import KafkaCheckpointStore
 from pipeline.worker.dead_letters import describe_error
 from pipeline.worker.frames import RejectedFrame
 from pipeline.worker.health import Component, WorkerHealth, exit_after
+from pipeline.worker.instance_lock import STANDBY_READY, InstanceLock
 from pipeline.worker.kafka_output import FaustOutput, TransactionalOutput
 from pipeline.worker.log_repeats import collapse_client_repeats
 from pipeline.worker.metrics import WorkerMetrics
@@ -91,8 +95,15 @@ class HeldMessage:
         return cls(bad.tp[0], bad.tp[1], bad.offset, bad.frame.call_id.encode())
 
 
-def build_worker(settings: Settings) -> Worker:
+def build_worker(settings: Settings, wait_turn: Callable[[], None] = lambda: None) -> Worker:
+    """The worker, ready to run. ``wait_turn`` is called once the model is loaded and before anything only
+    one process may hold (the store, the liveness port, the group membership): a standby waits there for the
+    worker it replaces to exit (pipeline/worker/instance_lock.py)."""
     check_api_settings(settings)
+    metrics = WorkerMetrics()
+    # The model first: its load (and each inference process's canary) is most of a start.
+    transcriber = BatcherTranscriber.from_settings(settings, metrics)
+    wait_turn()
     (settings.state_dir / "faust").mkdir(parents=True, exist_ok=True)  # faust makes only the last folder
     api_auth = ApiAuth.from_settings(settings)
     # Bound before the app: the consumer's client id tells the peers where it listens (pipeline/broker/peers.py).
@@ -137,7 +148,6 @@ def build_worker(settings: Settings) -> Worker:
     )
     use_worker_consumer(app, settings.fetch_min_bytes, settings.fetch_max_wait_ms)
     serde = Serde.from_settings(settings.schema_registry_url)
-    metrics = WorkerMetrics()
     metrics.registry.register(api_auth.refusals.counter)  # the API's refusals on the worker's /metrics
     watch = None
     if listener is not None:
@@ -149,7 +159,6 @@ def build_worker(settings: Settings) -> Worker:
     store_client = connect(settings.writer_url, settings.clickhouse_database)
     migrate(store_client, settings.clickhouse_database)
     sink = ClickHouseSink(settings.writer_url, settings.clickhouse_database)
-    transcriber = BatcherTranscriber.from_settings(settings, metrics)
 
     # Whether a call is finished, and where an open one resumes, comes from the checkpoint topic, read
     # once per partition on assignment: no store lookup in the hot path.
@@ -452,12 +461,42 @@ def run_worker(settings: Settings, loglevel: str = "warning") -> None:
     from faust.worker import Worker as FaustWorker
 
     set_mmap_threshold(settings.malloc_mmap_threshold_bytes)  # before the model's buffers are allocated
-    worker = build_worker(settings)
+    worker = build_worker(settings, instance_turn(settings))
     # Before faust sets up logging: it configures the root logger only, so these levels and filters stay.
     quiet_payload_loggers()
     collapse_client_repeats()
     prompt_exit_worker(FaustWorker)(worker.app, loglevel=loglevel, quiet=True,
                                     redirect_stdouts=False).execute_from_commandline()
+
+
+def instance_turn(settings: Settings) -> Callable[[], None]:
+    """With a static instance id: this worker's wait for its turn. Taken at once when no live process on this
+    host holds the id; otherwise this worker is a standby, said on stderr (faust's logging is not up yet), and
+    the wait ends when the holder exits (pipeline/worker/instance_lock.py)."""
+    if not settings.worker_instance_id:
+        return lambda: None
+    lock = InstanceLock(settings.state_dir, settings.worker_id, settings.worker_instance_id)
+    if lock.try_acquire():
+        _held_locks.append(lock)
+        return lambda: None
+    print(f"worker {settings.worker_id}: standby: instance {settings.worker_instance_id!r} is held by pid "
+          f"{lock.holder() or '?'} on this host; loading the model, then taking over when it exits",
+          file=sys.stderr, flush=True)
+
+    def wait() -> None:
+        began = time.monotonic()
+        print(f"worker {settings.worker_id}: {STANDBY_READY}, waiting for instance {settings.worker_instance_id!r}",
+              file=sys.stderr, flush=True)
+        lock.acquire()
+        _held_locks.append(lock)
+        print(f"worker {settings.worker_id}: taking over instance {settings.worker_instance_id!r} after "
+              f"{time.monotonic() - began:.1f} s standing by", file=sys.stderr, flush=True)
+
+    return wait
+
+
+# Held for the life of the process: a lock's file closes (and the lock goes) when its object is collected.
+_held_locks: list[InstanceLock] = []
 
 
 class TablelessTableManager(TableManager):  # type: ignore[misc]

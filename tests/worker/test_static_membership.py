@@ -1,6 +1,7 @@
 """Static group membership (CALLQA_WORKER_INSTANCE_ID): a worker restarted under its instance id gets its
 partitions back without a rebalance, so the other workers' calls never pause for it; without one, the
-same restart rebalances them twice (the leave, then the join). Real broker, real worker processes."""
+same restart rebalances them twice (the leave, then the join); a static member's successor started beside it
+(standby) takes over when it exits, as a restart does. Real broker, real worker processes."""
 
 from __future__ import annotations
 
@@ -14,15 +15,18 @@ from confluent_kafka.admin import AdminClient
 
 from pipeline.broker.groups import wait_for_members
 from pipeline.config import Settings
+from pipeline.worker.instance_lock import STANDBY_READY
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
 REBALANCES = "callqa_rebalances_total"
 
 
-@pytest.mark.parametrize("instance_ids", [("worker-a", "worker-b"), ("", "")], ids=["static", "dynamic"])
+@pytest.mark.parametrize(("instance_ids", "standby"), [(("worker-a", "worker-b"), False),
+                                                     (("worker-a", "worker-b"), True), (("", ""), False)],
+                         ids=["static", "standby", "dynamic"])
 def test_a_restart_rebalances_the_other_worker_only_without_an_instance_id(
-    kafka_settings: Settings, start_worker: Any, tmp_path: Path, instance_ids: tuple[str, str]
+    kafka_settings: Settings, start_worker: Any, tmp_path: Path, instance_ids: tuple[str, str], standby: bool
 ) -> None:
     admin = AdminClient({"bootstrap.servers": kafka_settings.bootstrap})
 
@@ -40,11 +44,20 @@ def test_a_restart_rebalances_the_other_worker_only_without_an_instance_id(
     time.sleep(3)  # any rebalance the second join started is over
     seen = a.metric(REBALANCES)
 
-    b.stop()
-    # Back on another web port, as a pod rescheduled with another address: faust's assignor asserted that
-    # the URL in the assignment kept from its last life was its own, and its group coordination died.
-    b.new_web_port()
-    b.start()
+    if standby:
+        # Its successor starts first, loads its model and waits on the instance's lock while b serves; b's
+        # exit hands it the instance, its store and its partitions (pipeline/worker/instance_lock.py).
+        old_pid = b.pid
+        code, _ = b.hand_over()
+        assert code == 0 and b.pid != old_pid
+        log = b.log_text()
+        assert log.index(STANDBY_READY) < log.index("taking over instance 'worker-b'")
+    else:
+        b.stop()
+        # Back on another web port, as a pod rescheduled with another address: faust's assignor asserted that
+        # the URL in the assignment kept from its last life was its own, and its group coordination died.
+        b.new_web_port()
+        b.start()
     after = sorted(map(sorted, members()))
     deadline = time.monotonic() + 20
     while b.metric(REBALANCES) < 1 and time.monotonic() < deadline:  # the restarted worker has its partitions

@@ -1,0 +1,54 @@
+"""The instance lock a standby worker waits on: held by a live process, free once it ends however it ends."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from pipeline.worker.instance_lock import InstanceLock
+
+HOLD = """
+import sys, time
+from pathlib import Path
+from pipeline.worker.instance_lock import InstanceLock
+lock = InstanceLock(Path(sys.argv[1]), "group", "pod/0")
+assert lock.try_acquire()
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+def hold_in_child(state_dir: Path) -> subprocess.Popen[str]:
+    child = subprocess.Popen([sys.executable, "-c", HOLD, str(state_dir)], stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None and child.stdout.readline().strip() == "held"
+    return child
+
+
+def test_a_standby_waits_for_the_holder_and_takes_the_lock_when_it_is_killed(tmp_path: Path) -> None:
+    child = hold_in_child(tmp_path)
+    try:
+        standby = InstanceLock(tmp_path, "group", "pod/0")
+        assert not standby.try_acquire() and not standby.held
+        assert standby.holder() == str(child.pid)
+        # Another group may use the same instance id: its lock is its own.
+        assert InstanceLock(tmp_path, "other-group", "pod/0").try_acquire()
+        child.send_signal(signal.SIGKILL)  # no clean exit: the lock goes with the process
+        began = time.monotonic()
+        standby.acquire()
+        assert standby.held and time.monotonic() - began < 30
+        assert standby.holder() == str(os.getpid())
+        # Now this process holds it: a third one stands by.
+        assert not InstanceLock(tmp_path, "group", "pod/0").try_acquire()
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_ids_that_clean_to_one_file_name_are_separate_locks(tmp_path: Path) -> None:
+    first, second = InstanceLock(tmp_path, "g", "pod/0"), InstanceLock(tmp_path, "g", "pod:0")
+    assert first.path != second.path
+    assert first.try_acquire() and second.try_acquire()
