@@ -25,6 +25,7 @@ from pipeline.config import Settings, get_settings
 from pipeline.gateway.cli import gateway_app
 
 if TYPE_CHECKING:
+    from pipeline.desk.search import FoundCall, SearchQuery
     from pipeline.ingest.replay import CallRecording, ReplayOptions
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
@@ -299,6 +300,67 @@ def report(
         print_json(found.as_json())
     else:
         print_report(found, console)
+
+
+@app.command("search")
+def search_calls(
+    phrase: Annotated[str, typer.Argument(help="Words to find side by side, whole, in any case, in one turn of "
+                                              "the redacted transcript; \"\" for the filters alone.")],
+    leg: Annotated[str | None, typer.Option(help="Only turns of this leg: agent or customer.")] = None,
+    agent: Annotated[str | None, typer.Option(help="Only this agent's calls.")] = None,
+    since: Annotated[str | None, typer.Option(help="Only calls started at or after (ISO 8601, UTC).")] = None,
+    until: Annotated[str | None, typer.Option(help="Only calls started before (ISO 8601, UTC).")] = None,
+    score_below: Annotated[float | None, typer.Option(help="Only calls whose QA score is below this (%).")] = None,
+    failed: Annotated[str | None, typer.Option(help="Only calls that failed this rule (a name in rules/*.yaml).")] = None,
+    limit: Annotated[int, typer.Option(help="At most this many calls, newest first.")] = 50,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="The calls as one JSON list on stdout (fields: FoundCall in pipeline/desk/search.py).")] = False,
+) -> None:
+    """Search the calls: a phrase in their redacted transcripts, with filters (through the running worker's API
+    when one holds the embedded store, as `callqa report`)."""
+    from dataclasses import asdict
+
+    from pipeline.desk.search import SearchQuery, search
+    from pipeline.qa.rules import load_rules
+    from pipeline.report import source_for
+    from pipeline.tables import print_json
+
+    settings = get_settings()
+    if failed is not None and failed not in (names := load_rules(settings.rules_dir).names):
+        raise typer.BadParameter(f"no rule {failed!r} in {settings.rules_dir} (rules: {', '.join(sorted(names))})",
+                                 param_hint="--failed")
+    query = SearchQuery.from_params({"q": phrase, "leg": leg or "", "agent": agent or "", "since": since or "",
+                                     "until": until or "", "failed": failed or "",
+                                     "score_below": "" if score_below is None else str(score_below)}, limit)
+    found = search(source_for(settings), settings.clickhouse_database, query)
+    if as_json:
+        print_json([asdict(call) for call in found])
+        return
+    print_found_calls(found, query)
+
+
+def print_found_calls(found: list[FoundCall], query: SearchQuery) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    from pipeline.tables import print_table
+
+    if not found:
+        console.print("no call found")
+        return
+    table = Table(show_lines=bool(query.words))
+    for header in ("call", "agent", "started (UTC)", "score", "turns"):
+        table.add_column(header, no_wrap=header != "turns")
+    for call in found:
+        turns = "\n".join(f"{h.start_ms // 60000:02d}:{h.start_ms // 1000 % 60:02d} {h.leg}: {escape(h.text)}"
+                          for h in call.hits)
+        more = call.turns - len(call.hits)
+        table.add_row(call.call_id, call.agent_id, call.started_at.strftime("%Y-%m-%d %H:%M"),
+                      "-" if call.score_pct is None else f"{call.score_pct:.0f} %",
+                      turns + (f"\n(+{more} more)" if more > 0 else ""))
+    print_table(console, table, optional=("agent",))
+    console.print(f"{len(found)} call{'' if len(found) == 1 else 's'}"
+                  + (f" (the newest {query.limit}: --limit shows more)" if len(found) == query.limit else ""))
 
 
 @app.command("analyze")

@@ -281,3 +281,27 @@ def test_broker_status_json_and_table_agree(topics_env: dict[str, str]) -> None:
     text = invoke(["broker", "status"], None, topics_env).output  # piped: one line per topic
     for name, partitions in ours.items():
         assert any(name in line and f" {partitions} " in line for line in text.splitlines()), name
+
+
+@pytest.mark.parametrize("columns", [80, None], ids=["80-columns", "piped"])
+def test_search_shows_each_found_call_with_its_matching_turns(report_env: dict[str, str], columns: int | None) -> None:
+    text = invoke(["search", "How can I help"], columns, report_env).output
+    assert CALL_ID in text and "62 %" in text and "00:00 agent:" in text
+    assert text.rstrip().endswith("1 call")
+    assert invoke(["search", "card number", "--leg", "agent"], columns, report_env).output.strip() == "no call found"
+
+
+def test_search_json_and_a_bad_filter(report_env: dict[str, str]) -> None:
+    [found] = json.loads(invoke(["search", "CARD number", "--json"], 80, report_env).output)
+    assert found["call_id"] == CALL_ID and found["turns"] == 1 and found["score_pct"] == 62.5
+    assert found["hits"] == [{"start_ms": 4500, "end_ms": 8500, "leg": "customer", "text": "my card number is [CARD]"}]
+    both = json.loads(invoke(["search", "", "--json"], 80, report_env).output)  # the filters alone: every call
+    assert [c["call_id"] for c in both] == [UNSCORED, CALL_ID]
+    get_settings.cache_clear()
+    try:
+        result = CliRunner().invoke(app, ["search", "x", "--failed", "no_such_rule"], env={"COLUMNS": "200", **report_env})
+        assert result.exit_code == 2 and "no rule 'no_such_rule'" in result.output
+        result = CliRunner().invoke(app, ["search", "x", "--since", "yesterday"], env=report_env)
+        assert "since must be an ISO 8601 date" in str(result.exception)  # main() makes it one line, exit 1
+    finally:
+        get_settings.cache_clear()

@@ -12,11 +12,10 @@ from __future__ import annotations
 import base64
 import binascii
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-
-from pipeline.store.queries import CallSummary
+from typing import Protocol
 
 
 class PageError(ValueError):
@@ -57,7 +56,17 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
         raise PageError("after is not a cursor this API gave (take it from the Link header's rel=\"next\")") from None
 
 
-def next_link(path: str, query: Mapping[str, str], page: CallPage, calls: list[CallSummary]) -> str | None:
+class Listed(Protocol):
+    """A call in a list's order: a summary of the call list, a call a search found."""
+
+    @property
+    def started_at(self) -> datetime: ...
+
+    @property
+    def call_id(self) -> str: ...
+
+
+def next_link(path: str, query: Mapping[str, str], page: CallPage, calls: Sequence[Listed]) -> str | None:
     """The ``Link`` header to the page after ``calls``; None when this one was the last (not full)."""
     if len(calls) < page.limit:
         return None

@@ -21,6 +21,7 @@ from pipeline.api.pool import ApiBusyError, QueryPool, ThreadClients
 from pipeline.api.refusals import ApiRefusals
 from pipeline.api.revocations import StoredRevocations
 from pipeline.config import Settings
+from pipeline.desk.search import SearchError, SearchQuery, search
 from pipeline.store import queries
 from pipeline.store.client import StoreConnectionError, StoreError, connect
 from pipeline.store.sqlguard import ReadonlyQueryError
@@ -51,6 +52,7 @@ def register_api_views(app: faust.App, settings: Settings, pool: QueryPool, auth
     auth.revocations.source = StoredRevocations(settings, pool, readers)
     server = ApiServer(app, settings, pool, readers, auth)
     _register_call_views(server)
+    _register_search_view(server)
     _register_query_view(server)
     return server
 
@@ -90,6 +92,35 @@ def _register_call_views(server: ApiServer) -> None:
                     "transcript": [_jsonable(asdict(line)) for line in lines]}
 
         return await _answer(web, pool.run(read), server.auth.refusals)
+
+
+def _register_search_view(server: ApiServer) -> None:
+    """/api/search: calls whose redacted turns hold a phrase (``?q=``), with the list's filters (``leg``, ``agent``,
+    ``since``, ``until``, ``score_below``, ``failed``) and pages (``limit``, ``after``, ``Link``); see
+    pipeline/desk/search.py. Run as /api/query runs a SELECT: checked, limited, on the read-only account."""
+    settings, readers = server.settings, server.readers
+    limits = queries.QueryLimits.from_settings(settings)
+
+    @server.app.page("/api/search")
+    async def search_view(web: Any, request: Any) -> Any:
+        try:
+            page = CallPage.from_query(request.query, settings.api_page_size, settings.api_page_max)
+            query = SearchQuery.from_params(request.query, page.limit, page.after)
+        except (PageError, SearchError) as exc:
+            server.auth.refusals.count("bad_request")
+            return web.json({"error": str(exc)}, status=400)
+        link: list[str] = []
+
+        def read() -> list[Any]:
+            with readers.client() as client:
+                found = search(queries.ClientRows(client, settings.clickhouse_database, limits),
+                               settings.clickhouse_database,
+                               query)
+            link.extend(filter(None, [next_link(request.path, request.query, page, found)]))
+            return [_jsonable(asdict(call)) for call in found]
+
+        return await _answer(web, server.pool.run(read), server.auth.refusals,
+                             headers=lambda: {"Link": link[0]} if link else None)
 
 
 def _register_query_view(server: ApiServer) -> None:

@@ -342,3 +342,18 @@ def _query_failed(exc: DatabaseError, limits: QueryLimits) -> Exception:
     if code in (164, 497):  # READONLY, ACCESS_DENIED
         return QueryNotAllowedError(f"refused by ClickHouse: {message}")
     return QueryFailedError(f"query failed: {message}")
+
+
+@dataclass
+class ClientRows:
+    """A ``RowSource`` on one read-only client: every SELECT checked and limited as /api/query's."""
+
+    client: Client
+    database: str
+    limits: QueryLimits
+
+    def rows(self, sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+        result = run_readonly_query(sql, params, client=self.client, database=self.database, limits=self.limits)
+        if result.truncated:
+            raise StoreError(f"a page query matched more than {self.limits.max_rows} rows (CALLQA_API_QUERY_MAX_ROWS)")
+        return [dict(zip(result.columns, row, strict=True)) for row in result.rows]

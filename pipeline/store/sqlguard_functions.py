@@ -105,7 +105,8 @@ _STRINGS = """
     replace replaceAll replaceOne replaceRegexpAll replaceRegexpOne regexp_replace translate translateUTF8
     reverse reverseUTF8 format leftPad rightPad leftPadUTF8 rightPadUTF8 lpad rpad repeat space firstLine
     appendTrailingCharIfAbsent splitByChar splitByString splitByRegexp splitByWhitespace splitByNonAlpha
-    alphaTokens arrayStringConcat array_to_string ngrams tokens hasToken hasTokenCaseInsensitive multiSearchAny
+    alphaTokens arrayStringConcat array_to_string ngrams tokens hasToken hasTokenCaseInsensitive hasAllTokens
+    hasAnyTokens multiSearchAny
     multiSearchFirstIndex editDistance levenshteinDistance damerauLevenshteinDistance jaroSimilarity
     jaroWinklerSimilarity stringJaccardIndex ngramDistance ngramSearch soundex
     base64Encode base64Decode tryBase64Decode hex unhex toValidUTF8 isValidUTF8 visibleWidth bar

@@ -18,19 +18,17 @@ import re
 import time
 import urllib.parse
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import faust
 from aiohttp import web as aioweb
-from clickhouse_connect.driver.client import Client
 
 from pipeline.api.auth import is_page_path
 from pipeline.api.pool import ApiBusyError
 from pipeline.api.server import ApiServer
 from pipeline.api.sessions import SESSION_COOKIE
 from pipeline.store.client import StoreConnectionError, StoreError
-from pipeline.store.queries import QueryLimits, run_readonly_query
+from pipeline.store.queries import ClientRows, QueryLimits
 from pipeline.store.sqlguard import ReadonlyQueryError
 from pipeline.web.data import FilterError, ListFilters, read_call_list, read_call_page, read_filter_options
 from pipeline.web.render import (
@@ -84,21 +82,6 @@ def redirect(location: str) -> aioweb.Response:
 
 def html(body: str, status: int = 200) -> aioweb.Response:
     return aioweb.Response(text=body, status=status, content_type="text/html", headers=PAGE_HEADERS)
-
-
-@dataclass
-class ClientRows:
-    """A ``RowSource`` on one read-only client: every SELECT checked and limited as /api/query's."""
-
-    client: Client
-    database: str
-    limits: QueryLimits
-
-    def rows(self, sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:
-        result = run_readonly_query(sql, params, client=self.client, database=self.database, limits=self.limits)
-        if result.truncated:
-            raise StoreError(f"a page query matched more than {self.limits.max_rows} rows (CALLQA_API_QUERY_MAX_ROWS)")
-        return [dict(zip(result.columns, row, strict=True)) for row in result.rows]
 
 
 def register_web_views(server: ApiServer) -> None:

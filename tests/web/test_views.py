@@ -4,6 +4,7 @@ embedded store through the API's pool."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from http.cookies import SimpleCookie
 from typing import Any
@@ -18,6 +19,8 @@ from pipeline.api.pool import QueryPool
 from pipeline.api.server import register_api_views
 from pipeline.api.sessions import SESSION_COOKIE
 from pipeline.config import Settings
+from pipeline.desk.search import SearchQuery, search
+from pipeline.report import WorkerApiSource
 from pipeline.web.views import register_web_views
 
 from .conftest import CARD, FilledStore
@@ -176,6 +179,48 @@ async def test_api_calls_answers_in_pages_with_a_next_link_and_refuses_a_page_to
         assert too_many.status == 400 and "limit must be from 1 to 2" in (await too_many.json())["error"]
         forged = await client.get("/api/calls?after=not-a-cursor!", headers=bearer)
         assert forged.status == 400 and "cursor" in (await forged.json())["error"]
+
+
+async def test_api_search_finds_a_phrase_in_the_redacted_turns_with_filters_and_pages(
+    serve: Callable[..., Any], filled: FilledStore
+) -> None:
+    bearer = {"Authorization": f"Bearer {TOKEN}"}
+    async for client in serve(api_page_size=1, api_page_max=5):
+        async def found(query: str, client: Client = client) -> list[dict[str, Any]]:
+            answer = await client.get(f"/api/search?{query}", headers=bearer)
+            assert answer.status == 200, await answer.text()
+            return list(await answer.json())
+
+        [rude] = await found("q=Cancel+my+account")
+        assert rude["call_id"] == "call-rude" and rude["turns"] == 1
+        assert [(h["leg"], h["start_ms"]) for h in rude["hits"]] == [("customer", 22000)]
+        assert rude["score_pct"] == round(filled.results["call-rude"].score_pct, 2)
+        # The card number the customer read out was redacted before it was stored: no door finds it.
+        assert await found("q=" + CARD.replace(" ", "+") + "&limit=5") == []
+        assert await found("q=4111&limit=5") == []
+        assert [c["call_id"] for c in await found("q=charge&leg=customer&limit=5")] == []  # "charged" is not "charge"
+        assert [c["call_id"] for c in await found("q=charged&leg=customer&limit=5")] == ["call-rude"]
+        assert [c["call_id"] for c in await found("q=acme&agent=agent-1&limit=5")] == ["call-open", "call-good"]
+        assert [c["call_id"] for c in await found("failed=recording_disclosure&limit=5")] == ["call-rude"]
+        # One call a page (api_page_size=1): the next page through the Link header, as /api/calls.
+        first = await client.get("/api/search?q=acme", headers=bearer)
+        link = first.headers["Link"]
+        second = await client.get(link[1:link.index(">")], headers=bearer)
+        assert [c["call_id"] for c in await first.json() + await second.json()] == ["call-open", "call-good"]
+        bad = await client.get("/api/search?q=x&leg=supervisor", headers=bearer)
+        assert bad.status == 400 and "leg must be one of agent, customer" in (await bad.json())["error"]
+        assert (await client.get("/api/search?q=acme")).status == 401  # the token, as every /api/*
+
+
+async def test_search_through_the_query_api_as_the_cli_asks_a_running_worker(
+    serve: Callable[..., Any], filled: FilledStore
+) -> None:
+    """`callqa search` while a worker holds the store: the same SQL through /api/query, every parameter text."""
+    async for client in serve():
+        source = WorkerApiSource(str(client.make_url("")).rstrip("/"), TOKEN)
+        found = await asyncio.to_thread(search, source, filled.database, SearchQuery("acme", leg="agent"))
+        assert [c.call_id for c in found] == ["call-open", "call-good"]
+        assert [h.start_ms for h in found[1].hits] == [0] and found[1].hits[0].text.startswith("Good morning")
 
 
 async def test_the_calls_page_lists_a_page_at_a_time_and_links_the_older_calls(
