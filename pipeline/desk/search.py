@@ -30,9 +30,10 @@ from pipeline.store.queries import after_call_sql
 LEGS = ("agent", "customer")
 HITS_PER_CALL = 5
 MAX_WORDS = 16  # a phrase longer than this is a paste, not a search: refused, naming the limit
-# The tokenizer's separators: ASCII characters other than letters and digits.
-_SEPARATOR = r"\x00-\x2f\x3a-\x40\x5b-\x60\x7b-\x7f"
-_WORD = re.compile(f"[^{_SEPARATOR}]+")
+# The tokenizer's separators: ASCII characters other than letters and digits (a regex character range).
+SEPARATORS = r"\x00-\x2f\x3a-\x40\x5b-\x60\x7b-\x7f"
+WORD_CHAR = f"[^{SEPARATORS}]"
+_WORD = re.compile(f"{WORD_CHAR}+")
 
 
 class SearchError(ValueError):
@@ -163,7 +164,7 @@ def turns_found(source: RowSource, db: str, call_ids: list[str], words: tuple[st
 
 def phrase_pattern(words: tuple[str, ...]) -> str:
     """An RE2 pattern for ``words`` side by side, whole, in lower-cased text."""
-    sep = f"[{_SEPARATOR}]"
+    sep = f"[{SEPARATORS}]"
     return f"(^|{sep})" + f"{sep}+".join(re.escape(w) for w in words) + f"({sep}|$)"
 
 

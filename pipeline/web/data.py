@@ -14,11 +14,19 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime, timedelta
 from typing import Any, Protocol
 
 from pipeline.api.paging import PageError, decode_cursor
+from pipeline.desk.search import (
+    MatchedTurn,
+    SearchError,
+    SearchQuery,
+    phrase_condition,
+    turns_found,
+    words_of,
+)
 from pipeline.store.queries import after_call_sql
 
 
@@ -49,6 +57,19 @@ class ListFilters:
     call_id: str | None = None
     # The page's place in the list: after this call (started_at, call_id), from the "older calls" link.
     after: tuple[datetime, str] | None = None
+    # The search box: calls with a turn (of ``leg``) holding this phrase (pipeline/desk/search.py).
+    phrase: str | None = None
+    leg: str | None = None
+
+    def __post_init__(self) -> None:
+        try:  # the search's own checks (a leg it knows, a phrase with words), as the API makes them
+            SearchQuery(self.phrase or "", self.leg)
+        except SearchError as exc:
+            raise FilterError(str(exc)) from None
+
+    @property
+    def words(self) -> tuple[str, ...]:
+        return tuple(words_of(self.phrase or ""))
 
     @classmethod
     def from_query(cls, query: Mapping[str, str]) -> ListFilters:
@@ -78,18 +99,22 @@ class ListFilters:
                 raise FilterError(str(exc)) from None
 
         return cls(text("agent"), text("queue"), number("score_min"), number("score_max"), text("failed"),
-                   day("date_from"), day("date_to"), after=cursor())
+                   day("date_from"), day("date_to"), after=cursor(), phrase=text("q"), leg=text("leg"))
 
     def as_query(self) -> dict[str, str]:
         """The filters that are set, as query parameters (the inverse of ``from_query``, without the page)."""
         values = {"agent": self.agent, "queue": self.queue, "score_min": self.score_min,
                   "score_max": self.score_max, "failed": self.failed, "date_from": self.date_from,
-                  "date_to": self.date_to}
+                  "date_to": self.date_to, "q": self.phrase, "leg": self.leg}
         return {k: (f"{v:g}" if isinstance(v, float) else str(v)) for k, v in values.items() if v is not None}
 
-    def sql(self) -> tuple[str, dict[str, Any]]:
-        """WHERE clause over ``c`` (calls) and ``q`` (call_qa) with its parameters."""
+    def sql(self, db: str) -> tuple[str, dict[str, Any]]:
+        """WHERE clause over ``c`` (calls) and ``q`` (call_qa) of database ``db``, with its parameters."""
         where, params = ["1"], dict[str, Any]()
+        if self.words:
+            condition, found = phrase_condition(db, self.words, self.leg)
+            where.append(condition)
+            params.update(found)
         for column, name, value in (("c.agent_id", "agent", self.agent), ("c.queue", "queue", self.queue)):
             if value is not None:
                 where.append(f"{column} = {{{name}:String}}")
@@ -141,6 +166,8 @@ class CallRow:
     items: int
     alerts: int
     customer_sentiment: float | None  # None: not in this store's schema
+    # With a phrase searched: how many of its turns hold it, and the first few (pipeline/desk/search.py).
+    matched: tuple[int, tuple[MatchedTurn, ...]] = (0, ())
 
 
 @dataclass(frozen=True)
@@ -278,10 +305,15 @@ WHERE call_id = {{call:String}} ORDER BY offset_ms, rule, leg, kind
 def read_call_list(source: RowSource, db: str, filters: ListFilters | None = None,
                    limit: int = LIST_LIMIT) -> list[CallRow]:
     """The newest ``limit`` calls matching ``filters``."""
-    where, params = (filters or ListFilters()).sql()
+    filters = filters or ListFilters()
+    where, params = filters.sql(db)
     rows = source.rows(LIST_SQL.format(db=db, where=where, limit=int(limit)), params)
     # ClickHouse names a column of c.* that another joined table also has "c.<name>".
-    return [_call_row({k.removeprefix("c."): v for k, v in r.items()}) for r in rows]
+    calls = [_call_row({k.removeprefix("c."): v for k, v in r.items()}) for r in rows]
+    if not filters.words:
+        return calls
+    found = turns_found(source, db, [c.call_id for c in calls], filters.words, filters.leg)
+    return [replace(c, matched=found.get(c.call_id, (0, ()))) for c in calls]
 
 
 def read_filter_options(source: RowSource, db: str) -> FilterOptions:

@@ -18,8 +18,10 @@ from functools import cache
 from pathlib import Path
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
+from markupsafe import Markup, escape
 
 from pipeline.api.paging import encode_cursor
+from pipeline.desk.search import SEPARATORS, WORD_CHAR
 from pipeline.web import timeline
 from pipeline.web.data import (
     CallPage,
@@ -151,9 +153,23 @@ def environment() -> Environment:
     env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=True, undefined=StrictUndefined,
                       trim_blocks=True, lstrip_blocks=True)
     env.filters.update(clock=timeline.clock, sentiment_class=sentiment_class, signed=_signed, metric=_metric,
-                       when=_when)
+                       when=_when, marked=marked)
     env.globals.update(csp=CSP_META, pass_pct=PASS_PCT)
     return env
+
+
+def marked(text: str, words: tuple[str, ...]) -> Markup:
+    """``text`` escaped, with the searched phrase (``words`` side by side, whole, any case) in <mark>."""
+    if not words:
+        return Markup(escape(text))
+    sep = f"[{SEPARATORS}]"
+    pattern = re.compile(f"(?<!{WORD_CHAR}){f'{sep}+'.join(map(re.escape, words))}(?!{WORD_CHAR})", re.IGNORECASE)
+    out, at = [], 0
+    for hit in pattern.finditer(text):
+        out += [escape(text[at:hit.start()]), Markup("<mark>"), escape(hit.group(0)), Markup("</mark>")]
+        at = hit.end()
+    out.append(escape(text[at:]))
+    return Markup("").join(out)
 
 
 @dataclass(frozen=True)

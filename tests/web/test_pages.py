@@ -233,3 +233,11 @@ def test_static_file_names_are_safe_and_distinct() -> None:
     assert StaticLinks(on_call_page=True).calls() == "../index.html"
     assert ServerLinks().call("a/b c") == "/calls/a%2Fb%20c"
     assert ServerLinks().calls({"date_from": date(2026, 3, 3).isoformat()}) == "/calls?date_from=2026-03-03"
+
+
+def test_marked_puts_the_whole_phrase_in_mark_and_escapes_the_rest() -> None:
+    from pipeline.web.render import marked
+
+    assert str(marked("Cancel it? cancellation, CANCEL-IT <b>", ("cancel", "it"))) == (
+        "<mark>Cancel it</mark>? cancellation, <mark>CANCEL-IT</mark> &lt;b&gt;")
+    assert str(marked("a <b>", ())) == "a &lt;b&gt;"

@@ -116,6 +116,24 @@ async def test_with_the_cookie_the_list_filters_and_the_page_shows_the_call(serv
         assert api.status == 401
 
 
+async def test_the_search_box_lists_the_calls_that_said_it_with_the_turns_marked(serve: Callable[..., Any]) -> None:
+    async for client in serve():
+        headers = {"Cookie": f"{SESSION_COOKIE}={_session(await _login(client))}"}
+        found = await client.get("/calls?q=CANCEL+my+account&leg=customer", headers=headers)
+        body = await found.text()
+        assert found.status == 200 and 'href="/calls/call-rude"' in body and 'href="/calls/call-good"' not in body
+        # The turn, escaped (the customer's "<script>" stays text), the phrase marked, and the form keeps it.
+        assert "Then <mark>cancel my account</mark> &lt;script&gt;" in body and "<script>alert" not in body
+        assert 'value="CANCEL my account"' in body and "<option selected>customer</option>" in body
+        # With the other filters, and the older-calls link keeps the phrase.
+        assert 'href="/calls/call-rude"' not in await (await client.get(
+            "/calls?q=cancel+my+account&agent=agent-1", headers=headers)).text()
+        none = await (await client.get("/calls?q=cancel+my+account&leg=agent", headers=headers)).text()
+        assert 'href="/calls/call-rude"' not in none and "No calls match these filters" in none
+        bad = await client.get("/calls?q=%3F%21", headers=headers)
+        assert bad.status == 400 and "no word to search" in await bad.text()
+
+
 async def test_a_forged_or_logged_out_cookie_goes_back_to_the_login(serve: Callable[..., Any]) -> None:
     async for client in serve():
         value = _session(await _login(client))
