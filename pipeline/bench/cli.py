@@ -165,6 +165,25 @@ def bench_moonshine(
     _wrote(paths)
 
 
+@bench_app.command("search")
+def bench_search(
+    calls: Annotated[int, typer.Option(help="Generated calls in the store (6-20 turns each).")] = 100_000,
+    repeat: Annotated[int, typer.Option(help="Times each query is timed.")] = 15,
+    keep: Annotated[bool, typer.Option("--keep", help="Keep the filled store (its folder is printed).")] = False,
+    out: Out = None,
+) -> None:
+    """Search and the call list on a store of generated calls: P50/P95 through the API's checked path.
+
+    Phrase searches with and without filters, pages of the call list, and the same searches with the skip indexes off (a scan); goal P95 <= 300 ms at 100,000 calls."""
+    from pipeline.bench.results import RESULTS
+    from pipeline.bench.search import SearchBenchOptions, run_search_bench
+
+    if calls < 1 or repeat < 1:
+        raise typer.BadParameter("--calls and --repeat must be at least 1")
+    _, paths = run_search_bench(SearchBenchOptions(calls=calls, repeat=repeat, keep=keep, out=out or RESULTS), console)
+    _wrote(paths)
+
+
 @bench_app.command("asr")
 def bench_asr(
     repeat: Annotated[int, typer.Option(help="Times the 20 evaluation utterances are repeated.")] = 2,
