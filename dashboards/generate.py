@@ -214,6 +214,50 @@ def sentiment_and_interaction_panels(y: int) -> list[Json]:
     ]
 
 
+# An agent's weeks beside the team's (pipeline/desk/trends.py, the /agents/{id} page): the calls with their
+# scores, then "agent" is the calls of the chosen agent (all agents when none is chosen) and "team" every
+# call of the tenant. Weekly figures want weeks: these panels show the last 12 whatever the dashboard's range.
+WEEKS = "84d"
+SCORED_CALLS = f"""
+    (SELECT c.started_at AS started_at, c.agent_id AS agent_id, c.tenant AS tenant, q.score_pct AS score_pct,
+            q.metrics AS metrics, arrayZip(q.`items.question`, q.`items.passed`) AS items
+     FROM callqa.calls_deduped AS c INNER JOIN callqa.call_qa_deduped AS q ON q.call_id = c.call_id)
+"""
+
+
+def agent_trend_panels(y: int) -> list[Json]:
+    """The chosen agent against the team, week by week: score and customer sentiment, talk share, silence and
+    overtalk, and each scorecard item's pass rate."""
+    week = "toDateTime(toMonday(started_at)) AS time"
+    where = f"WHERE $__timeFilter(started_at) AND {TENANT}"
+    share = "100 * metrics['overtalk_ms'] / metrics['duration_ms']"
+    panels = [
+        panel("Agent vs team: weekly QA score", "timeseries", [sql_target(f"""
+            SELECT {week}, round(avgIfOrNull(score_pct, {AGENT}), 1) AS agent, round(avg(score_pct), 1) AS team
+            FROM {SCORED_CALLS} {where} GROUP BY time ORDER BY time""", True)], (0, y, 8, 8), "percent"),
+        panel("Agent vs team: weekly customer sentiment", "timeseries", [sql_target(f"""
+            SELECT {week}, round(avgIfOrNull(metrics['customer_sentiment'], {AGENT}), 2) AS agent,
+                   round(avg(metrics['customer_sentiment']), 2) AS team
+            FROM {SCORED_CALLS} {where} GROUP BY time ORDER BY time""", True)], (8, y, 8, 8)),
+        panel("Agent vs team: talk share, non-talk, overtalk", "timeseries", [sql_target(f"""
+            SELECT {week}, round(avgIfOrNull(metrics['agent_talk_share_pct'], {AGENT}), 1) AS agent_talk_share,
+                   round(avg(metrics['agent_talk_share_pct']), 1) AS team_talk_share,
+                   round(avgIfOrNull(metrics['non_talk_pct'], {AGENT}), 1) AS agent_non_talk,
+                   round(avg(metrics['non_talk_pct']), 1) AS team_non_talk,
+                   round(avgIfOrNull({share}, {AGENT} AND metrics['duration_ms'] > 0), 1) AS agent_overtalk,
+                   round(avgIfOrNull({share}, metrics['duration_ms'] > 0), 1) AS team_overtalk
+            FROM {SCORED_CALLS} {where} GROUP BY time ORDER BY time""", True)], (16, y, 8, 8), "percent"),
+        panel("Agent vs team: scorecard items passed per week", "table", [sql_target(f"""
+            SELECT toMonday(started_at) AS week, item.1 AS question, round(100 * avgIfOrNull(item.2, {AGENT}), 0) AS agent_pass_pct,
+                   round(100 * avg(item.2), 0) AS team_pass_pct
+            FROM {SCORED_CALLS} ARRAY JOIN items AS item {where}
+            GROUP BY week, question ORDER BY week DESC, question""", False)], (0, y + 8, 24, 8)),
+    ]
+    for item in panels:
+        item["timeFrom"] = WEEKS
+    return panels
+
+
 def qa_supervisor() -> Json:
     flagged = f"SELECT call_id FROM callqa.call_qa_deduped WHERE {SCORED} AND (auto_failed = 1 OR score_pct < ${{min_score}})"
     panels = [
@@ -419,6 +463,7 @@ def qa_supervisor() -> Json:
         ),
         *sentiment_and_interaction_panels(46),
     ]
+    panels += agent_trend_panels(max(p["gridPos"]["y"] + p["gridPos"]["h"] for p in panels))
     variables = [
         query_variable("tenant", "Tenant", "SELECT DISTINCT tenant FROM callqa.calls_deduped ORDER BY tenant"),
         query_variable(

@@ -41,9 +41,13 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+# The pages' roots: a path under one of them needs a login (a new page goes under one, or is added here).
+PAGE_ROOTS = ("/calls", "/agents")
+
+
 def is_page_path(path: str) -> bool:
-    """The call pages' paths, which need a login."""
-    return path == "/calls" or path.startswith("/calls/")
+    """The pages' paths (call list and pages, agent trends), which need a login."""
+    return any(path == root or path.startswith(root + "/") for root in PAGE_ROOTS)
 
 
 def with_local_token(settings: Settings) -> Settings:

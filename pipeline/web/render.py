@@ -22,6 +22,7 @@ from markupsafe import Markup, escape
 
 from pipeline.api.paging import encode_cursor
 from pipeline.desk.search import SEPARATORS, WORD_CHAR
+from pipeline.desk.trends import FIGURES, AgentTrend, WeekFigures
 from pipeline.web import timeline
 from pipeline.web.data import (
     CallPage,
@@ -85,6 +86,9 @@ class ServerLinks:
     def calls(self, query: Mapping[str, str] | None = None) -> str:
         return "/calls" + (f"?{urllib.parse.urlencode(query)}" if query else "")
 
+    def agent(self, agent_id: str) -> str | None:
+        return "/agents/" + urllib.parse.quote(agent_id, safe="")
+
 
 @dataclass(frozen=True)
 class StaticLinks:
@@ -99,6 +103,9 @@ class StaticLinks:
 
     def calls(self, query: Mapping[str, str] | None = None) -> str:
         return "../index.html" if self.on_call_page else "index.html"
+
+    def agent(self, agent_id: str) -> str | None:
+        return None  # the static files hold no agent pages
 
 
 Links = ServerLinks | StaticLinks
@@ -218,6 +225,22 @@ def render_call_page(page: CallPage, context: PageContext, silence_threshold_ms:
         timeline=call_timeline(page, silence_threshold_ms), metrics=metric_rows(page.metrics), alerted=alerted,
         sentiment_scored=any(t.sentiment is not None for t in page.turns),
     )
+
+
+def render_agent_page(trend: AgentTrend, context: PageContext) -> str:
+    def figure(week: WeekFigures | None, key: str, unit: str) -> str:
+        value = None if week is None else week.values.get(key)
+        if value is None:
+            return "–"
+        return _signed(value) if key == "customer_sentiment" else f"{value:.0f}{' ' + unit if unit else ''}"
+
+    def pass_rate(week: WeekFigures | None, question: str) -> str:
+        value = None if week is None else week.items.get(question)
+        return "–" if value is None else f"{value:.0f} %"
+
+    return environment().get_template("agent.html").render(
+        trend=trend, figures=FIGURES, figure=figure, pass_rate=pass_rate, links=context.links,
+        logged_in=context.logged_in)
 
 
 def render_login(next_path: str, error: str | None = None, unconfigured: bool = False) -> str:

@@ -27,6 +27,7 @@ from pipeline.api.auth import is_page_path
 from pipeline.api.pool import ApiBusyError
 from pipeline.api.server import ApiServer
 from pipeline.api.sessions import SESSION_COOKIE
+from pipeline.desk.trends import read_agent_trend
 from pipeline.store.client import StoreConnectionError, StoreError
 from pipeline.store.queries import ClientRows, QueryLimits
 from pipeline.store.sqlguard import ReadonlyQueryError
@@ -35,6 +36,7 @@ from pipeline.web.render import (
     CSP,
     PageContext,
     ServerLinks,
+    render_agent_page,
     render_call_list,
     render_call_page,
     render_login,
@@ -151,6 +153,17 @@ def register_web_views(server: ApiServer) -> None:
             calls = read_call_list(source, db, filters, settings.web_page_size)
             options = read_filter_options(source, db)
             return html(render_call_list(calls, context, filters, options, page_size=settings.web_page_size))
+
+        return await on_pool(render)
+
+    @app.page("/agents/{agent_id}")
+    async def agent_page(web: Any, request: Any, agent_id: str) -> Any:
+        def render(source: ClientRows) -> aioweb.Response:
+            trend = read_agent_trend(source, db, agent_id)
+            if trend is None:
+                return html(render_message("No such agent", f"The store has no call of agent {agent_id!r}.",
+                                           context.links, context.logged_in), 404)
+            return html(render_agent_page(trend, context))
 
         return await on_pool(render)
 

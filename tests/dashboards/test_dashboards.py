@@ -262,3 +262,17 @@ def test_sentiment_and_interaction_panels_follow_the_qa_results(filled_db: Fille
             expected = sum(metric(c, name) for c in mine) / len(mine) / scale
             assert got[column] == pytest.approx(expected, abs=0.051), (got["agent_id"], column)
     assert {r[0] for r in rows} == set(agent_of.values())
+
+
+def test_agent_trend_panels_put_the_agent_beside_the_team(filled_db: FilledDatabase) -> None:
+    scores = {call: r.score_pct for call, r in filled_db.results.items()}
+    columns, rows = _run(filled_db, _panel_sql("qa-supervisor.json", "Agent vs team: weekly QA score"), ONE)
+    [row] = rows  # the fixture's calls all start in one week
+    assert row[columns.index("agent")] == pytest.approx(scores["call-rude"], abs=0.05)  # agent-2's one call
+    acme = [scores["call-good"], scores["call-rude"]]  # the team: the chosen tenant's agents
+    assert row[columns.index("team")] == pytest.approx(sum(acme) / len(acme), abs=0.05)
+    columns, rows = _run(filled_db, _panel_sql("qa-supervisor.json", "Agent vs team: scorecard items"), ONE)
+    rude = filled_db.results["call-rude"]
+    passed = {row[columns.index("question")]: row[columns.index("agent_pass_pct")] for row in rows
+              if row[columns.index("agent_pass_pct")] is not None}  # None: an item only the team was scored on
+    assert passed == {i.question: (100.0 if i.passed else 0.0) for i in rude.items if i.passed is not None}

@@ -43,6 +43,8 @@ def source(store: Client) -> CheckedRows:
 
 
 def insert(client: Client, table: str, rows: list[dict[str, Any]]) -> None:
+    if not rows:
+        return
     columns = list(rows[0])
     client.insert(table, [[r[c] for c in columns] for r in rows], column_names=columns)
 
@@ -53,14 +55,16 @@ def add_call(store: Client) -> Callable[..., None]:
     each), its QA score and the rules it failed, all at ``revision``."""
 
     def add(call_id: str, turns: list[tuple[str, float, str]], *, agent: str = "agent-7", minute: int = 0,
-            score: float | None = 80.0, failed: tuple[str, ...] = (), revision: int = 0) -> None:
+            score: float | None = 80.0, failed: tuple[str, ...] = (), revision: int = 0,
+            items: tuple[tuple[str, int], ...] = (), metrics: dict[str, float] | None = None,
+            auto_failed: bool = False, sentiment: float = 0.0) -> None:
         started = T0 + timedelta(minutes=minute)
         updated = started + timedelta(minutes=5, seconds=revision)
         insert(store, "calls", [{
             "call_id": call_id, "tenant": "acme", "agent_id": agent, "queue": "billing", "direction": "inbound",
             "legs": ["agent", "customer"], "started_at": started, "ended_at": started + timedelta(minutes=3),
             "end_reason": "end", "segments": len(turns), "audio_ms": 180_000, "updated_at": updated,
-            "revision": revision}])
+            "revision": revision, "customer_sentiment": sentiment}])
         insert(store, "segments", [{
             "segment_id": f"{call_id}:{leg}:{round(start_s * 1000)}", "call_id": call_id, "leg": leg,
             "start_ms": round(start_s * 1000), "end_ms": round(start_s * 1000) + 1500, "text": text,
@@ -69,9 +73,10 @@ def add_call(store: Client) -> Callable[..., None]:
             "revision": revision} for leg, start_s, text in turns])
         if score is not None:
             insert(store, "call_qa", [{
-                "call_id": call_id, "tenant": "acme", "agent_id": agent, "score_pct": score, "auto_failed": 0,
-                "metrics": {}, "items.question": [], "items.weight": [], "items.passed": [],
-                "items.rationale": [], "computed_at": updated, "revision": revision}])
+                "call_id": call_id, "tenant": "acme", "agent_id": agent, "score_pct": score,
+                "auto_failed": int(auto_failed), "metrics": metrics or {}, "items.question": [q for q, _ in items],
+                "items.weight": [1.0] * len(items), "items.passed": [p for _, p in items],
+                "items.rationale": [""] * len(items), "computed_at": updated, "revision": revision}])
         if failed:
             insert(store, "qa_events", [{
                 "call_id": call_id, "rule": rule, "category": "compliance", "leg": "agent", "kind": "missing",

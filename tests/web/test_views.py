@@ -21,7 +21,7 @@ from pipeline.api.sessions import SESSION_COOKIE
 from pipeline.config import Settings
 from pipeline.desk.search import SearchQuery, search
 from pipeline.report import WorkerApiSource
-from pipeline.web.views import register_web_views
+from pipeline.web.views import register_web_views, safe_next
 
 from .conftest import CARD, FilledStore
 
@@ -132,6 +132,28 @@ async def test_the_search_box_lists_the_calls_that_said_it_with_the_turns_marked
         assert 'href="/calls/call-rude"' not in none and "No calls match these filters" in none
         bad = await client.get("/calls?q=%3F%21", headers=headers)
         assert bad.status == 400 and "no word to search" in await bad.text()
+
+
+async def test_an_agent_page_shows_the_weeks_beside_the_team_behind_the_login(
+    serve: Callable[..., Any], filled: FilledStore
+) -> None:
+    async for client in serve():
+        assert (await client.get("/agents/agent-2", allow_redirects=False)).status == 303  # the login first
+        headers = {"Cookie": f"{SESSION_COOKIE}={_session(await _login(client))}"}
+        listing = await (await client.get("/calls", headers=headers)).text()
+        assert '<a href="/agents/agent-2">agent-2</a>' in listing
+        page = await client.get("/agents/agent-2", headers=headers)
+        body = await page.text()
+        rude, good = filled.results["call-rude"], filled.results["call-good"]
+        # One call of agent-2 in the week of 2 March; the team: three calls, two scored.
+        assert page.status == 200 and "<td>2026-03-02</td>" in body
+        assert f'{rude.score_pct:.0f} % <span class="muted">{(rude.score_pct + good.score_pct) / 2:.0f} %' in body
+        assert '<td class="num">1 <span class="muted">3</span></td>' in body
+        failed = [i.question for i in rude.items if i.passed is False]
+        assert failed and f"<td>{failed[0].replace(chr(39), '&#39;')}</td>" in body
+        missing = await client.get("/agents/nobody", headers=headers)
+        assert missing.status == 404 and "no call of agent" in await missing.text()
+        assert safe_next("/agents/agent-2") == "/agents/agent-2"
 
 
 async def test_a_forged_or_logged_out_cookie_goes_back_to_the_login(serve: Callable[..., Any]) -> None:
