@@ -292,8 +292,11 @@ def report(
         # soft_wrap: a path is never broken across lines (a narrow or non-terminal output would cut it).
         console.print(f"{count} call page{'' if count == 1 else 's'} written: {index.resolve()}", soft_wrap=True)
         return
+    from pipeline.qa.call import QaConfig
+
+    item_ids = {q.question: q.id for q in QaConfig.from_settings(settings).scorecard.questions} if call else {}
     found = read_report(source_for(settings), settings.clickhouse_database, call_id=call, agent_id=agent,
-                        since=since_dt)
+                        since=since_dt, item_ids=item_ids)
     if call and not found.calls:
         raise RuntimeError(f"no call {call!r} in the store")
     if as_json:
@@ -361,6 +364,38 @@ def print_found_calls(found: list[FoundCall], query: SearchQuery) -> None:
     print_table(console, table, optional=("agent",))
     console.print(f"{len(found)} call{'' if len(found) == 1 else 's'}"
                   + (f" (the newest {query.limit}: --limit shows more)" if len(found) == query.limit else ""))
+
+
+@app.command("review")
+def review(
+    call_id: Annotated[str, typer.Argument(help="The call to review.")],
+    item: Annotated[str, typer.Option("--item", help="The scorecard item's id (rules/scorecards/*.yaml, e.g. "
+                                                     "recording_disclosure).")],
+    verdict: Annotated[str, typer.Option("--verdict", help="pass, fail or na (not applicable).")],
+    reason: Annotated[str, typer.Option("--reason", help="Why: kept with the review.")],
+    reviewer: Annotated[str, typer.Option("--reviewer", help="Who reviews (default: $USER).")] = "",
+) -> None:
+    """Overturn (or confirm) one scorecard item of a call: the review is kept beside the automatic verdict and
+    the call is re-scored (through the running worker when one holds the embedded store)."""
+    import getpass
+
+    from pipeline.desk.review import post_review, submit_review
+    from pipeline.qa.call import QaConfig
+    from pipeline.report import WorkerApiSource, api_token
+    from pipeline.store.client import connect
+
+    settings = get_settings()
+    who = reviewer or getpass.getuser()
+    worker = WorkerApiSource(f"http://{settings.web_host}:{settings.web_port}", api_token(settings))
+    if worker.available():
+        answer = post_review(worker.base_url, worker.token, call_id, item, verdict, reason, who)
+        score, automatic = answer["score_pct"], answer["automatic_score_pct"]
+    else:
+        client = connect(settings.writer_url, settings.clickhouse_database)  # the process's client: left open
+        _, row = submit_review(client, settings.clickhouse_database, QaConfig.from_settings(settings).scorecard,
+                               call_id, item, verdict, reason, who)
+        score, automatic = row["score_pct"], row["automatic_score_pct"]
+    console.print(f"{call_id}: {item} reviewed {verdict} by {who}; score {score:.0f} % (automatic {automatic:.0f} %)")
 
 
 @app.command("analyze")

@@ -15,6 +15,7 @@ import json
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -145,7 +146,7 @@ WHERE call_id = {{call:String}} AND is_final = 1 ORDER BY start_ms, leg
 
 QA_SQL = """
 SELECT score_pct, auto_failed, metrics, `items.question` AS q, `items.weight` AS w, `items.passed` AS p,
-       `items.rationale` AS r
+       `items.rationale` AS r, automatic_score_pct, reviewed_by
 FROM {db}.call_qa_deduped WHERE call_id = {{call:String}}
 """
 
@@ -173,6 +174,19 @@ class ScorecardItem:
     weight: float
     passed: bool
     rationale: str
+    id: str | None = None  # the item's id in the configured scorecard (what `callqa review --item` takes)
+
+
+@dataclass(frozen=True)
+class ReviewLine:
+    """One human review of an item (pipeline/desk/review.py), oldest first."""
+
+    item: str
+    automatic: str
+    verdict: str
+    reason: str
+    reviewer: str
+    reviewed_at: datetime
 
 
 @dataclass(frozen=True)
@@ -193,6 +207,9 @@ class CallDetail:
     items: list[ScorecardItem]
     metrics: dict[str, float]
     transcript: list[TranscriptLine]
+    automatic_score_pct: float | None = None  # the score before any review; None: never reviewed
+    reviewed_by: str = ""
+    reviews: list[ReviewLine] = field(default_factory=list)
 
 
 @dataclass
@@ -207,7 +224,7 @@ class Report:
 
 def read_report(
     source: RowSource, db: str, *, call_id: str | None = None, agent_id: str | None = None,
-    since: datetime | None = None,
+    since: datetime | None = None, item_ids: Mapping[str, str] | None = None,
 ) -> Report:
     """The calls matching the filters (the newest 200), and with ``call_id`` that call in full."""
     where, params = ["1"], {}
@@ -221,7 +238,7 @@ def read_report(
         where.append("c.started_at >= {since:DateTime64(3, 'UTC')}")
         params["since"] = since.strftime("%Y-%m-%d %H:%M:%S")
     calls = [_call_row(c) for c in source.rows(CALLS_SQL.format(db=db, where=" AND ".join(where)), params)]
-    return Report(calls, _read_call(source, db, call_id) if call_id and calls else None)
+    return Report(calls, _read_call(source, db, call_id, item_ids or {}) if call_id and calls else None)
 
 
 def _call_row(c: dict[str, Any]) -> CallRow:
@@ -240,11 +257,16 @@ def _call_row(c: dict[str, Any]) -> CallRow:
     )
 
 
-def _read_call(source: RowSource, db: str, call_id: str) -> CallDetail:
+def _read_call(source: RowSource, db: str, call_id: str, item_ids: Mapping[str, str]) -> CallDetail:
+    from pipeline.desk.review import read_reviews
+
     qa = source.rows(QA_SQL.format(db=db), {"call": call_id})
-    q = qa[0] if qa else {"score_pct": None, "auto_failed": None, "metrics": {}, "q": [], "w": [], "p": [], "r": []}
-    items = [ScorecardItem(question, float(weight), bool(passed), why)
+    q = qa[0] if qa else {"score_pct": None, "auto_failed": None, "metrics": {}, "q": [], "w": [], "p": [], "r": [],
+                          "automatic_score_pct": None, "reviewed_by": ""}
+    items = [ScorecardItem(question, float(weight), bool(passed), why, item_ids.get(question))
              for question, weight, passed, why in zip(q["q"], q["w"], q["p"], q["r"], strict=True)]
+    reviews = [ReviewLine(r.item, r.automatic, r.verdict, r.reason, r.reviewer, r.reviewed_at)
+               for r in read_reviews(source, db, call_id)]
     lines = [TranscriptLine(line["start_ms"] / 1000, line["end_ms"] / 1000, line["leg"], line["text"],
                             float(line.get("sentiment") or 0.0))
              for line in source.rows(TRANSCRIPT_SQL.format(db=db), {"call": call_id})]
@@ -252,6 +274,8 @@ def _read_call(source: RowSource, db: str, call_id: str) -> CallDetail:
         score_pct=None if q["score_pct"] is None else round(float(q["score_pct"]), 2),
         auto_failed=None if q["auto_failed"] is None else bool(q["auto_failed"]),
         items=items, metrics=dict(sorted(q["metrics"].items())), transcript=lines,
+        automatic_score_pct=None if q.get("automatic_score_pct") is None else round(float(q["automatic_score_pct"]), 2),
+        reviewed_by=q.get("reviewed_by") or "", reviews=reviews,
     )
 
 
@@ -283,12 +307,21 @@ def print_report(report: Report, console: Console) -> None:
 
 def _print_call(call: CallDetail, console: Console) -> None:
     if call.score_pct is not None:
-        items = keep_whole(Table("question", "weight", "passed", "rationale",
-                                 title=f"scorecard: {call.score_pct:.1f} %"), "weight", "passed")
+        reviewed = (f" (reviewed by {call.reviewed_by}; automatic {call.automatic_score_pct:.1f} %)"
+                    if call.automatic_score_pct is not None else "")
+        items = keep_whole(Table("item", "question", "weight", "passed", "rationale",
+                                 title=f"scorecard: {call.score_pct:.1f} %{escape(reviewed)}"), "item", "weight", "passed")
         for i in call.items:
-            items.add_row(escape(i.question), f"{i.weight:g}", "yes" if i.passed else "[red]no[/red]",
+            items.add_row(i.id or "–", escape(i.question), f"{i.weight:g}", "yes" if i.passed else "[red]no[/red]",
                           escape(i.rationale))
-        print_table(console, items)
+        print_table(console, items, optional=("item",))
+        if call.reviews:
+            reviews = keep_whole(Table("when (UTC)", "item", "machine", "reviewer's", "by", "reason",
+                                       title="reviews"), "when (UTC)", "item", "machine", "reviewer's")
+            for r in call.reviews:
+                reviews.add_row(r.reviewed_at.strftime("%Y-%m-%d %H:%M"), r.item, r.automatic, r.verdict,
+                                escape(r.reviewer), escape(r.reason))
+            print_table(console, reviews)
         metrics = keep_whole(Table("metric", "value", title="conversation metrics"), "metric", "value")
         for name, value in call.metrics.items():
             metrics.add_row(escape(name), f"{value:,.2f}")

@@ -305,3 +305,19 @@ def test_search_json_and_a_bad_filter(report_env: dict[str, str]) -> None:
         assert "since must be an ISO 8601 date" in str(result.exception)  # main() makes it one line, exit 1
     finally:
         get_settings.cache_clear()
+
+
+def test_review_rescores_the_call_and_the_report_shows_both_scores_and_the_reviewer(
+    report_env: dict[str, str]
+) -> None:
+    said = invoke(["review", CALL_ID, "--item", "identity_verification", "--verdict", "pass", "--reason",
+                   "verified by PIN, phrased differently", "--reviewer", "ana"], 200, report_env).output
+    # The call had no such item (not applicable): now passed, weight 15 of the default scorecard.
+    assert said.strip() == f"{CALL_ID}: identity_verification reviewed pass by ana; score 84 % (automatic 62 %)"
+    call = json.loads(invoke(["report", "--call", CALL_ID, "--json"], 80, report_env).output)["call"]
+    assert call["score_pct"] == 84.21 and call["automatic_score_pct"] == 62.5 and call["reviewed_by"] == "ana"
+    assert [(r["item"], r["automatic"], r["verdict"], r["reviewer"]) for r in call["reviews"]] == [
+        ("identity_verification", "na", "pass", "ana")]
+    assert [i["id"] for i in call["items"]] == ["identity_verification", None, None]  # the scorecard's order
+    text = invoke(["report", "--call", CALL_ID], 200, report_env).output
+    assert "scorecard: 84.2 % (reviewed by ana; automatic 62.5 %)" in text and "verified by PIN" in text

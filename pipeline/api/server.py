@@ -21,7 +21,9 @@ from pipeline.api.pool import ApiBusyError, QueryPool, ThreadClients
 from pipeline.api.refusals import ApiRefusals
 from pipeline.api.revocations import StoredRevocations
 from pipeline.config import Settings
+from pipeline.desk.review import ReviewError, submit_review
 from pipeline.desk.search import SearchError, SearchQuery, search
+from pipeline.qa.call import QaConfig
 from pipeline.store import queries
 from pipeline.store.client import StoreConnectionError, StoreError, connect
 from pipeline.store.sqlguard import ReadonlyQueryError
@@ -52,6 +54,7 @@ def register_api_views(app: faust.App, settings: Settings, pool: QueryPool, auth
     auth.revocations.source = StoredRevocations(settings, pool, readers)
     server = ApiServer(app, settings, pool, readers, auth)
     _register_call_views(server)
+    _register_review_view(server)
     _register_search_view(server)
     _register_query_view(server)
     return server
@@ -92,6 +95,38 @@ def _register_call_views(server: ApiServer) -> None:
                     "transcript": [_jsonable(asdict(line)) for line in lines]}
 
         return await _answer(web, pool.run(read), server.auth.refusals)
+
+
+def _register_review_view(server: ApiServer) -> None:
+    """POST /api/calls/{call_id}/reviews: a human review of one scorecard item (JSON ``item``, ``verdict``,
+    ``reason``, ``reviewer``; pipeline/desk/review.py), written with the store's writer account; answers the
+    review and the call's new score. `callqa review` posts here while a worker holds the embedded store."""
+    settings = server.settings
+    scorecard = QaConfig.from_settings(settings).scorecard
+
+    class ReviewsView(faust.web.View):  # type: ignore[misc]
+        async def post(self, request: Any, call_id: str) -> Any:
+            try:
+                body = await request.json()
+                fields = {name: str(body.get(name, "")) for name in ("item", "verdict", "reason", "reviewer")}
+            except (ValueError, AttributeError):
+                server.auth.refusals.count("bad_request")
+                return self.json({"error": "the body must be a JSON object: item, verdict, reason, reviewer"},
+                                 status=400)
+
+            def write() -> dict[str, Any]:
+                client = connect(settings.writer_url, settings.clickhouse_database, create_database=False, fresh=True)
+                try:
+                    review, row = submit_review(client, settings.clickhouse_database, scorecard, call_id,
+                                                fields["item"], fields["verdict"], fields["reason"], fields["reviewer"])
+                finally:
+                    client.close()
+                return {"review": _jsonable(asdict(review)), "score_pct": row["score_pct"],
+                        "auto_failed": bool(row["auto_failed"]), "automatic_score_pct": row["automatic_score_pct"]}
+
+            return await _answer(self, server.pool.run(write), server.auth.refusals)  # a ReviewError: 400/404
+
+    server.app.page("/api/calls/{call_id}/reviews")(ReviewsView)
 
 
 def _register_search_view(server: ApiServer) -> None:
@@ -154,6 +189,9 @@ async def _answer(web: Any, work: Awaitable[Any], refusals: ApiRefusals,
     except ReadonlyQueryError as exc:
         refusals.count("query_refused")
         return web.json({"error": str(exc)}, status=exc.status)
+    except ReviewError as exc:
+        refusals.count("bad_request")
+        return web.json({"error": str(exc)}, status=404 if str(exc).startswith("no scored call") else 400)
     except ApiBusyError as exc:
         refusals.count("busy")
         return web.json({"error": str(exc)}, status=503)

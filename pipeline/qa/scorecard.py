@@ -178,9 +178,16 @@ def score_call(
         else:
             passed, rationale = _answer_rule(question, events)
         items.append(ScoreItem(question.question, question.weight, passed, rationale, question.auto_fail))
+    score, auto_failed = score_of(items)
+    return CallQaResult(call_id, score, auto_failed, items, values, events, scorecard.name, sentiment)
+
+
+def score_of(items: Sequence[ScoreItem]) -> tuple[float, bool]:
+    """The score (0-100, two decimals) and automatic fail of answered items: the weight of the items passed over
+    the weight of the applicable ones (``passed`` None: not applicable); 0 when an auto-fail item failed."""
     auto_failed = any(item.auto_fail and item.passed is False for item in items)
     applicable = [item for item in items if item.passed is not None]
     total = sum(item.weight for item in applicable)
     earned = sum(item.weight for item in applicable if item.passed)
     score = 0.0 if auto_failed else (100.0 * earned / total if total > 0 else 100.0)
-    return CallQaResult(call_id, round(score, 2), auto_failed, items, values, events, scorecard.name, sentiment)
+    return round(score, 2), auto_failed

@@ -265,6 +265,37 @@ _SEGMENT_WORDS_INDEX = (
 )
 
 
+# Issue 38: human review of a call's scorecard (pipeline/desk/review.py). Each review is a row, never
+# rewritten (the key holds its time and id: a review sent twice is stored once); the call's QA row is
+# written again with the reviewed items and score, and the automatic score kept beside it, so every reader
+# of call_qa (list, pages, search, dashboards) shows the reviewed score with no join.
+_REVIEWS = """
+CREATE TABLE IF NOT EXISTS {db}.reviews (
+    review_id String COMMENT 'random per review: a review sent again is stored once',
+    call_id String,
+    item String COMMENT 'the scorecard item id (rules/scorecards/*.yaml)',
+    question String,
+    automatic LowCardinality(String) COMMENT 'pass|fail|na: the automatic verdict of the item',
+    verdict LowCardinality(String) COMMENT 'pass|fail|na: the reviewer''s',
+    reason String,
+    reviewer String,
+    revision UInt8 COMMENT 'the revision of the call (its QA) that was reviewed',
+    reviewed_at DateTime64(3, 'UTC')
+) ENGINE = ReplacingMergeTree
+ORDER BY (call_id, item, reviewed_at, review_id)
+SETTINGS concurrent_part_removal_threshold = 1000000
+"""
+_REVIEWED_COLUMNS = (
+    "ALTER TABLE {db}.call_qa ADD COLUMN IF NOT EXISTS automatic_score_pct Nullable(Float32) "
+    "COMMENT 'the score before any review; NULL: never reviewed'",
+    "ALTER TABLE {db}.call_qa ADD COLUMN IF NOT EXISTS reviewed_by String DEFAULT '' "
+    "COMMENT 'who reviewed last; empty: never reviewed'",
+)
+# Tables the query API reads beside TABLE_KEYS' (and their views); like every table since migration 8 they
+# remove their outdated parts with one thread.
+MORE_TABLES = ("reviews",)
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "tables", (_CALLS, _SEGMENTS, _LATENCY, _CALL_QA, _QA_EVENTS)),
     Migration(2, "deduped views", tuple(_deduped_view(t) for t in TABLE_KEYS)),
@@ -284,6 +315,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(7, "sessions logged out", (_REVOKED_SESSIONS,)),
     Migration(8, "outdated parts removed by one thread", _ONE_THREAD_PART_REMOVAL),
     Migration(9, "a full-text index of the segments' words", _SEGMENT_WORDS_INDEX),
+    Migration(10, "reviews of a call's scorecard", (_REVIEWS, *_REVIEWED_COLUMNS, _latest_revision_view("call_qa"))),
 )
 
 

@@ -39,7 +39,7 @@ from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import DatabaseError
 
 from pipeline.store.client import IDENTIFIER, StoreError
-from pipeline.store.migrations import TABLE_KEYS
+from pipeline.store.migrations import MORE_TABLES, TABLE_KEYS
 from pipeline.store.sqlguard_functions import (
     ALSO_TABLE_FUNCTIONS,
     RANGE,
@@ -50,7 +50,7 @@ from pipeline.store.sqlguard_functions import (
     is_allowed,
 )
 
-ALLOWED_TABLES = frozenset(TABLE_KEYS) | frozenset(f"{table}_deduped" for table in TABLE_KEYS)
+ALLOWED_TABLES = frozenset(TABLE_KEYS) | frozenset(f"{table}_deduped" for table in TABLE_KEYS) | frozenset(MORE_TABLES)
 MAX_SQL_CHARS = 100_000
 # x IN name reads the table ``name`` (and, on some ClickHouse versions, x IN f(...) the table function f):
 # these functions take a table as their right argument. Lower case, as names are compared.

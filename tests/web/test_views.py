@@ -156,6 +156,33 @@ async def test_an_agent_page_shows_the_weeks_beside_the_team_behind_the_login(
         assert safe_next("/agents/agent-2") == "/agents/agent-2"
 
 
+async def test_api_review_overturns_an_item_and_the_call_is_rescored(
+    serve: Callable[..., Any], filled: FilledStore
+) -> None:
+    bearer = {"Authorization": f"Bearer {TOKEN}"}
+    rude = filled.results["call-rude"]
+    assert rude.auto_failed and rude.score_pct == 0.0
+    async for client in serve():
+        review = {"item": "prohibited_language", "verdict": "pass", "reason": "a quote of the customer", "reviewer": "li"}
+        answer = await client.post("/api/calls/call-rude/reviews", json=review, headers=bearer)
+        body = await answer.json()
+        assert answer.status == 200, body
+        assert body["review"]["automatic"] == "fail" and body["review"]["verdict"] == "pass"
+        assert body["auto_failed"] is True and body["score_pct"] == 0.0  # the disclosure is missing too
+        disclosure = {**review, "item": "recording_disclosure", "reason": "said before the transfer"}
+        answer = await client.post("/api/calls/call-rude/reviews", json=disclosure, headers=bearer)
+        body = await answer.json()
+        assert body["automatic_score_pct"] == 0.0 and body["auto_failed"] is False and body["score_pct"] > 0
+        summary = await (await client.get("/api/calls/call-rude", headers=bearer)).json()
+        assert summary["summary"]["score_pct"] == pytest.approx(body["score_pct"], abs=0.01)
+        assert summary["summary"]["auto_failed"] is False
+        bad = await client.post("/api/calls/call-rude/reviews", json={**review, "item": "nope"}, headers=bearer)
+        assert bad.status == 400 and "no item 'nope'" in (await bad.json())["error"]
+        missing = await client.post("/api/calls/no-such/reviews", json=review, headers=bearer)
+        assert missing.status == 404
+        assert (await client.post("/api/calls/call-rude/reviews", json=review)).status == 401
+
+
 async def test_a_forged_or_logged_out_cookie_goes_back_to_the_login(serve: Callable[..., Any]) -> None:
     async for client in serve():
         value = _session(await _login(client))
