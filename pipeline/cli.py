@@ -398,6 +398,37 @@ def review(
     console.print(f"{call_id}: {item} reviewed {verdict} by {who}; score {score:.0f} % (automatic {automatic:.0f} %)")
 
 
+@app.command("calibration")
+def calibration(
+    since: Annotated[str | None, typer.Option(help="Only reviews made since (ISO 8601, UTC).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON list on stdout (ItemCalibration's fields).")] = False,
+) -> None:
+    """How often reviewers overturn the machine, per scorecard item, with Cohen's kappa; most overturned first."""
+    from dataclasses import asdict
+
+    from rich.table import Table
+
+    from pipeline.desk.calibration import read_calibration
+    from pipeline.report import source_for
+    from pipeline.tables import print_json, print_table
+
+    settings = get_settings()
+    items = read_calibration(source_for(settings), settings.clickhouse_database,
+                             datetime.fromisoformat(since) if since else None)
+    if as_json:
+        print_json([{**asdict(c), "overturned_pct": c.overturned_pct} for c in items])
+        return
+    if not items:
+        console.print("no review yet (`callqa review` or the call page's scorecard)")
+        return
+    table = Table("item", "reviewed", "overturned", "pass → fail", "fail → pass", "to/from n/a", "kappa",
+                  title="calibration: the machine against its reviewers")
+    for c in items:
+        table.add_row(c.item, str(c.reviewed), f"{c.overturned} ({c.overturned_pct:.0f} %)", str(c.pass_to_fail),
+                      str(c.fail_to_pass), str(c.other), "–" if c.kappa is None else f"{c.kappa:.2f}")
+    print_table(console, table)
+
+
 @app.command("analyze")
 def analyze(
     paths: Annotated[list[Path], typer.Argument(

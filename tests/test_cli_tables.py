@@ -321,3 +321,13 @@ def test_review_rescores_the_call_and_the_report_shows_both_scores_and_the_revie
     assert [i["id"] for i in call["items"]] == ["identity_verification", None, None]  # the scorecard's order
     text = invoke(["report", "--call", CALL_ID], 200, report_env).output
     assert "scorecard: 84.2 % (reviewed by ana; automatic 62.5 %)" in text and "verified by PIN" in text
+
+
+def test_calibration_counts_the_reviews_against_the_machine(report_env: dict[str, str]) -> None:
+    assert "no review yet" in invoke(["calibration"], 80, report_env).output
+    invoke(["review", CALL_ID, "--item", "identity_verification", "--verdict", "pass", "--reason", "PIN"], 80,
+           report_env)
+    [item] = json.loads(invoke(["calibration", "--json"], 80, report_env).output)
+    assert (item["item"], item["reviewed"], item["agreed"], item["other"], item["overturned_pct"]) == (
+        "identity_verification", 1, 0, 1, 100.0)
+    assert "identity_verification" in invoke(["calibration"], 120, report_env).output

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ipaddress
+import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -42,11 +43,11 @@ def is_loopback(host: str) -> bool:
 
 
 # The pages' roots: a path under one of them needs a login (a new page goes under one, or is added here).
-PAGE_ROOTS = ("/calls", "/agents")
+PAGE_ROOTS = ("/calls", "/agents", "/calibration")
 
 
 def is_page_path(path: str) -> bool:
-    """The pages' paths (call list and pages, agent trends), which need a login."""
+    """The pages' paths (call list and pages, agent trends, calibration), which need a login."""
     return any(path == root or path.startswith(root + "/") for root in PAGE_ROOTS)
 
 
@@ -91,6 +92,9 @@ class ApiAuth:
     # One per worker, shared by the middleware and the views: the login sessions logged out.
     revocations: sessions.SessionRevocations = field(default_factory=sessions.SessionRevocations, compare=False)
     refusals: ApiRefusals = field(default_factory=ApiRefusals, compare=False)  # for the worker's /metrics
+    # Without a token (auth off, loopback only) forms are still bound to this process: a page of another
+    # site can post to 127.0.0.1 but cannot read the form's token.
+    _form_secret: bytes = field(default_factory=lambda: secrets.token_bytes(32), repr=False, compare=False)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ApiAuth:
@@ -111,6 +115,19 @@ class ApiAuth:
     def new_session(self, now_s: float) -> str:
         """A session cookie value for a browser that just logged in."""
         return sessions.new_session(sessions.session_key(self.token_digest), now_s, self.session_ttl_s)
+
+    def form_token(self, cookie: str | None) -> str:
+        """The CSRF token a page's form carries: a MAC of the session cookie under a key for forms only, so it
+        is valid for that browser session only (any worker with the same API token accepts it)."""
+        key = sessions.form_key(self.token_digest) if self.mode == "token" else self._form_secret
+        return sessions.form_token(key, cookie or "")
+
+    def form_allowed(self, cookie: str | None, presented: str, authorization: str | None) -> bool:
+        """May a page's POST act: its form token is this session's, or it carries the bearer token (a script,
+        not a browser's ambient cookie)."""
+        if authorization and self.mode == "token" and self.refusal(authorization) is None:
+            return True
+        return bool(presented) and hmac.compare_digest(self.form_token(cookie), presented)
 
     def page_allowed(self, cookie: str | None, authorization: str | None, now_s: float) -> bool:
         """May this request see the call pages: a valid session cookie not logged out, or the bearer token."""

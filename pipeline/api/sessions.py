@@ -30,6 +30,15 @@ def session_key(token_digest: bytes) -> bytes:
     return hmac.new(token_digest, b"callqa web session v1", hashlib.sha256).digest()
 
 
+def form_key(token_digest: bytes) -> bytes:
+    """The key of the pages' form (CSRF) tokens: from the token's digest, for this purpose only."""
+    return hmac.new(token_digest, b"callqa web form v1", hashlib.sha256).digest()
+
+
+def form_token(key: bytes, cookie: str) -> str:
+    return _mac(key, f"form.{cookie}")
+
+
 def _mac(key: bytes, payload: str) -> str:
     digest = hmac.new(key, payload.encode(), hashlib.sha256).digest()
     return base64.urlsafe_b64encode(digest).decode().rstrip("=")

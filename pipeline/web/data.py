@@ -19,6 +19,7 @@ from datetime import UTC, date, datetime, timedelta
 from typing import Any, Protocol
 
 from pipeline.api.paging import PageError, decode_cursor
+from pipeline.desk.review import Review, read_reviews
 from pipeline.desk.search import (
     MatchedTurn,
     SearchError,
@@ -257,6 +258,9 @@ class CallPage:
     hold_ms: int | None
     holds: tuple[tuple[int, int], ...] = ()  # hold intervals, where the store keeps them
     longest_monologue_ms: int | None = None
+    automatic_score_pct: float | None = None  # the score before any review; None: never reviewed
+    reviewed_by: str = ""
+    reviews: tuple[Review, ...] = ()  # oldest first (pipeline/desk/review.py)
 
     @property
     def alerts(self) -> tuple[Finding, ...]:
@@ -292,8 +296,7 @@ SELECT * FROM {db}.segments_deduped WHERE call_id = {{call:String}} AND is_final
 ORDER BY start_ms, leg, segment_id
 """
 QA_SQL = """
-SELECT score_pct, auto_failed, metrics, `items.question` AS q, `items.weight` AS w, `items.passed` AS p,
-       `items.rationale` AS r
+SELECT *, `items.question` AS q, `items.weight` AS w, `items.passed` AS p, `items.rationale` AS r
 FROM {db}.call_qa_deduped WHERE call_id = {{call:String}}
 """
 EVENTS_SQL = """
@@ -354,6 +357,9 @@ def read_call_page(source: RowSource, db: str, call_id: str) -> CallPage | None:
         hold_ms=_optional_int(call, "hold_ms", metrics.get("hold_ms")),
         holds=_holds(call.get("holds")),
         longest_monologue_ms=_optional_int(call, "longest_monologue_ms", metrics.get("longest_monologue_ms")),
+        automatic_score_pct=_optional_float(q, "automatic_score_pct") if q else None,
+        reviewed_by=(q or {}).get("reviewed_by") or "",
+        reviews=tuple(read_reviews(source, db, call_id)) if q and "reviewed_by" in q else (),
     )
 
 

@@ -21,6 +21,7 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from markupsafe import Markup, escape
 
 from pipeline.api.paging import encode_cursor
+from pipeline.desk.calibration import ItemCalibration
 from pipeline.desk.search import SEPARATORS, WORD_CHAR
 from pipeline.desk.trends import FIGURES, AgentTrend, WeekFigures
 from pipeline.web import timeline
@@ -218,10 +219,21 @@ def call_timeline(page: CallPage, silence_threshold_ms: int) -> timeline.Timelin
     return timeline.layout(page.duration_ms, spans, page.holds, alerts, silence_threshold_ms)
 
 
-def render_call_page(page: CallPage, context: PageContext, silence_threshold_ms: int = 5000) -> str:
+@dataclass(frozen=True)
+class ReviewForm:
+    """The call page's review form (the worker's pages only): where it posts, its CSRF token, the scorecard's
+    items (id, question) to choose from."""
+
+    action: str
+    token: str
+    items: tuple[tuple[str, str], ...]
+
+
+def render_call_page(page: CallPage, context: PageContext, silence_threshold_ms: int = 5000,
+                     review: ReviewForm | None = None) -> str:
     alerted = {a.anchor for a in page.alerts if a.anchor}
     return environment().get_template("call.html").render(
-        call=page, links=context.links, logged_in=context.logged_in,
+        call=page, links=context.links, logged_in=context.logged_in, review=review,
         timeline=call_timeline(page, silence_threshold_ms), metrics=metric_rows(page.metrics), alerted=alerted,
         sentiment_scored=any(t.sentiment is not None for t in page.turns),
     )
@@ -241,6 +253,11 @@ def render_agent_page(trend: AgentTrend, context: PageContext) -> str:
     return environment().get_template("agent.html").render(
         trend=trend, figures=FIGURES, figure=figure, pass_rate=pass_rate, links=context.links,
         logged_in=context.logged_in)
+
+
+def render_calibration(items: list[ItemCalibration], questions: Mapping[str, str], context: PageContext) -> str:
+    return environment().get_template("calibration.html").render(
+        items=items, questions=questions, links=context.links, logged_in=context.logged_in)
 
 
 def render_login(next_path: str, error: str | None = None, unconfigured: bool = False) -> str:

@@ -27,16 +27,21 @@ from pipeline.api.auth import is_page_path
 from pipeline.api.pool import ApiBusyError
 from pipeline.api.server import ApiServer
 from pipeline.api.sessions import SESSION_COOKIE
+from pipeline.desk.calibration import read_calibration
+from pipeline.desk.review import ReviewError, submit_review
 from pipeline.desk.trends import read_agent_trend
-from pipeline.store.client import StoreConnectionError, StoreError
+from pipeline.qa.call import QaConfig
+from pipeline.store.client import StoreConnectionError, StoreError, connect
 from pipeline.store.queries import ClientRows, QueryLimits
 from pipeline.store.sqlguard import ReadonlyQueryError
 from pipeline.web.data import FilterError, ListFilters, read_call_list, read_call_page, read_filter_options
 from pipeline.web.render import (
     CSP,
     PageContext,
+    ReviewForm,
     ServerLinks,
     render_agent_page,
+    render_calibration,
     render_call_list,
     render_call_page,
     render_login,
@@ -93,6 +98,8 @@ def register_web_views(server: ApiServer) -> None:
     limits = QueryLimits.from_settings(settings)
     threshold = settings.qa_silence_threshold_ms
     context = PageContext(ServerLinks(), logged_in=auth.mode == "token")
+    scorecard = QaConfig.from_settings(settings).scorecard
+    scorecard_items = tuple((q.id, q.question) for q in scorecard.questions)
 
     async def on_pool(render: Callable[[ClientRows], aioweb.Response]) -> aioweb.Response:
         def work() -> aioweb.Response:
@@ -156,6 +163,14 @@ def register_web_views(server: ApiServer) -> None:
 
         return await on_pool(render)
 
+    @app.page("/calibration")
+    async def calibration_page(web: Any, request: Any) -> Any:
+        def render(source: ClientRows) -> aioweb.Response:
+            questions = {item: question for item, question in scorecard_items}
+            return html(render_calibration(read_calibration(source, db), questions, context))
+
+        return await on_pool(render)
+
     @app.page("/agents/{agent_id}")
     async def agent_page(web: Any, request: Any, agent_id: str) -> Any:
         def render(source: ClientRows) -> aioweb.Response:
@@ -169,11 +184,42 @@ def register_web_views(server: ApiServer) -> None:
 
     @app.page("/calls/{call_id}")
     async def call_page(web: Any, request: Any, call_id: str) -> Any:
+        form = ReviewForm(f"{context.links.call(call_id)}/reviews", auth.form_token(request.cookies.get(SESSION_COOKIE)),
+                          scorecard_items)
+
         def render(source: ClientRows) -> aioweb.Response:
             page = read_call_page(source, db, call_id)
             if page is None:
                 return html(render_message("No such call", f"The store has no call {call_id!r}.", context.links,
                                            context.logged_in), 404)
-            return html(render_call_page(page, context, threshold))
+            return html(render_call_page(page, context, threshold, form))
 
         return await on_pool(render)
+
+    class CallReviewsView(faust.web.View):  # type: ignore[misc]
+        async def post(self, request: Any, call_id: str) -> aioweb.Response:
+            form = await request.post()
+            if not auth.form_allowed(request.cookies.get(SESSION_COOKIE), str(form.get("csrf", "")),
+                                     request.headers.get("Authorization")):
+                auth.refusals.count("bad_request")
+                return html(render_message("Form expired", "Open the call page again and review from there.",
+                                           context.links, context.logged_in), 403)
+            item, verdict, reason, reviewer = (str(form.get(name, "")) for name in ("item", "verdict", "reason",
+                                                                                      "reviewer"))
+
+            def write() -> None:
+                client = connect(settings.writer_url, db, create_database=False, fresh=True)
+                try:
+                    submit_review(client, db, scorecard, call_id, item, verdict, reason, reviewer)
+                finally:
+                    client.close()
+
+            try:
+                await pool.run(write)
+            except ReviewError as exc:
+                return html(render_message("Review not taken", str(exc), context.links, context.logged_in), 400)
+            except (ApiBusyError, StoreError, StoreConnectionError) as exc:
+                return html(render_message("Store unavailable", str(exc), context.links, context.logged_in), 503)
+            return redirect(f"{context.links.call(call_id)}#scorecard")
+
+    app.page("/calls/{call_id}/reviews")(CallReviewsView)

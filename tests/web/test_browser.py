@@ -174,7 +174,7 @@ def test_login_flow(library_worker: LibraryWorker, browser: Any) -> None:
     assert (cookie["name"], cookie["httpOnly"], cookie["sameSite"]) == (SESSION_COOKIE, True, "Strict")
     assert library_worker.token not in cookie["value"]
     assert page.evaluate("document.cookie") == ""  # HttpOnly: no script can read it
-    listed = page.locator("#calls tbody a").all_inner_texts()
+    listed = page.locator("#calls tbody a[href^='/calls/']").all_inner_texts()
     assert sorted(listed) == sorted(library_worker.calls)
     page.click("text=Log out")
     page.wait_for_load_state()
@@ -254,5 +254,48 @@ def test_static_pages_load_from_files(library_worker: LibraryWorker, browser: An
         _check_call_page(library_worker, page, call_id)
         page.click("text=← all calls")
         assert page.url == (tmp_path / "index.html").as_uri()
+    assert watched.problems == []
+    context.close()
+
+
+def test_search_open_overturn_and_see_it_in_the_score_calibration_and_trend(library_worker: LibraryWorker,
+                                                                             browser: Any) -> None:
+    """The QA desk's loop in a browser: search a phrase the rude agent said, open the call, overturn its
+    prohibited-language verdict, and the call's score, the calibration page and the agent's trend show it."""
+    lw = library_worker
+    rude = next(c for c, entry in lw.calls.items() if entry["id"] == "05_rude_agent")
+    said = [t["text"] for t in _stored_turns(lw, rude) if t["leg"] == "agent"]
+    turn = next((t for t in said if "problem" in t.lower()), max(said, key=len))
+    phrase = " ".join(turn.split()[:3])  # what ASR stored, whatever it made of the script
+    [qa] = lw.worker.query("SELECT agent_id, score_pct FROM call_qa_deduped WHERE call_id = {c:String}", c=rude)
+    context = browser.new_context(viewport={"width": 1200, "height": 1500})
+    watched = Watched(context)
+    page = watched.page
+    _log_in(page, lw.url, lw.token)
+    page.fill("#q", phrase)
+    page.select_option("select[name=leg]", "agent")
+    page.click("form.filters button[type=submit]")
+    assert rude in page.locator("#calls tbody a[href^='/calls/']").all_inner_texts()
+    assert page.locator("tr.hits mark").count() >= 1
+    page.click(f"#calls a:text-is('{rude}')")
+    page.select_option("#review select[name=item]", "prohibited_language")
+    page.select_option("#review select[name=verdict]", "pass")
+    page.fill("#review input[name=reason]", "quoting the customer's words back")
+    page.fill("#review input[name=reviewer]", "dana")
+    page.click("#review button[type=submit]")
+    assert page.url == f"{lw.url}/calls/{rude}#scorecard"
+    [after] = lw.worker.query("SELECT score_pct, automatic_score_pct FROM call_qa_deduped WHERE call_id = {c:String}",
+                              c=rude)
+    assert after["automatic_score_pct"] == pytest.approx(qa["score_pct"], abs=0.01)
+    assert page.inner_text("#score") == f"{after['score_pct']:.0f} %"
+    assert f"reviewed by dana; automatic {qa['score_pct']:.0f} %" in page.inner_text("#reviewed")
+    page.click("header a:text-is('calibration')")
+    row = page.locator("#calibration tbody tr").filter(has_text="prohibited language")
+    assert row.locator("td").nth(1).inner_text() == "1" and "100 %" in row.locator("td").nth(2).inner_text()
+    page.goto(f"{lw.url}/agents/{qa['agent_id']}")
+    [mean] = lw.worker.query("SELECT avg(score_pct) AS s FROM call_qa_deduped WHERE agent_id = {a:String}",
+                             a=qa["agent_id"])
+    last_week = page.locator("#weeks tbody tr").last.locator("td").nth(2).inner_text()
+    assert last_week.startswith(f"{mean['s']:.0f} %")
     assert watched.problems == []
     context.close()

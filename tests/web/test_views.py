@@ -5,6 +5,7 @@ embedded store through the API's pool."""
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator, Callable
 from http.cookies import SimpleCookie
 from typing import Any
@@ -181,6 +182,40 @@ async def test_api_review_overturns_an_item_and_the_call_is_rescored(
         missing = await client.post("/api/calls/no-such/reviews", json=review, headers=bearer)
         assert missing.status == 404
         assert (await client.post("/api/calls/call-rude/reviews", json=review)).status == 401
+
+
+async def test_the_call_page_reviews_an_item_with_its_session_form_token(serve: Callable[..., Any]) -> None:
+    async for client in serve():
+        cookie = _session(await _login(client))
+        headers = {"Cookie": f"{SESSION_COOKIE}={cookie}"}
+        page = await (await client.get("/calls/call-rude", headers=headers)).text()
+        token = re.search(r'name="csrf" value="([^"]+)"', page)
+        assert token and 'action="/calls/call-rude/reviews"' in page and '<option value="greeting">' in page
+        form = {"item": "prohibited_language", "verdict": "pass", "reason": "quoting the customer", "reviewer": "li"}
+        # Without the form's token, or with another session's, nothing is taken (a page of another site).
+        other = _session(await _login(client))
+        other_page = await (await client.get("/calls/call-rude", headers={"Cookie": f"{SESSION_COOKIE}={other}"})).text()
+        other_token = re.search(r'name="csrf" value="([^"]+)"', other_page)
+        assert other_token and other_token.group(1) != token.group(1)
+        for bad in ({}, {"csrf": other_token.group(1)}):
+            refused = await client.post("/calls/call-rude/reviews", data={**form, **bad}, headers=headers,
+                                        allow_redirects=False)
+            assert refused.status == 403
+        taken = await client.post("/calls/call-rude/reviews", data={**form, "csrf": token.group(1)}, headers=headers,
+                                  allow_redirects=False)
+        assert taken.status == 303 and taken.headers["Location"] == "/calls/call-rude#scorecard"
+        after = await (await client.get("/calls/call-rude", headers=headers)).text()
+        assert "reviewed by li; automatic 0 %" in after and "quoting the customer" in after
+        assert '<td>fail</td>' in after and '<td class="pass">pass</td>' in after  # machine, reviewer's
+        unknown = await client.post("/calls/call-rude/reviews", data={**form, "item": "x", "csrf": token.group(1)},
+                                    headers=headers)
+        assert unknown.status == 400 and "no item &#39;x&#39;" in await unknown.text()
+        # Not logged in: the login, before any form check.
+        assert (await client.post("/calls/call-rude/reviews", data=form, allow_redirects=False)).status == 303
+        assert (await client.get("/calibration", allow_redirects=False)).status == 303
+        calibration = await (await client.get("/calibration", headers=headers)).text()
+        assert "<td>Did the agent avoid prohibited language?</td><td class=\"num\">1</td>" in calibration
+        assert "1 (100 %)" in calibration and 'href="/calibration"' in calibration
 
 
 async def test_a_forged_or_logged_out_cookie_goes_back_to_the_login(serve: Callable[..., Any]) -> None:
