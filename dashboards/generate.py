@@ -464,6 +464,12 @@ def qa_supervisor() -> Json:
         *sentiment_and_interaction_panels(46),
     ]
     panels += agent_trend_panels(max(p["gridPos"]["y"] + p["gridPos"]["h"] for p in panels))
+    panels.append(panel("Calls per category per day", "timeseries", [sql_target(f"""
+        SELECT toDateTime(toStartOfDay(started_at)) AS time, arrayJoin(categories) AS category, count() AS calls
+        FROM callqa.calls_deduped WHERE $__timeFilter(started_at) AND {TENANT} AND {AGENT}
+        GROUP BY time, category ORDER BY time, category""", True)],
+        (0, max(p["gridPos"]["y"] + p["gridPos"]["h"] for p in panels), 24, 8)))
+    panels[-1]["timeFrom"] = "30d"  # a day per point: a month whatever the dashboard's range
     variables = [
         query_variable("tenant", "Tenant", "SELECT DISTINCT tenant FROM callqa.calls_deduped ORDER BY tenant"),
         query_variable(

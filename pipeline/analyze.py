@@ -16,7 +16,7 @@ any incompatible change)::
      "legs": {"agent"|"customer": {"channel": int, "segments": [
          {"segment_id": "<call>/<leg>/<start, 9 digits>", "start_ms": int, "end_ms": int,
           "text": "<redacted>", "redactions": int, "sentiment": float (-5..+5 of the redacted text)}]}},
-     "score_pct": float, "auto_failed": bool, "scorecard": "<name>",
+     "score_pct": float, "auto_failed": bool, "scorecard": "<name>", "categories": [str] (rules/categories/),
      "items": [{"question": str, "weight": float, "passed": bool|null (null: not applicable),
                 "rationale": str, "auto_fail": bool}],
      "rules": {"<rule name>": {"type": "must|must_not|detect",
@@ -133,6 +133,7 @@ class CallAnalysis:
             "legs": {leg: {"channel": channel, "segments": [s.as_json() for s in self.leg_segments(leg)]}
                      for leg, channel in self.channels.items()},
             "score_pct": self.qa.score_pct, "auto_failed": self.qa.auto_failed, "scorecard": self.qa.scorecard,
+            "categories": list(self.qa.categories),
             "items": [{"question": i.question, "weight": i.weight, "passed": i.passed, "rationale": i.rationale,
                        "auto_fail": i.auto_fail} for i in self.qa.items],
             "rules": self.rule_verdicts(),
@@ -375,7 +376,8 @@ def render_analysis(a: CallAnalysis, console: Console) -> None:
     score = f"{a.qa.score_pct:.1f} %" + (" [red]AUTO-FAIL[/red]" if a.qa.auto_failed else "")
     console.print(f"[bold]{escape(a.call_id)}[/bold]  {escape(a.file)}  {a.duration_ms / 1000:.1f} s  "
                   f"({escape(legs)}; {a.encoding} {a.sample_rate} Hz; {escape(a.model)})")
-    console.print(f"score: [bold]{score}[/bold]  (scorecard {escape(a.qa.scorecard)})")
+    console.print(f"score: [bold]{score}[/bold]  (scorecard {escape(a.qa.scorecard)}); categories: "
+                  f"{escape(', '.join(a.qa.categories) or 'none')}")
     if a.live is not None:
         live = a.live_summary()
         changed = ", ".join(f"{rule} {v['live']} → {v['final']}" for rule, v in live["rules_changed"].items())

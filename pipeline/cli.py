@@ -315,6 +315,7 @@ def search_calls(
     until: Annotated[str | None, typer.Option(help="Only calls started before (ISO 8601, UTC).")] = None,
     score_below: Annotated[float | None, typer.Option(help="Only calls whose QA score is below this (%).")] = None,
     failed: Annotated[str | None, typer.Option(help="Only calls that failed this rule (a name in rules/*.yaml).")] = None,
+    category: Annotated[str | None, typer.Option(help="Only calls in this category (rules/categories/*.yaml).")] = None,
     limit: Annotated[int, typer.Option(help="At most this many calls, newest first.")] = 50,
     as_json: Annotated[bool, typer.Option(
         "--json", help="The calls as one JSON list on stdout (fields: FoundCall in pipeline/desk/search.py).")] = False,
@@ -333,7 +334,7 @@ def search_calls(
         raise typer.BadParameter(f"no rule {failed!r} in {settings.rules_dir} (rules: {', '.join(sorted(names))})",
                                  param_hint="--failed")
     query = SearchQuery.from_params({"q": phrase, "leg": leg or "", "agent": agent or "", "since": since or "",
-                                     "until": until or "", "failed": failed or "",
+                                     "until": until or "", "failed": failed or "", "category": category or "",
                                      "score_below": "" if score_below is None else str(score_below)}, limit)
     found = search(source_for(settings), settings.clickhouse_database, query)
     if as_json:
@@ -427,6 +428,35 @@ def calibration(
         table.add_row(c.item, str(c.reviewed), f"{c.overturned} ({c.overturned_pct:.0f} %)", str(c.pass_to_fail),
                       str(c.fail_to_pass), str(c.other), "–" if c.kappa is None else f"{c.kappa:.2f}")
     print_table(console, table)
+
+
+@app.command("recategorize")
+def recategorize_calls(
+    since: Annotated[str | None, typer.Option(help="Only calls started since (ISO 8601, UTC); default: all.")] = None,
+) -> None:
+    """Apply rules/categories/*.yaml again to the stored calls, from their stored QA events (no audio decoded).
+
+    Writes to CALLQA_CLICKHOUSE_URL: a server, or a stopped worker's embedded store."""
+    from collections import Counter
+
+    from rich.progress import Progress
+
+    from pipeline.desk.recategorize import recategorize
+    from pipeline.qa.call import QaConfig
+    from pipeline.store.client import connect
+
+    settings = get_settings()
+    categories = QaConfig.from_settings(settings).categories
+    client = connect(settings.writer_url, settings.clickhouse_database)
+    with Progress(console=err_console, transient=True) as progress:
+        task = progress.add_task("recategorizing", total=None)
+        done = recategorize(client, settings.clickhouse_database, categories,
+                            datetime.fromisoformat(since) if since else None,
+                            lambda n, total: progress.update(task, completed=n, total=total))
+    moved = Counter(name for before, after in done.changed.values() for name in set(after) - set(before))
+    left = Counter(name for before, after in done.changed.values() for name in set(before) - set(after))
+    console.print(f"{done.calls} ended calls, {len(done.changed)} with new categories"
+                  + "".join(f"; {name} +{moved[name]} -{left[name]}" for name in sorted(set(moved) | set(left))))
 
 
 @app.command("analyze")

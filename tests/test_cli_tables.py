@@ -331,3 +331,10 @@ def test_calibration_counts_the_reviews_against_the_machine(report_env: dict[str
     assert (item["item"], item["reviewed"], item["agreed"], item["other"], item["overturned_pct"]) == (
         "identity_verification", 1, 0, 1, 100.0)
     assert "identity_verification" in invoke(["calibration"], 120, report_env).output
+
+
+def test_recategorize_writes_the_categories_of_the_stored_events(report_env: dict[str, str]) -> None:
+    said = invoke(["recategorize"], 200, report_env).output.strip()
+    # The one ended call has no rule event stored: neither the disclosure nor the identity check was said.
+    assert said == "1 ended calls, 1 with new categories; no_disclosure +1 -0; unverified_caller +1 -0"
+    assert invoke(["recategorize"], 200, report_env).output.strip() == "1 ended calls, 0 with new categories"

@@ -131,7 +131,7 @@ def _register_review_view(server: ApiServer) -> None:
 
 def _register_search_view(server: ApiServer) -> None:
     """/api/search: calls whose redacted turns hold a phrase (``?q=``), with the list's filters (``leg``, ``agent``,
-    ``since``, ``until``, ``score_below``, ``failed``) and pages (``limit``, ``after``, ``Link``); see
+    ``since``, ``until``, ``score_below``, ``failed``, ``category``) and pages (``limit``, ``after``, ``Link``); see
     pipeline/desk/search.py. Run as /api/query runs a SELECT: checked, limited, on the read-only account."""
     settings, readers = server.settings, server.readers
     limits = queries.QueryLimits.from_settings(settings)

@@ -14,7 +14,8 @@ its first ``HITS_PER_CALL`` matching turns. Without a phrase, the filters alone 
 
 Filters: ``leg`` (the turn's speaker), ``agent``, ``since``/``until`` (the call's start, UTC), ``score_below``
 (the call's latest QA score, strictly below; unscored calls never match), ``failed`` (a rule of
-rules/*.yaml the call failed: a ``must`` rule missing or a ``must_not`` rule said, its latest revision).
+rules/*.yaml the call failed: a ``must`` rule missing or a ``must_not`` rule said, its latest revision),
+``category`` (one of the call's categories, rules/categories/*.yaml).
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ class SearchQuery:
     until: datetime | None = None
     score_below: float | None = None
     failed: str | None = None
+    category: str | None = None
     limit: int = 50
     after: tuple[datetime, str] | None = None  # keyset: the calls after this one (started_at, call_id)
     words: tuple[str, ...] = field(init=False, default=())
@@ -101,7 +103,7 @@ class SearchQuery:
         except ValueError:
             raise SearchError(f"score_below must be a number, not {str(score)[:20]!r}") from None
         return cls(params.get("q") or "", text("leg"), text("agent"), moment("since"), moment("until"),
-                   score_below, text("failed"), limit, after)
+                   score_below, text("failed"), text("category"), limit, after)
 
     def sql(self, db: str) -> tuple[str, dict[str, Any]]:
         """The search as one SELECT over ``db`` (it passes the query API's check) and its parameters."""
@@ -120,6 +122,9 @@ class SearchQuery:
             where.append(f"c.call_id IN (SELECT call_id FROM {db}.qa_events_deduped WHERE rule = {{failed:String}} "
                          "AND kind IN ('missing', 'violation'))")
             params["failed"] = self.failed
+        if self.category is not None:
+            where.append("has(c.categories, {category:String})")
+            params["category"] = self.category
         if self.after is not None:
             where.append(after_call_sql("c."))
             params.update(after_t=_utc_text(self.after[0]), after_c=self.after[1])

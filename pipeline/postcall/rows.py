@@ -59,7 +59,8 @@ def revision_rows(stored: dict[str, Any], analysis: CallAnalysis, revision: int,
     calls.update(revision=revision, updated_at=to_datetime(written_ms), segments=len(analysis.segments),
                  customer_sentiment=qa.customer_sentiment, customer_sentiment_start=qa.customer_sentiment_start,
                  customer_sentiment_end=qa.customer_sentiment_end, agent_sentiment_start=qa.agent_sentiment_start,
-                 agent_sentiment_end=qa.agent_sentiment_end, longest_monologue_ms=qa.longest_monologue_ms)
+                 agent_sentiment_end=qa.agent_sentiment_end, longest_monologue_ms=qa.longest_monologue_ms,
+                 categories=list(analysis.qa.categories))
     transcripts = [TranscriptSegment(
         segment_id=s.segment_id, call_id=call_id, leg=s.leg, start_ms=s.start_ms, end_ms=s.end_ms, text=s.text,
         is_final=True, confidence=s.confidence, avg_logprob=s.avg_logprob, no_speech_prob=0.0, model_name=model[0],

@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from pipeline.config.qa import QaSettings
+from pipeline.qa.categories import Category, categorize, load_categories
 from pipeline.qa.metrics import compute_metrics
 from pipeline.qa.redaction import CallRedactor, RedactedText
 from pipeline.qa.rules import QaEvent, RuleEngine, RuleSet, load_rules
@@ -43,6 +44,7 @@ class QaConfig:
     fuzzy_threshold: float = 0.8
     redaction_enabled: bool = True
     redaction_context_segments: int = 3
+    categories: tuple[Category, ...] = ()  # rules/categories/*.yaml
 
     @classmethod
     def from_settings(cls, settings: QaSettings) -> QaConfig:
@@ -55,6 +57,7 @@ class QaConfig:
             fuzzy_threshold=settings.qa_fuzzy_threshold,
             redaction_enabled=settings.qa_redaction_enabled,
             redaction_context_segments=settings.qa_redaction_context_segments,
+            categories=load_categories(settings.rules_dir, rule_set),
         )
 
 
@@ -195,7 +198,8 @@ class CallAnalyzer:
             for segment in sorted(self.segments, key=_time_order):
                 rules.on_segment(segment, self.sentiments.get(segment.segment_id))
         events = rules.finalize(metrics.duration_ms)
-        return score_call(self.call_id, self.config.scorecard, metrics, events, self.sentiment())
+        result = score_call(self.call_id, self.config.scorecard, metrics, events, self.sentiment())
+        return replace(result, categories=tuple(categorize(events, self.config.categories)))
 
     def sentiment(self) -> CallSentiment:
         """Each leg's sentiment over the segments so far, in time order."""

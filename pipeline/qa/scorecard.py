@@ -82,6 +82,7 @@ class CallQaResult:
     events: list[QaEvent] = field(default_factory=list)
     scorecard: str = ""
     sentiment: CallSentiment | None = None
+    categories: tuple[str, ...] = ()  # the call's categories (pipeline/qa/categories.py), set at call end
 
 
 def _parse_check(node: YamlNode) -> MetricCheck:

@@ -291,6 +291,11 @@ _REVIEWED_COLUMNS = (
     "ALTER TABLE {db}.call_qa ADD COLUMN IF NOT EXISTS reviewed_by String DEFAULT '' "
     "COMMENT 'who reviewed last; empty: never reviewed'",
 )
+# Issue 38: the call's categories (pipeline/qa/categories.py), written with its calls row at call end (and by
+# each post-call pass, and `callqa recategorize`): the list filters and the dashboard counts read them there.
+_CATEGORIES_COLUMN = ("ALTER TABLE {db}.calls ADD COLUMN IF NOT EXISTS categories Array(LowCardinality(String)) "
+                      "DEFAULT [] COMMENT 'the categories of rules/categories/*.yaml the call is in'")
+
 # Tables the query API reads beside TABLE_KEYS' (and their views); like every table since migration 8 they
 # remove their outdated parts with one thread.
 MORE_TABLES = ("reviews",)
@@ -316,6 +321,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(8, "outdated parts removed by one thread", _ONE_THREAD_PART_REMOVAL),
     Migration(9, "a full-text index of the segments' words", _SEGMENT_WORDS_INDEX),
     Migration(10, "reviews of a call's scorecard", (_REVIEWS, *_REVIEWED_COLUMNS, _latest_revision_view("call_qa"))),
+    Migration(11, "call categories", (_CATEGORIES_COLUMN, _latest_revision_view("calls"))),
 )
 
 

@@ -53,6 +53,7 @@ class ListFilters:
     failed: str | None = None  # a scorecard question the call failed
     date_from: date | None = None  # started on or after this day (UTC)
     date_to: date | None = None  # started on or before this day (UTC)
+    category: str | None = None  # a category the call is in (rules/categories/*.yaml)
     # `callqa report --html`'s own filters (--since, --call); not in the page's form.
     since: datetime | None = None
     call_id: str | None = None
@@ -100,13 +101,14 @@ class ListFilters:
                 raise FilterError(str(exc)) from None
 
         return cls(text("agent"), text("queue"), number("score_min"), number("score_max"), text("failed"),
-                   day("date_from"), day("date_to"), after=cursor(), phrase=text("q"), leg=text("leg"))
+                   day("date_from"), day("date_to"), category=text("category"), after=cursor(), phrase=text("q"),
+                   leg=text("leg"))
 
     def as_query(self) -> dict[str, str]:
         """The filters that are set, as query parameters (the inverse of ``from_query``, without the page)."""
         values = {"agent": self.agent, "queue": self.queue, "score_min": self.score_min,
                   "score_max": self.score_max, "failed": self.failed, "date_from": self.date_from,
-                  "date_to": self.date_to, "q": self.phrase, "leg": self.leg}
+                  "date_to": self.date_to, "category": self.category, "q": self.phrase, "leg": self.leg}
         return {k: (f"{v:g}" if isinstance(v, float) else str(v)) for k, v in values.items() if v is not None}
 
     def sql(self, db: str) -> tuple[str, dict[str, Any]]:
@@ -120,6 +122,9 @@ class ListFilters:
             if value is not None:
                 where.append(f"{column} = {{{name}:String}}")
                 params[name] = value
+        if self.category is not None:
+            where.append("has(c.categories, {category:String})")
+            params["category"] = self.category
         if self.score_min is not None:
             where.append("NOT empty(q.call_id) AND q.score_pct >= {score_min:Float64}")
             params["score_min"] = self.score_min
@@ -169,6 +174,7 @@ class CallRow:
     customer_sentiment: float | None  # None: not in this store's schema
     # With a phrase searched: how many of its turns hold it, and the first few (pipeline/desk/search.py).
     matched: tuple[int, tuple[MatchedTurn, ...]] = (0, ())
+    categories: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -178,6 +184,7 @@ class FilterOptions:
     agents: tuple[str, ...]
     queues: tuple[str, ...]
     questions: tuple[str, ...]
+    categories: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -261,6 +268,7 @@ class CallPage:
     automatic_score_pct: float | None = None  # the score before any review; None: never reviewed
     reviewed_by: str = ""
     reviews: tuple[Review, ...] = ()  # oldest first (pipeline/desk/review.py)
+    categories: tuple[str, ...] = ()
 
     @property
     def alerts(self) -> tuple[Finding, ...]:
@@ -284,7 +292,8 @@ ORDER BY c.started_at DESC, c.call_id
 LIMIT {limit}
 """
 OPTIONS_SQL = """
-SELECT arraySort(groupUniqArray(agent_id)) AS agents, arraySort(groupUniqArray(queue)) AS queues
+SELECT arraySort(groupUniqArray(agent_id)) AS agents, arraySort(groupUniqArray(queue)) AS queues,
+       arraySort(groupUniqArrayArray(categories)) AS categories
 FROM {db}.calls_deduped
 """
 QUESTIONS_SQL = """
@@ -321,10 +330,10 @@ def read_call_list(source: RowSource, db: str, filters: ListFilters | None = Non
 
 def read_filter_options(source: RowSource, db: str) -> FilterOptions:
     found = source.rows(OPTIONS_SQL.format(db=db), {})
-    head = found[0] if found else {"agents": [], "queues": []}
+    head = found[0] if found else {"agents": [], "queues": [], "categories": []}
     questions = [r["question"] for r in source.rows(QUESTIONS_SQL.format(db=db), {})]
     return FilterOptions(tuple(a for a in head["agents"] if a), tuple(q for q in head["queues"] if q),
-                         tuple(questions))
+                         tuple(questions), tuple(head["categories"]))
 
 
 def read_call_page(source: RowSource, db: str, call_id: str) -> CallPage | None:
@@ -360,6 +369,7 @@ def read_call_page(source: RowSource, db: str, call_id: str) -> CallPage | None:
         automatic_score_pct=_optional_float(q, "automatic_score_pct") if q else None,
         reviewed_by=(q or {}).get("reviewed_by") or "",
         reviews=tuple(read_reviews(source, db, call_id)) if q and "reviewed_by" in q else (),
+        categories=tuple(call.get("categories") or ()),
     )
 
 
@@ -438,6 +448,7 @@ def _call_row(r: Mapping[str, Any]) -> CallRow:
         failed_items=tuple(r["qa_failed"] or ()), items=int(r["qa_items"] or 0), alerts=int(r["qa_alerts"] or 0),
         customer_sentiment=_optional_float(r, "customer_sentiment") if r.get("customer_sentiment")
         else _optional_float(metrics, "customer_sentiment"),
+        categories=tuple(r.get("categories") or ()),
     )
 
 

@@ -106,7 +106,7 @@ class CallOutputs:
                     await self.publish(call, self.settings.topic_postcall, job)
                     self.metrics.postcall_jobs.inc()
                 self._published(call, QA_OUTPUT)
-        await self.sink.write("calls", [call_row(call, qa, start, how, audio_ms, ended_ms)])
+        await self.sink.write("calls", [call_row(call, qa, start, how, audio_ms, ended_ms, result.categories)])
         await self.sink.write("call_qa", [call_qa_row(qa)])
         if result.events:
             await self.sink.write("qa_events", [qa_event_row(call.call_id, e) for e in result.events])

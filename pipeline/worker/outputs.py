@@ -122,7 +122,7 @@ def post_call_job(call: CallState, qa: CallQA, start: CallEvent | None, how: str
 
 # ---- rows ------------------------------------------------------------------------------------------
 def call_row(call: CallState, qa: CallQA, start: CallEvent | None, how: str, audio_ms: int,
-             ended_ms: int) -> dict[str, Any]:
+             ended_ms: int, categories: Sequence[str] = ()) -> dict[str, Any]:
     return {
         "call_id": call.call_id, "tenant": qa.tenant, "agent_id": qa.agent_id,
         "queue": start.queue if start else "", "direction": start.direction if start else "inbound",
@@ -134,7 +134,7 @@ def call_row(call: CallState, qa: CallQA, start: CallEvent | None, how: str, aud
         "hold_ms": qa.hold_ms,
         # UInt32 columns: a hold's times are on the call's clock, never before its start.
         "holds": [(max(0, h.start_ms), max(0, h.end_ms)) for h in qa.holds],
-        "revision": qa.revision,
+        "revision": qa.revision, "categories": list(categories),
     }
 
 

@@ -11,6 +11,7 @@ import pytest
 from clickhouse_connect.driver.client import Client
 
 from pipeline.qa.call import CallAnalyzer, QaConfig
+from pipeline.qa.categories import load_categories
 from pipeline.qa.rules import load_rules
 from pipeline.qa.scorecard import CallQaResult, load_scorecard
 from pipeline.qa.segment import Segment
@@ -103,6 +104,7 @@ def _fill(client: Client, db: str, config: QaConfig) -> FilledDatabase:
                 segments=len(lines),
                 audio_ms=int(end_s * 2000),
                 updated_at=ended,
+                categories=list(result.categories),  # as the worker writes them at call end
             )
         )
         for i, (segment, redacted) in enumerate(zip(analyzer.segments, redactions, strict=True)):
@@ -186,7 +188,8 @@ def _fill(client: Client, db: str, config: QaConfig) -> FilledDatabase:
 @pytest.fixture(scope="module")
 def filled_db(chdb_path: str) -> Iterator[FilledDatabase]:
     rule_set = load_rules(REPO / "rules")
-    config = QaConfig(rule_set, load_scorecard(REPO / "rules" / "scorecards" / "default.yaml", rule_set))
+    config = QaConfig(rule_set, load_scorecard(REPO / "rules" / "scorecards" / "default.yaml", rule_set),
+                      categories=load_categories(REPO / "rules", rule_set))
     database = f"dash_{datetime.now().strftime('%H%M%S%f')}"
     client = connect(f"chdb://{chdb_path}", database)
     migrate(client, database)

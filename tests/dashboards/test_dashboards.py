@@ -276,3 +276,13 @@ def test_agent_trend_panels_put_the_agent_beside_the_team(filled_db: FilledDatab
     passed = {row[columns.index("question")]: row[columns.index("agent_pass_pct")] for row in rows
               if row[columns.index("agent_pass_pct")] is not None}  # None: an item only the team was scored on
     assert passed == {i.question: (100.0 if i.passed else 0.0) for i in rude.items if i.passed is not None}
+
+
+def test_calls_per_category_per_day_count_the_stored_categories(filled_db: FilledDatabase) -> None:
+    columns, rows = _run(filled_db, _panel_sql("qa-supervisor.json", "Calls per category per day"), ALL)
+    counted = {row[columns.index("category")]: row[columns.index("calls")] for row in rows}  # one day of calls
+    expected: dict[str, int] = {}
+    for result in filled_db.results.values():
+        for name in result.categories:
+            expected[name] = expected.get(name, 0) + 1
+    assert counted == expected and expected  # the replayed rows are not counted twice

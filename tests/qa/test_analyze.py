@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[2]
 SAMPLE_CALLS = sorted((REPO / "samples" / "calls").glob("*.wav"), key=lambda p: p.stat().st_size)[:3]
 
 TOP_KEYS = {"format", "call_id", "file", "duration_ms", "encoding", "sample_rate", "model", "legs", "score_pct",
-            "auto_failed", "scorecard", "items", "rules", "metrics", "live_alerts", "events", "redactions", "revision"}
+            "auto_failed", "scorecard", "categories", "items", "rules", "metrics", "live_alerts", "events", "redactions", "revision"}
 SEGMENT_KEYS = {"segment_id", "start_ms", "end_ms", "text", "redactions", "sentiment"}
 ITEM_KEYS = {"question", "weight", "passed", "rationale", "auto_fail"}
 EVENT_KEYS = {"rule", "category", "leg", "kind", "offset_ms", "text", "severity", "segment_id"}

@@ -13,6 +13,7 @@ import pytest
 from clickhouse_connect.driver.client import Client
 
 from pipeline.qa.call import CallAnalyzer, QaConfig
+from pipeline.qa.categories import load_categories
 from pipeline.qa.rules import load_rules
 from pipeline.qa.scorecard import CallQaResult, load_scorecard
 from pipeline.qa.segment import Segment
@@ -87,7 +88,8 @@ def fill(client: Client, db: str, config: QaConfig) -> FilledStore:
                           ended_at=None if end_s is None else started + timedelta(seconds=end_s),
                           end_reason="" if end_s is None else "end", segments=len(lines),
                           audio_ms=int((end_s or 3) * 2000), updated_at=started + timedelta(seconds=end_s or 3),
-                          hold_ms=sum(b - a for a, b in HOLDS.get(call_id, [])), holds=HOLDS.get(call_id, [])))
+                          hold_ms=sum(b - a for a, b in HOLDS.get(call_id, [])), holds=HOLDS.get(call_id, []),
+                          categories=[]))
         for segment in analyzer.segments:  # redacted, as the worker stores them
             segments.append(dict(segment_id=segment.segment_id, call_id=call_id, leg=segment.leg,
                                  start_ms=segment.start_ms, end_ms=segment.end_ms, text=segment.text,
@@ -97,6 +99,7 @@ def fill(client: Client, db: str, config: QaConfig) -> FilledStore:
         if end_s is None:
             continue  # an open call: no QA yet
         result = results[call_id] = analyzer.finalize(int(end_s * 1000), HOLDS.get(call_id, []))
+        calls[-1]["categories"] = list(result.categories)  # as the worker writes them at call end
         applicable = [item for item in result.items if item.passed is not None]
         call_qa.append({"call_id": call_id, "tenant": "acme", "agent_id": agent, "score_pct": result.score_pct,
                         "auto_failed": int(result.auto_failed), "metrics": result.metrics,
@@ -117,7 +120,8 @@ def fill(client: Client, db: str, config: QaConfig) -> FilledStore:
 @pytest.fixture(scope="module")
 def qa_config() -> QaConfig:
     rule_set = load_rules(REPO / "rules")
-    return QaConfig(rule_set, load_scorecard(REPO / "rules" / "scorecards" / "default.yaml", rule_set))
+    return QaConfig(rule_set, load_scorecard(REPO / "rules" / "scorecards" / "default.yaml", rule_set),
+                    categories=load_categories(REPO / "rules", rule_set))
 
 
 @pytest.fixture

@@ -218,6 +218,23 @@ async def test_the_call_page_reviews_an_item_with_its_session_form_token(serve: 
         assert "1 (100 %)" in calibration and 'href="/calibration"' in calibration
 
 
+async def test_categories_filter_the_list_and_show_on_the_call(serve: Callable[..., Any], filled: FilledStore) -> None:
+    assert filled.results["call-rude"].categories == ("cancellation", "escalation", "abusive_agent", "no_disclosure",
+                                                      "unverified_caller")
+    assert filled.results["call-good"].categories == ()
+    async for client in serve():
+        headers = {"Cookie": f"{SESSION_COOKIE}={_session(await _login(client))}"}
+        listing = await (await client.get("/calls?category=escalation", headers=headers)).text()
+        assert 'href="/calls/call-rude"' in listing and 'href="/calls/call-good"' not in listing
+        assert "<option selected>escalation</option>" in listing and "<option>no_disclosure</option>" in listing
+        assert '<span class="badge category">abusive_agent</span>' in listing
+        page = await (await client.get("/calls/call-rude", headers=headers)).text()
+        assert '<span class="badge category">cancellation</span>' in page
+        found = await (await client.get("/api/search?q=manager&category=escalation",
+                                        headers={"Authorization": f"Bearer {TOKEN}"})).json()
+        assert [c["call_id"] for c in found] == ["call-rude"]
+
+
 async def test_a_forged_or_logged_out_cookie_goes_back_to_the_login(serve: Callable[..., Any]) -> None:
     async for client in serve():
         value = _session(await _login(client))

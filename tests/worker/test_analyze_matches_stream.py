@@ -49,3 +49,5 @@ def test_offline_analysis_equals_what_the_worker_stores_for_the_replayed_call(
                           c=call_id)
     assert [(e["rule"], e["kind"]) for e in events] == sorted((e.rule, e.kind) for e in offline.qa.events)
     assert events and any("[PAN]" in s.text for s in offline.segments)
+    (row,) = worker.query("SELECT categories FROM calls_deduped WHERE call_id = {c:String}", c=call_id)
+    assert row["categories"] == list(offline.qa.categories)  # the call's categories, stored with its calls row
