@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime, timedelta
 from typing import Any, Protocol
 
-from pipeline.api.paging import PageError, decode_cursor
+from pipeline.api.paging import PageError, decode_cursor, encode_cursor
 from pipeline.desk.review import Review, read_reviews
 from pipeline.desk.search import (
     MatchedTurn,
@@ -40,6 +40,15 @@ class FilterError(ValueError):
 
 
 LIST_LIMIT = 500
+# The list's orders, and the keyset each pages by (the first key: when a call started, or its score in
+# hundredths of a point, an integer so a page's last call is compared exactly; then started_at, call_id).
+SCORE_KEY = "toInt32(round(toFloat64(q.score_pct) * 100))"
+SORTS = {
+    "newest": "c.started_at DESC, c.call_id",
+    "oldest": "c.started_at ASC, c.call_id",
+    "lowest_score": f"{SCORE_KEY} ASC, c.started_at DESC, c.call_id",
+    "highest_score": f"{SCORE_KEY} DESC, c.started_at DESC, c.call_id",
+}
 
 
 @dataclass(frozen=True)
@@ -62,8 +71,12 @@ class ListFilters:
     # The search box: calls with a turn (of ``leg``) holding this phrase (pipeline/desk/search.py).
     phrase: str | None = None
     leg: str | None = None
+    sort: str = "newest"  # one of SORTS; by score: scored calls only
+    after_score: int | None = None  # with a score sort: the page's last call's score key
 
     def __post_init__(self) -> None:
+        if self.sort not in SORTS:
+            raise FilterError(f"sort must be one of {', '.join(SORTS)}, not {self.sort[:20]!r}")
         try:  # the search's own checks (a leg it knows, a phrase with words), as the API makes them
             SearchQuery(self.phrase or "", self.leg)
         except SearchError as exc:
@@ -100,15 +113,20 @@ class ListFilters:
             except PageError as exc:
                 raise FilterError(str(exc)) from None
 
+        after_score = text("after_score")
+        if after_score is not None and not after_score.lstrip("-").isdigit():
+            raise FilterError(f"after_score must be a whole number, not {after_score[:20]!r}")
         return cls(text("agent"), text("queue"), number("score_min"), number("score_max"), text("failed"),
                    day("date_from"), day("date_to"), category=text("category"), after=cursor(), phrase=text("q"),
-                   leg=text("leg"))
+                   leg=text("leg"), sort=text("sort") or "newest",
+                   after_score=None if after_score is None else int(after_score))
 
     def as_query(self) -> dict[str, str]:
         """The filters that are set, as query parameters (the inverse of ``from_query``, without the page)."""
         values = {"agent": self.agent, "queue": self.queue, "score_min": self.score_min,
                   "score_max": self.score_max, "failed": self.failed, "date_from": self.date_from,
-                  "date_to": self.date_to, "category": self.category, "q": self.phrase, "leg": self.leg}
+                  "date_to": self.date_to, "category": self.category, "q": self.phrase, "leg": self.leg,
+                  "sort": None if self.sort == "newest" else self.sort}
         return {k: (f"{v:g}" if isinstance(v, float) else str(v)) for k, v in values.items() if v is not None}
 
     def sql(self, db: str) -> tuple[str, dict[str, Any]]:
@@ -142,10 +160,14 @@ class ListFilters:
         if self.call_id is not None:
             where.append("c.call_id = {call_id:String}")
             params["call_id"] = self.call_id
-        if self.after is not None:  # keyset: the calls after this one in the list's order (see LIST_SQL)
-            where.append(after_call_sql("c."))
+        if self.sort in ("lowest_score", "highest_score"):
+            where.append("NOT empty(q.call_id)")
+        if self.after is not None:  # keyset: the calls after this one in the list's order (see SORTS)
+            where.append(self._after_sql())
             params["after_t"] = self.after[0].astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
             params["after_c"] = self.after[1]
+            if self.sort in ("lowest_score", "highest_score"):
+                params["after_s"] = self.after_score or 0
         if self.date_from is not None:
             where.append("c.started_at >= {date_from:DateTime64(3, 'UTC')}")
             params["date_from"] = f"{self.date_from.isoformat()} 00:00:00"
@@ -153,6 +175,23 @@ class ListFilters:
             where.append("c.started_at < {date_to:DateTime64(3, 'UTC')}")
             params["date_to"] = f"{(self.date_to + timedelta(days=1)).isoformat()} 00:00:00"
         return " AND ".join(where), params
+
+    def _after_sql(self) -> str:
+        newer = after_call_sql("c.")  # started before, or at the same time with a later call id
+        if self.sort == "oldest":
+            t = "{after_t:DateTime64(3, 'UTC')}"
+            return f"(c.started_at > {t} OR (c.started_at = {t} AND c.call_id > {{after_c:String}}))"
+        if self.sort == "newest":
+            return newer
+        past = ">" if self.sort == "lowest_score" else "<"
+        return f"({SCORE_KEY} {past} {{after_s:Int32}} OR ({SCORE_KEY} = {{after_s:Int32}} AND {newer}))"
+
+    def next_page(self, last: CallRow) -> dict[str, str]:
+        """The query parameters of the page after the one ending with ``last`` (filters and order kept)."""
+        page = {**self.as_query(), "after": encode_cursor(last.started_at, last.call_id)}
+        if self.sort in ("lowest_score", "highest_score") and last.score_pct is not None:
+            page["after_score"] = str(round(last.score_pct * 100))
+        return page
 
 
 @dataclass(frozen=True)
@@ -288,7 +327,7 @@ LEFT JOIN (SELECT * FROM {db}.call_qa_deduped) AS q ON q.call_id = c.call_id
 LEFT JOIN (SELECT call_id, count() AS alerts FROM {db}.qa_events_deduped WHERE kind = 'alert' GROUP BY call_id)
     AS e ON e.call_id = c.call_id
 WHERE {where}
-ORDER BY c.started_at DESC, c.call_id
+ORDER BY {order}
 LIMIT {limit}
 """
 OPTIONS_SQL = """
@@ -319,7 +358,7 @@ def read_call_list(source: RowSource, db: str, filters: ListFilters | None = Non
     """The newest ``limit`` calls matching ``filters``."""
     filters = filters or ListFilters()
     where, params = filters.sql(db)
-    rows = source.rows(LIST_SQL.format(db=db, where=where, limit=int(limit)), params)
+    rows = source.rows(LIST_SQL.format(db=db, where=where, order=SORTS[filters.sort], limit=int(limit)), params)
     # ClickHouse names a column of c.* that another joined table also has "c.<name>".
     calls = [_call_row({k.removeprefix("c."): v for k, v in r.items()}) for r in rows]
     if not filters.words:

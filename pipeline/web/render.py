@@ -20,7 +20,6 @@ from pathlib import Path
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from markupsafe import Markup, escape
 
-from pipeline.api.paging import encode_cursor
 from pipeline.desk.calibration import ItemCalibration
 from pipeline.desk.search import SEPARATORS, WORD_CHAR
 from pipeline.desk.trends import FIGURES, AgentTrend, WeekFigures
@@ -196,7 +195,7 @@ def render_call_list(calls: list[CallRow], context: PageContext, filters: ListFi
     query = filters.as_query()
     older = None
     if page_size and len(calls) >= page_size:
-        older = context.links.calls({**query, "after": encode_cursor(calls[-1].started_at, calls[-1].call_id)})
+        older = context.links.calls(filters.next_page(calls[-1]))
     return environment().get_template("calls.html").render(
         calls=calls, links=context.links, logged_in=context.logged_in, filters=filters, options=options,
         query=query, error=error, older=older, paged=filters.after is not None,
