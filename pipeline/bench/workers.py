@@ -113,6 +113,8 @@ class WorkerProcess:
         self._spawn()
         deadline = time.monotonic() + timeout_s
         while STANDBY_READY not in self._log_since(seen):
+            if old.poll() is not None:
+                break  # the old one is gone already: its successor takes the instance at once
             if self.proc.poll() is not None:
                 raise RuntimeError(f"worker {self.label}'s successor exited at start ({self.proc.returncode}): "
                                    f"{self.why()}")
