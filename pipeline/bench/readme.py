@@ -114,6 +114,14 @@ SPECS: dict[str, tuple[str, tuple[Table | Pivot, ...]]] = {
             Col("checkpoint offsets", lambda r: r.get("checkpoint_offsets")),
             Col("topics MB", lambda r: sum((r["topic_bytes"] or {}).values()), 1, 1e-6)),
             "timeline"))),
+    "search": ("Search and the call list", (Table((
+        Col("calls", "calls"), Col("segments", "segments"), Col("search P50 ms", "p50_ms", 1),
+        Col("search P95 ms", "p95_ms", 1), Col("list P50 ms", "list_p50_ms", 1), Col("list P95 ms", "list_p95_ms", 1),
+        Col("goal P95 ms", "goals.p95_ms", 0), Col("met", "met"))), Table((
+            Col("query", "key"), Col("calls found", lambda q: q.get("calls", "")), Col("P50 ms", "p50_ms", 1),
+            Col("P95 ms", "p95_ms", 1)),
+            lambda d: {**d["kinds"]["search"]["queries"], **d["kinds"]["list"]["queries"],
+                       **{f"scan: {k}": v for k, v in d["kinds"]["scan"]["queries"].items()}}))),
     "scale-out": ("Scale-out", (Table((
         Col("part", "key"), Col("goal", lambda p: p.get("goal") or f"<= {p.get('bound_s')} s"),
         Col("measured", _part), Col("met", "met"), Col("run", "run")), "parts"),)),
