@@ -84,7 +84,7 @@ class SearchQuery:
     def from_params(cls, params: Mapping[str, str], limit: int, after: tuple[datetime, str] | None = None
                     ) -> SearchQuery:
         """A search from query parameters (``/api/search``, the ``/calls`` search box): ``q``, ``leg``, ``agent``,
-        ``since``, ``until`` (ISO 8601, UTC when no offset is given), ``score_below``, ``failed``."""
+        ``since``, ``until`` (ISO 8601, UTC when no offset is given), ``score_below``, ``failed``, ``category``."""
         def text(name: str) -> str | None:
             value = (params.get(name) or "").strip()
             return value or None
@@ -92,7 +92,8 @@ class SearchQuery:
         def moment(name: str) -> datetime | None:
             value = text(name)
             try:
-                return None if value is None else datetime.fromisoformat(value)
+                moment = None if value is None else datetime.fromisoformat(value)
+                return moment if moment is None or moment.tzinfo else moment.replace(tzinfo=UTC)
             except ValueError:
                 raise SearchError(f"{name} must be an ISO 8601 date or time (2026-03-02, 2026-03-02T09:30), "
                                   f"not {str(value)[:40]!r}") from None
