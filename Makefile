@@ -11,7 +11,7 @@ CALLQA := $(BIN)/callqa
 STATE := .callqa
 SYSTEM_PACKAGES := kcat pocketsphinx-testdata alsa-utils default-jre-headless maven prometheus openssl \
 	festival festvox-us-slt-hts asterisk-core-sounds-en-wav asterisk-core-sounds-en \
-	asterisk-moh-opsound-wav chromium-headless-shell
+	asterisk-moh-opsound-wav chromium-headless-shell sip-tester
 
 # Tests run side by side in this many processes (pytest-xdist). More than the cores: much of the suite
 # waits on real processes (a worker starting, a real-time replay, a rebalance), not on the CPU. A test file
@@ -54,9 +54,10 @@ setup: system venv kafka models library
 # transcripts, Asterisk hold music as non-speech), kcat (an independent Kafka client for tests), Java + Maven,
 # Prometheus + promtool (the dashboards' PromQL and the alert rules are run by tests; it is not started
 # as a service), openssl (it makes the local SASL_SSL broker's certificates), chromium-headless-shell (the
-# call pages are checked in a real browser by tests/web, through Playwright). The stamp holds the package
-# list it was made for, so adding a package to the list installs it on a machine that already has a
-# stamp. None of these needs its recommended packages.
+# call pages are checked in a real browser by tests/web, through Playwright), sip-tester (SIPp, the
+# independent SIP peer of tests/gateway/siprec). The stamp holds the package list it was made for, so
+# adding a package to the list installs it on a machine that already has a stamp. None of these needs
+# its recommended packages.
 system:
 	@mkdir -p $(STATE)
 	@if [ "$$(cat $(STATE)/.system 2>/dev/null)" != "$(SYSTEM_PACKAGES)" ]; then \

@@ -28,6 +28,7 @@ from pipeline.config.gateway import GatewaySettings
 from pipeline.config.postcall import PostCallSettings
 from pipeline.config.qa import QaSettings
 from pipeline.config.segmentation import SegmentationSettings
+from pipeline.config.siprec import SiprecSettings
 from pipeline.config.store import StoreSettings
 from pipeline.config.topics import TopicSettings
 from pipeline.config.worker import WorkerSettings
@@ -44,6 +45,7 @@ class Settings(
     StoreSettings,
     QaSettings,
     GatewaySettings,
+    SiprecSettings,
     PostCallSettings,
     BaseSettings,
 ):

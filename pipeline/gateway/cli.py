@@ -30,6 +30,10 @@ def gateway(
     = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8765,
     loglevel: Annotated[str, typer.Option(help="Log level of the gateway (debug, info, warning, error).")] = "info",
+    sip_port: Annotated[int | None, typer.Option(help="Also serve SIPREC (RFC 7866) on this port, SIP over UDP and "
+                                                      "TCP, for SBCs and PBXs (CALLQA_SIPREC_* settings).")] = None,
+    sips_port: Annotated[int | None, typer.Option(help="SIPREC over TLS on this port (the certificate of "
+                                                       "CALLQA_GATEWAY_TLS_CERT/_KEY); needs --sip-port.")] = None,
 ) -> None:
     """Serve /twilio and /audiohook (websockets) and /healthz, and /metrics on the metrics port, until SIGTERM or Ctrl-C, which
     drain open calls (each gets its end event) before exiting."""
@@ -53,13 +57,16 @@ def gateway(
     from pipeline.gateway.server import GatewayConfigError
 
     try:
-        uvloop.run(_serve(settings, host, port, producer))  # libuv's loop: less CPU per websocket message
+        if sips_port is not None and sip_port is None:
+            raise GatewayConfigError("--sips-port needs --sip-port")
+        uvloop.run(_serve(settings, host, port, producer, sip_port, sips_port))  # libuv's loop: less CPU per websocket message
     except GatewayConfigError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None
 
 
-async def _serve(settings: Settings, host: str, port: int, producer: ContractProducer) -> None:
+async def _serve(settings: Settings, host: str, port: int, producer: ContractProducer, sip_port: int | None,
+                 sips_port: int | None) -> None:
     from pipeline.gateway.server import GatewayServer
 
     server = GatewayServer(settings, producer)
@@ -67,6 +74,9 @@ async def _serve(settings: Settings, host: str, port: int, producer: ContractPro
     scheme = "wss" if server.tls is not None else "ws"
     console.print(f"gateway on {scheme}://{host}:{bound}: /twilio, /audiohook, /healthz; /metrics on "
                   f"http://{settings.gateway_metrics_host}:{server.metrics_port} (Kafka {settings.bootstrap})")
+    if sip_port is not None:
+        sip, sips = await server.start_siprec(host, sip_port, sips_port)
+        console.print(f"SIPREC on sip:{host}:{sip} (UDP, TCP)" + (f", sips:{host}:{sips} (TLS)" if sips else ""))
     _warn_open_paths(settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -24,7 +24,7 @@ import ssl
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web as aioweb
 from multidict import CIMultiDict
@@ -48,6 +48,9 @@ from pipeline.gateway.protocol import (
     ProtocolError,
 )
 from pipeline.gateway.twilio import TwilioStream
+
+if TYPE_CHECKING:
+    from pipeline.gateway.siprec.transport import SipListener
 
 log = logging.getLogger("callqa.gateway")
 
@@ -90,6 +93,7 @@ class GatewayServer:
         self._metrics_runner: aioweb.AppRunner | None = None
         self.metrics_port = 0  # the operators' listener, once started
         self._tasks: set[asyncio.Task[Any]] = set()
+        self.siprec: SipListener | None = None  # the SIPREC recording server, with --sip-port
 
     # ---- lifecycle ----------------------------------------------------------------------------------------
     async def start(self, host: str, port: int) -> int:
@@ -107,6 +111,25 @@ class GatewayServer:
                                                       self.settings.gateway_metrics_port)
         bound: int = self._server.sockets[0].getsockname()[1]
         return bound
+
+    async def start_siprec(self, host: str, sip_port: int, sips_port: int | None = None) -> tuple[int, int | None]:
+        """The SIPREC recording server on ``sip_port`` (UDP and TCP) and ``sips_port`` (TLS), feeding the same
+        calls and Kafka sender; returns the ports bound."""
+        from pipeline.gateway.siprec.metrics import SiprecMetrics
+        from pipeline.gateway.siprec.recorder import RecordingServer
+        from pipeline.gateway.siprec.transport import SipListener, UdpMediaPorts
+
+        address = self.settings.siprec_media_address or host
+        if address in ("0.0.0.0", "::", ""):
+            raise GatewayConfigError("with a wildcard --host, set CALLQA_SIPREC_MEDIA_ADDRESS to the address SBCs "
+                                     "send RTP to (it goes in the SDP answer)")
+        media = UdpMediaPorts(host)
+        metrics = SiprecMetrics(self.metrics.registry)
+        listener = SipListener(RecordingServer(self.settings, self.calls, media, metrics, address, sip_port), media)
+        bound, tls_bound = await listener.start(host, sip_port, sips_port, self.tls)
+        listener.server.contact = (address, bound)
+        self.siprec = listener
+        return bound, tls_bound
 
     async def _serve_metrics(self, host: str, port: int) -> int:
         """/metrics and /healthz over plain HTTP on the operators' listener; returns its port."""
@@ -152,6 +175,8 @@ class GatewayServer:
             await asyncio.sleep(0.01)
         if self._ticker is not None:
             self._ticker.cancel()
+        if self.siprec is not None:
+            await self.siprec.shutdown()
         self.calls.end_all("gateway shutdown")
         if self._server is not None:
             self._server.close()
