@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
 import uuid
@@ -32,6 +33,7 @@ from pipeline.ingest.replay import CallRecording, ReplayOptions, TelephonyReplay
 from pipeline.store.migrations import TABLE_KEYS
 from tests.conftest import _read_topic
 from tests.gateway.conftest import AudioHookClient, TwilioMessages, _interleave
+from tests.gateway.siprec.test_sipp import sipp_session
 from tests.gateway.test_process import free_port, wait_healthy
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
@@ -40,6 +42,7 @@ REPO = Path(__file__).resolve().parents[2]
 CALL = REPO / "samples" / "calls" / "library" / "built" / "05_rude_agent.wav"
 ANI = "+15551234567"  # AudioHookClient.open puts it in participant.ani; the Twilio test in a custom parameter
 CHUNK_MS = 200  # AudioHook binary messages (at most 1 s each)
+SIPP_PAUSE_MS = 12_000  # SIPp's BYE after the 200 OK: the 64 s call's RTP at 8x real time takes 8 s
 
 
 @dataclass
@@ -47,6 +50,7 @@ class Stack:
     settings: Settings
     worker: WorkerProcess
     gateway_port: int
+    sip_port: int
 
     def url(self, path: str) -> str:
         return f"ws://127.0.0.1:{self.gateway_port}{path}"
@@ -88,19 +92,20 @@ def stack(broker: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sta
                                        "clickhouse_url": f"chdb://{(tmp / 'chdb').resolve()}",
                                        "commit_interval_s": "1.0", "model_watch_interval_s": "0",
                                        "web_port": str(web_port)}), web_port, tmp / "worker.log")
-    gateway_port = free_port()
+    gateway_port, sip_port = free_port(), free_port()
     # Sent faster than real time: leg buffers of two minutes take a whole call without back-pressure.
     gateway_env = {**os.environ, **{f"CALLQA_{k.upper()}": v for k, v in topics.items()},
                    "CALLQA_BOOTSTRAP_SERVERS": broker, "CALLQA_GATEWAY_END_GRACE_S": "0.5",
                    "CALLQA_GATEWAY_LEG_BUFFER_S": "120", "CALLQA_GATEWAY_AUTH": "off",
                    "CALLQA_GATEWAY_METRICS_PORT": "0", "CALLQA_GATEWAY_SESSION_MESSAGES_PER_S": "0"}
     gateway_log = open(tmp / "gateway.log", "wb")  # noqa: SIM115 - the child's output, closed below
-    gateway = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "gateway", "--port", str(gateway_port)],
+    gateway = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "gateway", "--port", str(gateway_port),
+                                "--sip-port", str(sip_port)],
                                cwd=REPO, env=gateway_env, stdout=gateway_log, stderr=subprocess.STDOUT)
     try:
         worker.start()
         wait_healthy(gateway_port, gateway)
-        yield Stack(settings, worker, gateway_port)
+        yield Stack(settings, worker, gateway_port, sip_port)
     finally:
         gateway.terminate()
         gateway.wait(30)
@@ -229,6 +234,36 @@ async def test_a_dropped_socket_still_ends_its_call_once(stack: Stack, recording
     messages = 15_000 // stack.settings.audio_message_ms  # 15 s in messages of CALLQA_AUDIO_MESSAGE_MS
     assert ends[0].frame_counts == {"customer": messages, "agent": messages}
     assert len(stack.worker.query("SELECT call_id FROM calls FINAL WHERE call_id = {c:String}", c=call_sid)) == 1
+
+
+@pytest.mark.skipif(shutil.which("sipp") is None, reason="sip-tester not installed")
+async def test_a_siprec_call_from_sipp_is_stored_as_the_replayed_call(stack: Stack, replayed: str,
+                                                                     recording: CallRecording, tmp_path: Path) -> None:
+    """SIPREC from an independent client: SIPp's signalling (metadata naming the caller by number), the legs'
+    RTP in PCMU from the project's sender at 8x real time."""
+    call_id, _ = await sipp_session(stack.sip_port, tmp_path, SIPP_PAUSE_MS, recording.encoded["customer"],
+                                    recording.encoded["agent"], speed=8.0)
+    (row,) = await asyncio.to_thread(stack.worker.wait_for_calls, [call_id])
+    assert row["end_reason"] == "end"
+    assert_same_call(stack, call_id, replayed)
+    (start,) = [e for e in await asyncio.to_thread(stack.events, call_id) if e.event_type == "start"]
+    assert start.agent_id == "agent1001"  # the callee's AOR user part (sip:agent1001@pbx.example.com)
+
+
+@pytest.mark.skipif(shutil.which("sipp") is None, reason="sip-tester not installed")
+async def test_a_siprec_call_in_pcma_with_loss_and_reordering_scores_as_the_replayed_call(
+        stack: Stack, replayed: str, recording: CallRecording, tmp_path: Path) -> None:
+    """The same call in PCMA with 1 % of its RTP lost and 3 % reordered, 8x real time: the jitter buffer puts
+    the order back, the losses are 20 ms gaps of silence; the score within 10 points of the replayed call's."""
+    call_id, _ = await sipp_session(stack.sip_port, tmp_path, SIPP_PAUSE_MS, recording.encoded["customer"],
+                                    recording.encoded["agent"], speed=8.0, encoding="pcma", loss=0.01,
+                                    reorder=0.03, seed=7)
+    (row,) = await asyncio.to_thread(stack.worker.wait_for_calls, [call_id])
+    assert row["end_reason"] == "end"
+    got, want = stack.qa(call_id), stack.qa(replayed)
+    assert abs(got["score_pct"] - want["score_pct"]) <= 10, (got, want)
+    legs = {leg for leg, *_ in stack.transcript(call_id)}
+    assert legs == {"agent", "customer"}
 
 
 def test_no_caller_number_in_any_topic_or_table(stack: Stack) -> None:

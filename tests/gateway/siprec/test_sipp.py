@@ -11,7 +11,6 @@ import socket
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 from pydantic import SecretStr
 
@@ -153,34 +152,45 @@ async def test_malformed_messages_are_answered_400_or_dropped_and_the_server_goe
     assert rc == 0, trace
 
 
+async def sipp_session(port: int, tmp: Path, pause_ms: int, customer: bytes, agent: bytes,
+                       **options: Any) -> tuple[str, str]:
+    """A recording session whose signalling is SIPp's (siprec_call.xml: INVITE, ACK, a pause, BYE) and whose
+    RTP the project's client sends to the ports in the 200 OK SIPp received; returns (Call-ID, trace)."""
+    task = asyncio.create_task(sipp(port, "siprec_call", tmp, pause_ms=pause_ms))
+    trace_file = tmp / "siprec_call.messages"
+    text = ""
+    for _ in range(200):
+        await asyncio.sleep(0.05)
+        text = trace_file.read_text(errors="replace") if trace_file.exists() else ""
+        if "SIP/2.0 200" in text and "m=audio" in text.split("SIP/2.0 200", 1)[1]:
+            break
+    answer = text.split("SIP/2.0 200", 1)[1]
+    ports = [int(line.split()[1]) for line in answer.splitlines() if line.startswith("m=audio")]
+    call_id = next(line.split(":", 1)[1].strip() for line in answer.splitlines() if line.startswith("Call-ID:"))
+    assert len(ports) == 2 and all(ports), text
+    client = RecordingClient(SrcOptions(port=port, **options))
+    client.report.ports = ports
+    try:
+        await asyncio.to_thread(client.send_audio, customer, agent)
+    finally:
+        client.close()
+    rc, trace = await task
+    assert rc == 0, trace
+    return call_id, trace
+
+
 async def test_a_session_from_sipp_with_our_rtp_reaches_the_topics_as_sent(start_gateway, read_calls,
                                                                            recording_mulaw, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """SIPp opens the session and ends it after its pause; meanwhile the project's sender sends both legs'
-    RTP (PCMU, 4x real time) to the ports in the 200 OK SIPp received."""
+    RTP (PCMU, 4x real time)."""
     gw, port = await gateway(start_gateway, audio_message_ms=200)
     customer, agent = recording_mulaw[:24000], recording_mulaw[8000:32000]  # 3 s each
-    task = asyncio.create_task(sipp(port, "siprec_call", tmp_path, pause_ms=4000))
-    trace_file = tmp_path / "siprec_call.messages"
-    ports: list[int] = []
-    for _ in range(100):
-        await asyncio.sleep(0.05)
-        text = trace_file.read_text(errors="replace") if trace_file.exists() else ""
-        if "SIP/2.0 200" in text and "m=audio" in text:
-            ports = [int(line.split()[1]) for line in text.split("SIP/2.0 200", 1)[1].splitlines()
-                     if line.startswith("m=audio")]
-            break
-    assert len(ports) == 2 and all(ports)
-    client = RecordingClient(SrcOptions(port=port, speed=4.0))
-    client.report.ports = ports
-    await asyncio.to_thread(client.send_audio, customer, agent)
-    client.close()
-    rc, trace = await task
-    assert rc == 0, trace
+    call_id, _ = await sipp_session(port, tmp_path, 4000, customer, agent, speed=4.0)
     frames, events = await read_calls(gw.settings, frames=30, events=2, idle_s=3.0)
     by_leg = {leg: b"".join(f.payload for f in sorted(frames, key=lambda f: f.seq) if f.leg == leg)
               for leg in ("customer", "agent")}
     assert by_leg == {"customer": customer, "agent": agent}
     start, end = (next(e for e in events if e.event_type == k) for k in ("start", "end"))
-    assert start.agent_id == "agent1001" and "5551234567" not in repr(events)
+    assert start.call_id == call_id and start.agent_id == "agent1001" and "5551234567" not in repr(events)
     assert end.frame_counts == {"agent": 15, "customer": 15} and end.reason == "bye"
-    assert np.all([f.seq * 200 == f.start_ms for f in frames])
+    assert all(f.seq * 200 == f.start_ms and f.call_id == call_id for f in frames)
