@@ -36,7 +36,8 @@ from pipeline.gateway.siprec.metadata import MetadataError, RecordingMetadata, p
 from pipeline.gateway.siprec.metrics import SiprecMetrics
 from pipeline.gateway.siprec.payloads import ENCODINGS, decoder_for
 from pipeline.gateway.siprec.rtp import RtpError, is_rtcp, parse_rtp
-from pipeline.gateway.siprec.sdp import MediaAnswer, MediaOffer, SdpError, SdpOffer, build_answer, parse_sdp
+from pipeline.gateway.siprec.sdp import Crypto, MediaAnswer, MediaOffer, SdpError, SdpOffer, build_answer, parse_sdp
+from pipeline.gateway.siprec.srtp import SrtpError, SrtpReceiver, answer_crypto, choose
 
 log = logging.getLogger("callqa.gateway.siprec")
 
@@ -83,6 +84,8 @@ class MediaStream:
     buffer: JitterBuffer
     offset: int | None = None  # where the stream's sample 0 lies on the call, from the attachment's base
     direction: str = "sendonly"
+    srtp: SrtpReceiver | None = None  # the SRC's SDES key, when the stream is RTP/SAVP
+    answer_crypto: Crypto | None = None  # ours, for the answer (SDES wants one even from a receiver)
 
 
 @dataclass
@@ -321,6 +324,9 @@ class RecordingServer:
         key = (session.call_id, m.index)
         port = self.ports.open(key)
         stream = MediaStream(m.index, leg, port, buffer, direction=m.direction)
+        chosen = choose(m.crypto) if _secure(m) else None
+        if chosen is not None:
+            stream.srtp, stream.answer_crypto = SrtpReceiver(chosen), answer_crypto(chosen)
         session.streams[m.index] = stream
         self._by_port[key] = stream
 
@@ -333,7 +339,7 @@ class RecordingServer:
                 continue
             formats = tuple(pt for pt in m.formats if m.rtpmap.get(pt, ("", 0))[0] in (*ENCODINGS, "telephone-event"))
             direction = "inactive" if m.direction in ("inactive", "recvonly") else "recvonly"
-            answers.append(MediaAnswer(stream.port, formats, direction))
+            answers.append(MediaAnswer(stream.port, formats, direction, stream.answer_crypto))
         body = build_answer(offer, answers, self._media_address(), session_id=abs(hash(session.call_id)) % 10**9,
                             version=session.sdp_version).encode()
         headers = [("contact", f"<sip:callqa@{self.contact[0]}:{self.contact[1]};transport={session.peer.transport}>"),
@@ -388,6 +394,9 @@ class RecordingServer:
     def _drop_stream(self, session: RecordingSession, index: int) -> None:
         stream = session.streams.pop(index)
         self._write(session, stream, stream.buffer.flush())
+        self._count(stream)
+        offset = stream.offset or 0
+        session.dtmf_positions += [offset + p for p in stream.buffer.dtmf_positions]
         key = (session.call_id, index)
         self._by_port.pop(key, None)
         self.ports.close(key)
@@ -449,6 +458,12 @@ class RecordingServer:
             return
         if is_rtcp(data):
             return
+        if stream.srtp is not None:
+            try:
+                data = stream.srtp.unprotect(data)
+            except SrtpError as err:  # forged, replayed or keyed otherwise: never audio
+                self.metrics.rtp_packets.labels(f"srtp_{err.reason}").inc()
+                return
         try:
             packet = parse_rtp(data)
         except RtpError:
@@ -467,6 +482,16 @@ class RecordingServer:
             stream.offset = max(0, call.position - session.attachment.base) if late and call else 0
         for r in released:
             self.calls.write(session.attachment, stream.leg, stream.offset + r.position, r.ulaw)
+
+    def _count(self, stream: MediaStream) -> None:
+        """The stream's packet counts into the metrics, once, when it closes (a counter's lock per packet
+        would cost more than the packet)."""
+        c = stream.buffer.counts
+        for outcome, n in (("audio", c.audio_packets), ("lost", c.lost), ("late", c.late),
+                           ("duplicate", c.duplicates), ("dtmf", c.dtmf_events), ("comfort_noise", c.comfort_noise),
+                           ("unknown_payload", c.unknown_payload), ("stray", c.strays)):
+            if n:
+                self.metrics.rtp_packets.labels(outcome).inc(n)
 
     # ---- timers and endings ----------------------------------------------------------------------------------
     def tick(self) -> list[Outgoing]:
@@ -526,7 +551,9 @@ class RecordingServer:
         self.calls.detach(session.call_id, session.call_id, reason)
         self.metrics.sessions_ended.labels(reason).inc()
         self.metrics.sessions_active.set(len(self.sessions))
-        log.info("SIPREC session %s ended: %s", call_id[:80], reason)
+        # That DTMF was typed, and when (a card number's digits are never kept: see jitter.py).
+        dtmf = ", ".join(f"{p / 8000:.1f} s" for p in sorted(session.dtmf_positions))
+        log.info("SIPREC session %s ended: %s%s", call_id[:80], reason, f"; DTMF at {dtmf}" if dtmf else "")
 
     def shutdown(self) -> list[Outgoing]:
         """Every session ended with a BYE to its SRC (the gateway is going away)."""
@@ -550,11 +577,20 @@ def _tag() -> str:
 
 
 def _usable(m: MediaOffer, srtp_required: bool) -> bool:
-    """An audio stream with a codec we decode, in plain RTP (SRTP is not taken yet: its stream is
-    refused with port 0 rather than recorded as noise)."""
-    if m.media != "audio" or m.port == 0 or m.proto.upper() != "RTP/AVP" or srtp_required:
+    """An audio stream with a codec we decode, in RTP (unless SRTP is required) or in SRTP with an SDES
+    suite and key we take; anything else is refused with port 0 rather than recorded as noise."""
+    if m.media != "audio" or m.port == 0:
+        return False
+    if _secure(m):
+        if choose(m.crypto) is None:
+            return False
+    elif m.proto.upper() != "RTP/AVP" or srtp_required:
         return False
     return any(m.rtpmap.get(pt, ("", 0))[0] in ENCODINGS for pt in m.formats)
+
+
+def _secure(m: MediaOffer) -> bool:
+    return m.proto.upper() == "RTP/SAVP"
 
 
 def _aor_of(m: MediaOffer, metadata: RecordingMetadata | None) -> str | None:
