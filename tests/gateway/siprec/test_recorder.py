@@ -155,3 +155,27 @@ def test_a_stream_that_starts_late_starts_where_the_call_is() -> None:
     agent_frames = core.sink.leg_frames("agent")
     assert min(f.seq for f in agent_frames) == 5000 // 200
     client.close()
+
+
+def test_a_g722_stream_is_taken_as_8_khz_audio_of_the_same_length_and_shape() -> None:
+    """A wideband PBX's G.722 (RTP clock 8000, 16 kHz audio): the leg comes out at 8 kHz μ-law, as long as
+    sent, and follows the sent waveform (a 440 Hz tone through two codecs and a band limit)."""
+    from pipeline.audio import codecs
+
+    core, client = Core(), RecordingClient(SrcOptions(encoding="g722"))
+    request = invite(client)
+    (ok,) = core.send(request)
+    core.send(ack_for(client, request, ok))
+    t = np.arange(8000 * 2) / 8000
+    tone = (np.sin(2 * np.pi * 440 * t) * 8000).astype(np.int16)
+    for packet in packetize(tone, "g722", 9, ssrc=3):
+        core.server.on_rtp((client.call_id, 0), packet)
+    core.server.end(client.call_id, "bye")
+    core.calls.tick()
+    got = codecs.decode(b"".join(f.payload for f in core.sink.leg_frames("customer")), "mulaw")
+    assert len(got) == len(tone)
+    sent = tone / 32768
+    lag = int(np.argmax(np.correlate(got[:2000], sent[:2000], "full"))) - 1999  # the codecs' delay
+    assert 0 <= lag < 100
+    assert np.corrcoef(got[lag + 500:15000], sent[500:15000 - lag])[0, 1] > 0.95
+    client.close()
