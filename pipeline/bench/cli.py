@@ -345,11 +345,14 @@ def bench_gateway(
     gateway_cpus: Annotated[str, typer.Option(help="CPU list the gateway is pinned to (taskset).")] = "0",
     simulator_cpus: Annotated[str, typer.Option(help="CPU list the simulator processes are pinned to.")] = "1",
     simulators: Annotated[int, typer.Option(help="Simulator processes sharing the calls.")] = 2,
+    protocol: Annotated[str, typer.Option(help="twilio (Media Streams calls, results gateway.json) or siprec "
+                                               "(SIPREC sessions of 2 RTP streams, results gateway-siprec.json).")]
+    = "twilio",
     out: Out = None,
 ) -> None:
     """Live legs per gateway core: CPU, RSS and added latency.
 
-    N concurrent Twilio legs in real time through a `callqa gateway` pinned to one core, the simulators on another: the gateway's CPU and RSS per leg (/proc), P50/P99 frame received -> Kafka acknowledged (/metrics), how late the simulators ran."""
+    N concurrent Twilio legs (or N/2 SIPREC sessions, --protocol siprec) in real time through a `callqa gateway` pinned to one core, the simulators on another: the gateway's CPU and RSS per leg (/proc), P50/P99 frame received -> Kafka acknowledged (/metrics), how late the simulators ran."""
     from pipeline.bench.gateway import GatewayBenchOptions, run_gateway_bench
     from pipeline.bench.results import RESULTS
 
@@ -357,9 +360,10 @@ def bench_gateway(
         levels = tuple(int(x) for x in _split(legs))
     except ValueError as exc:
         raise typer.BadParameter("--legs is a comma-separated list of numbers") from exc
-    if not levels or min(levels) < 2 or window_s <= 0 or simulators < 1:
-        raise typer.BadParameter("--legs >= 2 each, --window-s > 0, --simulators >= 1")
-    options = GatewayBenchOptions(levels, warmup_s, window_s, gateway_cpus, simulator_cpus, simulators, out or RESULTS)
+    if not levels or min(levels) < 2 or window_s <= 0 or simulators < 1 or protocol not in ("twilio", "siprec"):
+        raise typer.BadParameter("--legs >= 2 each, --window-s > 0, --simulators >= 1, --protocol twilio or siprec")
+    options = GatewayBenchOptions(levels, warmup_s, window_s, gateway_cpus, simulator_cpus, simulators, out or RESULTS,
+                                  protocol)  # type: ignore[arg-type]
     _, paths = run_gateway_bench(options, console)
     _wrote(paths)
 

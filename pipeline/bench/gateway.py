@@ -1,8 +1,10 @@
 """`callqa bench gateway`: how many live legs one gateway core carries, and at what cost.
 
 For each level, a `callqa gateway` process pinned (taskset) to one core takes N concurrent live legs
-(N / 2 Twilio Media Streams calls, both tracks, 20 ms chunks in real time) from simulator processes
-pinned to the other core(s), onto topics of its own (the shared topics' workers never see the load).
+(N / 2 Twilio Media Streams calls, both tracks, 20 ms chunks in real time; or with ``--protocol siprec``
+N / 2 SIPREC sessions, two PCMU RTP streams each in 20 ms packets, from ``siprec.client.RecordingLoad``: one
+event loop per simulator, no thread per session) from simulator processes pinned to the other core(s),
+onto topics of its own (the shared topics' workers never see the load).
 Over a steady window after a warm-up it measures, from /proc of the gateway's PID, its CPU per leg and
 its RSS per leg (above the idle gateway); from its /metrics, the added latency (a frame's audio received
 → Kafka acknowledged, `callqa_gateway_frame_ack_seconds`, percentiles interpolated within the
@@ -19,7 +21,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import uvloop
@@ -29,13 +31,19 @@ from rich.table import Table
 from pipeline.bench import probes
 from pipeline.bench.results import RESULTS, record, run_folder, utc_stamp, write_result
 from pipeline.bench.workers import shared_broker
-from pipeline.gateway.process import REPO, GatewayProcess
+from pipeline.config import Settings
+from pipeline.gateway.process import REPO, GatewayProcess, free_port
 from pipeline.ingest.replay import CallRecording, ReplayOptions, load_recording
 from pipeline.tables import print_table
 
 RECORDING = REPO / "samples" / "calls" / "library" / "built" / "02_card_payment.wav"
 FALLBACK = Path("/usr/share/pocketsphinx/test/data/cards/001.wav")
 HISTOGRAM = "callqa_gateway_frame_ack_seconds"
+KIND = {"twilio": "Twilio calls", "siprec": "SIPREC sessions"}
+SIPREC_SPREAD_S = 3.0  # a simulator's INVITEs are spread over this long (the SRS opens two sockets for each)
+METHOD = {"twilio": "twilio (both tracks, 20 ms μ-law chunks, real time)",
+          "siprec": f"siprec (INVITE/ACK over UDP spread over {SIPREC_SPREAD_S:.0f} s, 2 PCMU RTP streams per session, "
+                    "20 ms packets, real time, BYE at the end)"}
 
 
 @dataclass(frozen=True)
@@ -47,6 +55,7 @@ class GatewayBenchOptions:
     simulator_cpus: str = "1"
     simulators: int = 2  # processes; each sends its share of the calls
     out: Path = RESULTS
+    protocol: Literal["twilio", "siprec"] = "twilio"  # siprec: a leg is an RTP stream, a call a session
 
 
 @dataclass
@@ -55,7 +64,7 @@ class LevelResult:
     calls: int
     gateway_cpu_core_fraction: float  # of one core, over the window
     cpu_ms_per_leg_s: float  # gateway CPU ms per leg per second
-    legs_per_core: float  # legs carried (acked frames / 50 per s) per core of gateway CPU
+    legs_per_core: float  # legs carried (acked frames / messages per leg s) per core of gateway CPU
     rss_idle_mb: float
     rss_loaded_mb: float
     rss_kb_per_leg: float
@@ -73,62 +82,72 @@ class LevelResult:
 
 
 def run_gateway_bench(options: GatewayBenchOptions, console: Console) -> tuple[dict[str, Any], list[Path]]:
-    stamp = utc_stamp()
-    work = run_folder("gateway", stamp)  # the gateway's and simulators' logs and reports stay here
+    stamp, siprec = utc_stamp(), options.protocol == "siprec"
+    name = "gateway-siprec" if siprec else "gateway"  # the Twilio figures stay in gateway.json
+    work = run_folder(name, stamp)  # the gateway's and simulators' logs and reports stay here
     with shared_broker(console.print):
-        levels = [_run_level(legs, options, work / f"{legs}-legs", console) for legs in options.legs]
-    figures = {"levels": [asdict(level) for level in levels],
-               "method": {"protocol": "twilio (both tracks, 20 ms μ-law chunks, real time)",
+        runs = [_run_level(legs, options, work / f"{legs}-legs", console) for legs in options.legs]
+    levels = [level for level, _ in runs]
+    goals = {"legs_per_core": 1000, "latency_p99_ms": 50, "rss_kb_per_leg": 32 if siprec else 100}
+    figures = {"protocol": options.protocol, "levels": [{**asdict(level), **extra} for level, extra in runs],
+               "method": {"protocol": METHOD[options.protocol],
                           "gateway_cpus": options.gateway_cpus, "simulator_cpus": options.simulator_cpus,
                           "simulators": options.simulators, "warmup_s": options.warmup_s,
                           "window_s": options.window_s,
                           "latency": f"{HISTOGRAM} (frame built from received audio -> acks=all), "
                                      "interpolated within buckets 5/10/20/50/100/250 ms"},
-               "goals": {"legs_per_core": 1000, "latency_p99_ms": 50, "rss_kb_per_leg": 100},
+               "goals": {**goals, **({"sessions_per_core": 500, "rss_kb_per_session": 64} if siprec else {})},
                "logs": str(work)}
-    settings = {"gateway_leg_buffer_s": 2.0, "gateway_send_batch": 2000}
-    doc = record("gateway", settings, figures, started=stamp)
-    print_levels(levels, console)
-    return doc, write_result("gateway", doc, options.out)
+    settings = {"gateway_leg_buffer_s": 2.0, "gateway_send_batch": 2000,
+                "audio_message_ms": Settings().audio_message_ms}
+    doc = record("gateway --protocol siprec" if siprec else "gateway", settings, figures, started=stamp)
+    print_levels(levels, console, options.protocol)
+    return doc, write_result(name, doc, options.out)
 
 
-def _run_level(legs: int, options: GatewayBenchOptions, work: Path, console: Console) -> LevelResult:
-    calls = max(1, legs // 2)
+def _run_level(legs: int, options: GatewayBenchOptions, work: Path,
+               console: Console) -> tuple[LevelResult, dict[str, Any]]:
+    """A level's figures, and SIPREC's own: per session (its unit: two legs, goal 500 per core at <= 64 KB
+    each) and over the whole run the RTP packets taken, never received (a full socket buffer) or too late."""
+    calls, kind, siprec = max(1, legs // 2), KIND[options.protocol], options.protocol == "siprec"
     gateway = GatewayProcess(work / "gateway.log", cpus=options.gateway_cpus, env={
         "CALLQA_TOPIC_AUDIO": "callqa-bench-gateway-audio", "CALLQA_TOPIC_CALL_EVENTS": "callqa-bench-gateway-events",
         "CALLQA_GATEWAY_END_GRACE_S": "1", "CALLQA_GATEWAY_MAX_SESSIONS": str(calls + 100),
-        "CALLQA_GATEWAY_DRAIN_S": "0"})
+        "CALLQA_GATEWAY_DRAIN_S": "0", "CALLQA_SIPREC_MAX_SESSIONS": str(calls + 100),
+        "CALLQA_SIPREC_SOURCE_INVITES_PER_S": "0"}, sip_port=free_port() if siprec else None)
     with console.status(f"{legs} legs: starting the gateway on core(s) {options.gateway_cpus}..."):
         gateway.start()
     try:
         time.sleep(1.0)
         rss_idle = probes.rss_bytes(gateway.pid) / 1024
-        seconds = options.warmup_s + options.window_s + 5
+        seconds = options.warmup_s + options.window_s + 5 + (SIPREC_SPREAD_S if siprec else 0)
         senders = _start_senders(gateway, calls, seconds, options, work)
-        with console.status(f"{legs} legs: {options.simulators} simulators connecting {calls} Twilio calls..."):
-            _wait_for_sessions(gateway, calls)
-        with console.status(f"{legs} legs ({calls} Twilio calls): warm-up {options.warmup_s:.0f} s, "
+        with console.status(f"{legs} legs: {options.simulators} simulators connecting {calls} {kind}..."):
+            _wait_for_sessions(gateway, calls, options.protocol)
+        with console.status(f"{legs} legs ({calls} {kind}): warm-up {options.warmup_s:.0f} s, "
                             f"then {options.window_s:.0f} s measured..."):
             time.sleep(options.warmup_s)
-            cpu0, hist0 = probes.cpu_seconds(gateway.pid), probes.histogram(gateway.metrics(), HISTOGRAM)
+            cpu0, page0 = probes.cpu_seconds(gateway.pid), gateway.metrics()
             time.sleep(options.window_s)
-            cpu1, hist1 = probes.cpu_seconds(gateway.pid), probes.histogram(gateway.metrics(), HISTOGRAM)
+            cpu1, page1 = probes.cpu_seconds(gateway.pid), gateway.metrics()
             rss_loaded = probes.rss_bytes(gateway.pid) / 1024
             load = os.getloadavg()[0]
-            dropped = probes.metric(gateway.metrics(), "callqa_gateway_frames_dropped_total")
+            dropped = probes.metric(page1, "callqa_gateway_frames_dropped_total")
             reports = [_finish(proc, path) for proc, path in senders]
+            ended = gateway.metrics()  # the sessions' RTP counts are published as they end
     finally:
         gateway.stop()
     core = (cpu1 - cpu0) / options.window_s
+    hist0, hist1 = probes.histogram(page0, HISTOGRAM), probes.histogram(page1, HISTOGRAM)
     window = {le: hist1.get(le, 0.0) - hist0.get(le, 0.0) for le in hist1}
-    # Legs actually carried (frames acknowledged / 50 per second), not the nominal level: a late simulator
-    # offers less than N legs in real time.
-    acked = window.get("+Inf", 0.0) / options.window_s
+    # Legs actually carried (messages acknowledged / a leg's messages per second), not the nominal level: a
+    # late simulator offers less than N legs in real time.
+    acked = window.get("+Inf", 0.0) / options.window_s / (1000 / Settings().audio_message_ms)
     late = np.concatenate([np.asarray(r["late_ms"]) for r in reports]) if reports else np.zeros(1)
     offered = sum(r["frames"] for r in reports) / max(r["elapsed_s"] for r in reports)
-    return LevelResult(
+    level = LevelResult(
         legs=legs, calls=calls, gateway_cpu_core_fraction=round(core, 3),
-        cpu_ms_per_leg_s=round(1000 * core / legs, 3), legs_per_core=round(acked / 50 / core) if core > 0 else 0.0,
+        cpu_ms_per_leg_s=round(1000 * core / legs, 3), legs_per_core=round(acked / core) if core > 0 else 0.0,
         rss_idle_mb=round(rss_idle / 1024, 1), rss_loaded_mb=round(rss_loaded / 1024, 1),
         rss_kb_per_leg=round((rss_loaded - rss_idle) / legs, 1),
         latency_p50_ms=round(1000 * probes.quantile(window, 0.50), 1),
@@ -139,6 +158,12 @@ def _run_level(legs: int, options: GatewayBenchOptions, work: Path, console: Con
         simulator_late_max_ms=round(float(late.max()), 1), frames_offered_per_s=round(offered),
         calls_lost=sum(r.get("calls_lost", 0) for r in reports), load_1m=round(load, 2),
         histogram=window)
+    if not siprec:
+        return level, {}
+    return level, {"sessions": calls, "sessions_per_core": round(level.legs_per_core / 2),
+                   "rss_kb_per_session": round(2 * level.rss_kb_per_leg, 1),
+                   **{f"rtp_packets_{k}": int(probes.metric(ended, "callqa_siprec_rtp_packets_total", outcome=k))
+                      for k in ("audio", "lost", "late")}}
 
 
 # ---- the simulator processes --------------------------------------------------------------------------------
@@ -149,7 +174,8 @@ def _start_senders(gateway: GatewayProcess, calls: int, seconds: float, options:
              for i in range(options.simulators)]
     for i, n in enumerate(s for s in share if s):
         out = (work / f"simulator-{i}.json").resolve()
-        spec = {"url": gateway.url, "token": gateway.twilio_auth_token, "calls": n, "seconds": seconds, "out": str(out)}
+        spec = {"url": gateway.url, "token": gateway.twilio_auth_token, "calls": n, "seconds": seconds, "out": str(out),
+                "protocol": options.protocol, "sip_port": gateway.sip_port}
         command = [sys.executable, "-m", "pipeline.bench.gateway", json.dumps(spec)]
         if options.simulator_cpus:
             command = ["taskset", "-c", options.simulator_cpus, *command]
@@ -158,10 +184,12 @@ def _start_senders(gateway: GatewayProcess, calls: int, seconds: float, options:
     return senders
 
 
-def _wait_for_sessions(gateway: GatewayProcess, calls: int, timeout_s: float = 120.0) -> None:
+def _wait_for_sessions(gateway: GatewayProcess, calls: int, protocol: str, timeout_s: float = 120.0) -> None:
     """The window starts once every call's stream is open (the simulators load their audio first)."""
     deadline = time.monotonic() + timeout_s
-    while probes.metric(gateway.metrics(), "callqa_gateway_sessions_active", protocol="twilio") < calls:
+    name, labels = ("callqa_siprec_sessions_active", {}) if protocol == "siprec" else \
+        ("callqa_gateway_sessions_active", {"protocol": protocol})
+    while probes.metric(gateway.metrics(), name, **labels) < calls:
         if time.monotonic() > deadline:
             raise RuntimeError(f"the simulators did not open {calls} streams in {timeout_s:.0f} s; see "
                                f"{gateway.log_path.parent}")
@@ -186,33 +214,48 @@ def bench_recording(seconds: float) -> CallRecording:
 
 
 def sender_main(spec: dict[str, Any]) -> None:
-    """One simulator process: its calls, starts spread over a second, lateness written as JSON."""
+    """One simulator process: its calls (Twilio: starts spread over a second; SIPREC: over SIPREC_SPREAD_S),
+    lateness written as JSON. A frame is 20 ms of one leg (a Twilio media message, an RTP packet)."""
     from pipeline.gateway.simulate import SimulateOptions, simulate
 
     rec = bench_recording(spec["seconds"])
-    options = SimulateOptions("twilio", url=spec["url"], calls=spec["calls"], realtime=True,
-                              twilio_auth_token=spec["token"], stagger_s=1.0 / spec["calls"], keep_going=True)
-    report = uvloop.run(simulate([rec], options))
-    late_ms = np.asarray(report.lateness_s) * 1000
+    if spec.get("protocol") == "siprec":
+        from pipeline.audio import codecs
+        from pipeline.gateway.siprec.client import RecordingLoad, SrcOptions
+        from pipeline.gateway.siprec.rtp_send import packetize
+
+        customer, agent = (packetize(codecs.float_to_pcm16(codecs.decode(rec.encoded[leg], "mulaw")), "pcmu", 0,
+                                     ssrc=0x5100 + i) for i, leg in enumerate(("customer", "agent")))
+        src = SrcOptions(port=spec["sip_port"], timeout_s=10.0, bye_after_s=0.2)
+        sent = uvloop.run(RecordingLoad(src, customer, agent).run(spec["calls"], SIPREC_SPREAD_S))
+        late_s, frames, elapsed, lost = np.asarray(sent.late_s), sent.packets_sent, sent.elapsed_s, len(sent.failures)
+    else:
+        options = SimulateOptions("twilio", url=spec["url"], calls=spec["calls"], realtime=True,
+                                  twilio_auth_token=spec["token"], stagger_s=1.0 / spec["calls"], keep_going=True)
+        report = uvloop.run(simulate([rec], options))
+        late_s, frames = np.asarray(report.lateness_s), report.frames_sent
+        elapsed, lost = report.elapsed_s, len(report.failures)
+    late_ms = late_s * 1000
     sample = late_ms[:: max(1, len(late_ms) // 20000)]  # a sample is enough for the percentiles
-    Path(spec["out"]).write_text(json.dumps({"late_ms": [round(float(x), 2) for x in sample],
-                                             "frames": report.frames_sent, "elapsed_s": report.elapsed_s,
-                                             "calls_lost": len(report.failures)}))
+    Path(spec["out"]).write_text(json.dumps({"late_ms": [round(float(x), 2) for x in sample], "frames": frames,
+                                             "elapsed_s": elapsed, "calls_lost": lost}))
 
 
-def print_levels(levels: list[LevelResult], console: Console) -> None:
-    """The levels as a table whose figures stay whole at 80 columns (the simulator's columns go first)."""
-    table = Table(title="callqa bench gateway: Twilio legs through one gateway core")
-    for title in ("legs", "cores", "legs/core", "KB/leg", "P50 ms", "P99 ms", "dropped", "lost",
+def print_levels(levels: list[LevelResult], console: Console, protocol: str = "twilio") -> None:
+    """The levels as a table whose figures stay whole at 80 columns (the simulator's columns go first);
+    SIPREC's per session (two legs)."""
+    unit, per = ("session", 2) if protocol == "siprec" else ("leg", 1)
+    table = Table(title=f"callqa bench gateway: {KIND[protocol].split()[0]} {unit}s through one gateway core")
+    for title in (f"{unit}s", "cores", f"{unit}s/core", f"KB/{unit}", "P50 ms", "P99 ms", "dropped", "lost",
                   "sim late P99", "offered/s", "load"):
         table.add_column(title, justify="right", no_wrap=True)
     for r in levels:
-        table.add_row(str(r.legs), f"{r.gateway_cpu_core_fraction:.2f}", f"{r.legs_per_core:,.0f}",
-                      f"{r.rss_kb_per_leg:.0f}", f"{r.latency_p50_ms:.1f}", f"{r.latency_p99_ms:.1f}",
+        table.add_row(str(r.legs // per), f"{r.gateway_cpu_core_fraction:.2f}", f"{r.legs_per_core / per:,.0f}",
+                      f"{r.rss_kb_per_leg * per:.0f}", f"{r.latency_p50_ms:.1f}", f"{r.latency_p99_ms:.1f}",
                       f"{r.frames_dropped:,}", str(r.calls_lost), f"{r.simulator_late_p99_ms:.0f} ms",
                       f"{r.frames_offered_per_s:,.0f}/{r.legs * 50:,}", f"{r.load_1m:.1f}")
     print_table(console, table, optional=("offered/s", "sim late P99", "load"),
-                all_columns="bench/results/gateway.json has every column")
+                all_columns=f"bench/results/gateway{'-siprec' * (per == 2)}.json has every column")
 
 
 if __name__ == "__main__":

@@ -104,22 +104,24 @@ def _warn_open_paths(settings: Settings) -> None:
 def simulate_command(
     files: Annotated[list[Path], typer.Argument(help="Recordings, one call each (stereo: left agent, right "
                                                      "customer; mono: the agent).", exists=True, dir_okay=False)],
-    protocol: Annotated[str, typer.Option(help="twilio (Media Streams) or audiohook (Genesys AudioHook v2).")]
-    = "twilio",
+    protocol: Annotated[str, typer.Option(help="twilio (Media Streams), audiohook (Genesys AudioHook v2) or siprec "
+                                               "(RFC 7866, as an SBC records).")] = "twilio",
     calls: Annotated[int, typer.Option(help="Concurrent calls (0: one per file; more reuse the files in turn).")]
     = 0,
     realtime: Annotated[bool, typer.Option("--realtime/--fast", help="Pace at 20 ms, or as fast as the gateway "
                                                                       "takes it (a gateway whose "
                                                                       "CALLQA_GATEWAY_SESSION_MESSAGES_PER_S "
                                                                       "is 0: its default closes such a "
-                                                                      "stream).")] = True,
-    url: Annotated[str, typer.Option(help="The gateway (ws:// or wss://); a bare host:port gets /twilio/<callSid> "
-                                          "or /audiohook.")] = "ws://127.0.0.1:8765",
+                                                                      "stream; SIPREC: 8x real time).")] = True,
+    url: Annotated[str | None, typer.Option(help="The gateway (ws:// or wss://; a bare host:port gets "
+                                                 "/twilio/<callSid> or /audiohook), default ws://127.0.0.1:8765; "
+                                                 "SIPREC: sip:HOST:PORT[;transport=tcp], default "
+                                                 "sip:127.0.0.1:5060.")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", help="Tracebacks on errors.")] = False,
 ) -> None:
     """Send recordings to a gateway as live calls, signed with the secrets the gateway checks
-    (CALLQA_TWILIO_AUTH_TOKEN; CALLQA_AUDIOHOOK_API_KEY, CALLQA_AUDIOHOOK_CLIENT_SECRET); prints the
-    call IDs (Twilio callSid, AudioHook conversationId)."""
+    (CALLQA_TWILIO_AUTH_TOKEN; CALLQA_AUDIOHOOK_API_KEY, CALLQA_AUDIOHOOK_CLIENT_SECRET; SIPREC: the first
+    user of CALLQA_SIPREC_USERS); prints the call IDs (Twilio callSid, AudioHook conversationId, SIP Call-ID)."""
     from pipeline.audio.files import AudioFileError
     from pipeline.config import get_settings
     from pipeline.gateway.simulate import (
@@ -129,12 +131,13 @@ def simulate_command(
         run_with_progress,
     )
 
-    if protocol not in ("twilio", "audiohook"):
-        raise typer.BadParameter("--protocol is twilio or audiohook")
+    if protocol not in ("twilio", "audiohook", "siprec"):
+        raise typer.BadParameter("--protocol is twilio, audiohook or siprec")
     if calls < 0:
         raise typer.BadParameter("--calls must be >= 0")
     try:
         recordings = recordings_of(files)
+        url = url or ("sip:127.0.0.1:5060" if protocol == "siprec" else "ws://127.0.0.1:8765")
         options = options_from_settings(get_settings(), protocol, url, calls, realtime)  # type: ignore[arg-type]
         report = run_with_progress(recordings, options, console)
     except (SimulationError, AudioFileError) as exc:

@@ -30,6 +30,7 @@ class GatewayProcess:
     cpus: str = ""  # `taskset -c` CPU list; empty: not pinned
     port: int = field(default_factory=free_port)
     metrics_port: int = field(default_factory=free_port)  # /metrics (CALLQA_GATEWAY_METRICS_PORT)
+    sip_port: int | None = None  # also SIPREC on this port (--sip-port), UDP and TCP
     # Generated per run: the gateway checks Twilio signatures with it, the simulator signs with it.
     twilio_auth_token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
     proc: subprocess.Popen[bytes] | None = None
@@ -45,6 +46,8 @@ class GatewayProcess:
 
     def start(self, timeout_s: float = 60.0) -> None:
         command = [sys.executable, "-m", "pipeline.cli", "gateway", "--port", str(self.port), "--loglevel", "warning"]
+        if self.sip_port is not None:
+            command += ["--sip-port", str(self.sip_port)]
         if self.cpus:
             command = ["taskset", "-c", self.cpus, *command]  # taskset execs the gateway: same pid
         env = {**os.environ, **self.env, "CALLQA_TWILIO_AUTH_TOKEN": self.twilio_auth_token,

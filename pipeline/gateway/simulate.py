@@ -13,9 +13,14 @@ tried without a phone: each recording is one call (stereo: left = agent, right =
   ``conversationId``), binary frames interleaved in that order, ``ping`` every 5 s, ``paused`` /
   ``resumed{discarded}`` around a hold, the gateway's ``pause``/``resume`` obeyed, ``close`` answered by
   ``closed``. Signed with ``X-API-KEY`` and the RFC 9421 signature.
+- **SIPREC** (RFC 7866): a recording session as an SBC opens it (``siprec.client.record``: INVITE with SDP
+  and metadata, the digest challenge answered with the first of ``CALLQA_SIPREC_USERS``, ACK, both legs as
+  PCMU RTP in 20 ms packets, BYE) to ``sip:HOST:PORT[;transport=tcp]``; the Call-ID is the call ID. The
+  client is blocking, so each call has a thread of its own. A hold's audio is sent as audio.
 
 ``realtime`` sends each chunk when its audio has happened (as replay and the platforms do); otherwise as
-fast as the gateway takes it (websocket back-pressure, and AudioHook's ``pause``).
+fast as the gateway takes it (websocket back-pressure, and AudioHook's ``pause``); SIPREC's RTP has no
+back-pressure, so it goes at ``SIPREC_FAST_SPEED`` times real time.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import time
 import uuid
 import zlib
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -44,13 +50,18 @@ from pipeline.ingest.replay import CallRecording, ReplayOptions, load_recording
 if TYPE_CHECKING:
     from pipeline.config import Settings
 
-Protocol = Literal["twilio", "audiohook"]
+Protocol = Literal["twilio", "audiohook", "siprec"]
 FRAME_MS = 20
 FRAME_SAMPLES = 160  # 20 ms at 8 kHz, one μ-law byte a sample
 SAMPLE_RATE = 8000
 PING_INTERVAL_S = 5.0  # Genesys pings every 5 s
 REPLY_TIMEOUT_S = 10.0  # opened within 5 s, closed within 10 s: Genesys's deadlines, with room
 CHANNEL_LEG = {"external": "customer", "internal": "agent"}  # AudioHook's channel names
+# SIPREC --fast: RTP has no flow control, so "as fast as the gateway takes it" is a pace. 8x real time is
+# 400 packets a second per stream, far below what fills a stream's 256 KB socket buffer while the event
+# loop is busy, and it keeps a leg's 2 s buffer (gateway_leg_buffer_s) 250 ms ahead of a slow Kafka ack.
+SIPREC_FAST_SPEED = 8.0
+SIPREC_BYE_AFTER_S = 0.2  # the last RTP packets read by the gateway before the BYE ends the session
 
 
 class SimulationError(RuntimeError):
@@ -60,7 +71,7 @@ class SimulationError(RuntimeError):
 @dataclass(frozen=True)
 class SimulateOptions:
     protocol: Protocol
-    url: str = "ws://127.0.0.1:8765"  # a bare host:port gets /twilio/<callSid> or /audiohook
+    url: str = "ws://127.0.0.1:8765"  # a bare host:port gets /twilio/<callSid> or /audiohook; SIPREC: sip:HOST:PORT
     calls: int = 0  # 0: one call per recording
     realtime: bool = True
     tenant: str = "demo"
@@ -69,6 +80,8 @@ class SimulateOptions:
     twilio_auth_token: str = ""
     audiohook_api_key: str = ""
     audiohook_client_secret: str = ""
+    siprec_user: str = ""  # digest credentials, when the SIPREC server challenges
+    siprec_password: str = ""
     organization_id: str = field(default_factory=lambda: str(uuid.uuid4()))
     stagger_s: float = 0.0  # calls begin this far apart (the benchmark spreads its legs' frames)
     call_ids: tuple[str, ...] = ()  # the calls' IDs (callSid / conversationId); default: generated
@@ -125,26 +138,72 @@ async def simulate(recordings: list[CallRecording], options: SimulateOptions,
     report = SimulationReport()
     began = time.monotonic()
     tasks = []
+    threads = ThreadPoolExecutor(n, "siprec-call") if options.protocol == "siprec" else None
     for i in range(n):
         rec = recordings[i % len(recordings)]
         call = SimulatedCall(options.call_ids[i] if options.call_ids else new_call_id(options.protocol), rec.source)
         report.calls.append(call)
+        start_at = began + i * options.stagger_s
+        if threads is not None:
+            tasks.append(asyncio.create_task(_siprec_call(rec, call, options, report, threads, on_frames, start_at)))
+            continue
         sender = _TwilioCall if options.protocol == "twilio" else _AudioHookCall
-        tasks.append(asyncio.create_task(
-            sender(rec, call, options, report, on_frames).run(began + i * options.stagger_s)))
+        tasks.append(asyncio.create_task(sender(rec, call, options, report, on_frames).run(start_at)))
     try:
         await asyncio.gather(*tasks)
     finally:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if threads is not None:
+            threads.shutdown(wait=False)  # a session already sending finishes in its thread
     report.elapsed_s = time.monotonic() - began
     return report
 
 
 def new_call_id(protocol: Protocol) -> str:
-    """A call ID as the platform makes them: a Twilio callSid, or an AudioHook conversationId."""
+    """A call ID as the platform makes them: a Twilio callSid, an AudioHook conversationId, a SIP Call-ID."""
+    if protocol == "siprec":
+        return f"{uuid.uuid4().hex}@src.callqa.test"
     return "CA" + uuid.uuid4().hex if protocol == "twilio" else str(uuid.uuid4())
+
+
+def sip_target(url: str) -> tuple[str, int, Literal["udp", "tcp"]]:
+    """``sip:HOST:PORT[;transport=udp|tcp]`` (the port 5060 when left out) as (host, port, transport)."""
+    rest = url.removeprefix("sip:")
+    address, *params = rest.split(";")
+    host, colon, port = address.rpartition(":")
+    if not colon:
+        host, port = address, "5060"
+    transport = next((p.split("=", 1)[1].lower() for p in params if p.lower().startswith("transport=")), "udp")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536 or transport not in ("udp", "tcp"):
+        raise SimulationError(f"--url {url!r} is not sip:HOST:PORT[;transport=udp|tcp]")
+    return host.strip("[]"), int(port), "tcp" if transport == "tcp" else "udp"
+
+
+async def _siprec_call(rec: CallRecording, call: SimulatedCall, options: SimulateOptions, report: SimulationReport,
+                       threads: ThreadPoolExecutor, on_frames: Callable[[int], None] | None, start_at: float) -> None:
+    """One call as a SIPREC session: ``client.record`` (blocking) in a thread of its own."""
+    from pipeline.gateway.siprec.client import ClientError, SrcOptions, record
+
+    host, port, transport = sip_target(options.url)
+    src = SrcOptions(host, port, transport, user=options.siprec_user, password=options.siprec_password,
+                     speed=1.0 if options.realtime else SIPREC_FAST_SPEED, bye_after_s=SIPREC_BYE_AFTER_S)
+    legs = {leg: rec.encoded.get(leg, b"") for leg in ("customer", "agent")}
+    await asyncio.sleep(max(0.0, start_at - time.monotonic()))
+    try:
+        await asyncio.get_running_loop().run_in_executor(threads, record, src, legs["customer"], legs["agent"],
+                                                         call.call_id)
+    except (ClientError, OSError) as exc:
+        verb = "refused the siprec session" if isinstance(exc, ClientError) and exc.status else "did not take call"
+        failure = SimulationError(f"the gateway at {options.url} {verb} {call.call_id}: {exc}")
+        if not options.keep_going:
+            raise failure from None
+        report.failures.append(str(failure))
+        return
+    call.frames = {leg: -(-len(audio) // FRAME_SAMPLES) for leg, audio in legs.items() if audio}
+    if on_frames is not None:
+        on_frames(sum(call.frames.values()))
 
 
 def endpoint(base: str, protocol: Protocol, call_id: str) -> str:
@@ -426,11 +485,20 @@ class _AudioHookCall(_CallSender):
 def options_from_settings(settings: Settings, protocol: Protocol, url: str, calls: int,
                           realtime: bool) -> SimulateOptions:
     """Signed with the secrets the gateway checks (CALLQA_TWILIO_AUTH_TOKEN, CALLQA_AUDIOHOOK_API_KEY,
-    CALLQA_AUDIOHOOK_CLIENT_SECRET), read the same way."""
+    CALLQA_AUDIOHOOK_CLIENT_SECRET), read the same way; SIPREC's digest answered as the first user of
+    CALLQA_SIPREC_USERS."""
+    from pipeline.gateway.siprec.digest import DigestError, parse_users
+
+    try:
+        users = parse_users(settings.siprec_users.get_secret_value())
+    except DigestError as exc:
+        raise SimulationError(f"CALLQA_SIPREC_USERS: {exc}") from None
+    user, password = next(iter(users.items()), ("", ""))
     return SimulateOptions(protocol, url=url, calls=calls, realtime=realtime,
                            twilio_auth_token=settings.twilio_auth_token.get_secret_value(),
                            audiohook_api_key=settings.audiohook_api_key.get_secret_value(),
-                           audiohook_client_secret=settings.audiohook_client_secret.get_secret_value())
+                           audiohook_client_secret=settings.audiohook_client_secret.get_secret_value(),
+                           siprec_user=user, siprec_password=password)
 
 
 def run_with_progress(recordings: list[CallRecording], options: SimulateOptions,
@@ -442,7 +510,8 @@ def run_with_progress(recordings: list[CallRecording], options: SimulateOptions,
                   console=console, transient=True) as progress:
         task = progress.add_task(f"{options.protocol}: {options.calls or len(recordings)} calls", total=total)
         report = uvloop.run(simulate(recordings, options, lambda n: progress.advance(task, n)))
-    pace = "in real time" if options.realtime else "as fast as the gateway took them"
+    pace = "in real time" if options.realtime else "as fast as the gateway took them" \
+        if options.protocol != "siprec" else f"at {SIPREC_FAST_SPEED:g}x real time"
     console.print(f"sent {len(report.calls)} calls ({report.frames_sent:,} frames) {pace} "
                   f"in {report.elapsed_s:.1f} s to {options.url}")
     return report

@@ -1,5 +1,5 @@
 """`callqa gateway simulate` against an in-process gateway and the real broker: what it sends is the
-file's audio, signed, for both protocols; a refused handshake is one clear error."""
+file's audio, signed, for each protocol (SIPREC: a digest answered); a refusal is one clear error."""
 
 from __future__ import annotations
 
@@ -89,3 +89,27 @@ async def test_a_refused_handshake_is_one_clear_error(start_gateway, credentials
         await simulate(recordings, replace(signed("twilio", gw.url), twilio_auth_token="wrong"))
     with pytest.raises(SimulationError, match=r"refused the audiohook handshake .*HTTP 401 \(refused: bad_api_key\)"):
         await simulate(recordings, replace(signed("audiohook", gw.url), audiohook_api_key="wrong"))
+
+
+async def test_siprec_sessions_carry_the_files_audio_and_a_refusal_is_one_line(
+        start_gateway, stereo_call, read_calls) -> None:  # type: ignore[no-untyped-def]
+    from pydantic import SecretStr
+
+    gw = await start_gateway(siprec_users=SecretStr("acme:sbc-secret"))
+    sip_port, _ = await gw.server.start_siprec("127.0.0.1", 0)
+    recordings = recordings_of([stereo_call])
+    options = SimulateOptions("siprec", url=f"sip:127.0.0.1:{sip_port}", calls=2, realtime=False,
+                              siprec_user="acme", siprec_password="sbc-secret")
+    report = await simulate(recordings, options)  # the digest challenge answered
+    assert len(set(report.call_ids)) == 2 and all(c.frames == {"agent": 100, "customer": 100} for c in report.calls)
+    frames, events = await read_calls(gw.settings, frames=2 * 200, events=4)
+    for call_id in report.call_ids:  # the SIP Call-ID is the call ID
+        mine = [f for f in frames if f.call_id == call_id]
+        for leg in ("agent", "customer"):
+            assert leg_audio(mine, leg) == recordings[0].encoded[leg]
+        start, end = (next(e for e in events if e.call_id == call_id and e.event_type == k) for k in ("start", "end"))
+        assert start.tenant == "acme"  # the digest user
+        assert end.frame_counts == {"agent": 100, "customer": 100} and end.reason == "bye"
+    with pytest.raises(SimulationError, match=r"refused the siprec session .*: INVITE answered 401 Unauthorized$"):
+        await simulate(recordings, replace(options, url=f"sip:127.0.0.1:{sip_port};transport=tcp", calls=1,
+                                           siprec_password="wrong"))

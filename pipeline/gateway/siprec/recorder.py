@@ -36,7 +36,15 @@ from pipeline.gateway.siprec.metadata import MetadataError, RecordingMetadata, p
 from pipeline.gateway.siprec.metrics import SiprecMetrics
 from pipeline.gateway.siprec.payloads import ENCODINGS, decoder_for
 from pipeline.gateway.siprec.rtp import RtpError, is_rtcp, parse_rtp
-from pipeline.gateway.siprec.sdp import Crypto, MediaAnswer, MediaOffer, SdpError, SdpOffer, build_answer, parse_sdp
+from pipeline.gateway.siprec.sdp import (
+    Crypto,
+    MediaAnswer,
+    MediaOffer,
+    SdpError,
+    SdpOffer,
+    build_answer,
+    parse_sdp,
+)
 from pipeline.gateway.siprec.srtp import SrtpError, SrtpReceiver, answer_crypto, choose
 
 log = logging.getLogger("callqa.gateway.siprec")
@@ -46,6 +54,9 @@ ALLOW = "INVITE, ACK, BYE, CANCEL, OPTIONS, UPDATE, INFO"
 ACCEPT = "application/sdp, application/rs-metadata+xml, multipart/mixed"
 SUPPORTED = ("siprec", "timer", "replaces")
 MIN_SESSION_EXPIRES_S = 90  # RFC 4028's Min-SE floor
+# A BYE often overtakes the stream's last RTP packets (they wait in the socket or the network): the session
+# ends this long after it, so they are still written (the call's end event waits for them anyway).
+BYE_LINGER_S = 0.25
 LATE_STREAM_S = 2.0  # a stream whose first packet comes later than this after the answer starts where the call is
 Transport = Literal["udp", "tcp", "tls"]
 
@@ -127,6 +138,8 @@ class RecordingSession:
     held: bool = False
     local_cseq: int = 0
     dtmf_positions: list[int] = field(default_factory=list)  # samples on the call clock; never the digit
+    ending: str = ""  # why it ends, once a BYE came (it ends at end_at)
+    end_at: float = 0.0
 
 
 class RecordingServer:
@@ -406,7 +419,8 @@ class RecordingServer:
         session = self._dialog(msg)
         if session is None:
             return response(msg, 481)
-        self.end(session.call_id, "bye")
+        if not session.ending:
+            session.ending, session.end_at = "bye", now + BYE_LINGER_S
         return response(msg, 200)
 
     def _cancel(self, msg: SipMessage, peer: Peer, now: float) -> SipMessage:
@@ -515,6 +529,10 @@ class RecordingServer:
         return out
 
     def _session_timers(self, session: RecordingSession, now: float) -> list[Outgoing]:
+        if session.ending:
+            if now >= session.end_at:
+                self.end(session.call_id, session.ending)
+            return []
         why = ""
         if not session.acked and now - session.answered_at > TIMER_H_S:
             why = "no ack"
@@ -560,8 +578,9 @@ class RecordingServer:
         self.draining = True
         out = []
         for session in list(self.sessions.values()):
-            out.append(self._bye_request(session))
-            self.end(session.call_id, "gateway shutdown")
+            if not session.ending:
+                out.append(self._bye_request(session))
+            self.end(session.call_id, session.ending or "gateway shutdown")
         return out
 
 

@@ -179,3 +179,23 @@ def test_a_g722_stream_is_taken_as_8_khz_audio_of_the_same_length_and_shape() ->
     assert 0 <= lag < 100
     assert np.corrcoef(got[lag + 500:15000], sent[500:15000 - lag])[0, 1] > 0.95
     client.close()
+
+
+def test_rtp_that_a_bye_overtook_is_still_written() -> None:
+    """The SBC's BYE arrives before the last packets (still in the socket): they go on the leg, and the
+    session ends a moment later."""
+    core, client = Core(), RecordingClient(SrcOptions())
+    request = invite(client)
+    (ok,) = core.send(request)
+    core.send(ack_for(client, request, ok))
+    packets = packetize((np.ones(8000) * 3000).astype(np.int16), "pcmu", 0, ssrc=5)  # 1 s: 5 messages
+    for packet in packets[:-5]:
+        core.server.on_rtp((client.call_id, 0), packet)
+    (bye_ok,) = core.send(client._request("BYE"))
+    assert bye_ok.status == 200 and core.server.sessions
+    for packet in packets[-5:]:
+        core.server.on_rtp((client.call_id, 0), packet)
+    core.tick(0.3)
+    assert core.server.sessions == {} and [e.reason for e in core.sink.ends] == ["bye"]
+    assert core.sink.ends[0].frame_counts == {"customer": 5}
+    client.close()

@@ -128,6 +128,19 @@ async def test_a_reinvite_to_inactive_holds_the_call_and_back_resumes_it(start_g
     assert [e.event_type for e in events] == ["start", "hold", "resume", "end"]
 
 
+async def test_sipp_s_malformed_invites_are_answered_400_and_leave_nothing(start_gateway, read_calls, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """SIPp sends an INVITE whose SDP has a port that is not a number, then one whose Content-Length is a
+    word: 400 each (with a Warning saying what), no session, nothing on the topics; then OPTIONS works."""
+    gw, port = await gateway(start_gateway)
+    rc, trace = await sipp(port, "siprec_malformed", tmp_path)
+    assert rc == 0, trace
+    assert trace.count("SIP/2.0 400") == 2 and "Warning: 399 callqa" in trace
+    frames, events = await read_calls(gw.settings, idle_s=2.0)
+    assert frames == [] and events == [] and gw.server.siprec.server.sessions == {}
+    rc, trace = await sipp(port, "siprec_options", tmp_path)
+    assert rc == 0, trace
+
+
 async def test_malformed_messages_are_answered_400_or_dropped_and_the_server_goes_on(start_gateway, tmp_path) -> None:  # type: ignore[no-untyped-def]
     gw, port = await gateway(start_gateway)
     bad = [
@@ -194,3 +207,67 @@ async def test_a_session_from_sipp_with_our_rtp_reaches_the_topics_as_sent(start
     assert start.call_id == call_id and start.agent_id == "agent1001" and "5551234567" not in repr(events)
     assert end.frame_counts == {"agent": 15, "customer": 15} and end.reason == "bye"
     assert all(f.seq * 200 == f.start_ms and f.call_id == call_id for f in frames)
+
+
+async def test_srtp_required_takes_an_sdes_offer_and_refuses_plain_rtp(start_gateway, read_calls,
+                                                                       recording_mulaw) -> None:  # type: ignore[no-untyped-def]
+    """CALLQA_SIPREC_SRTP=required: an RTP/SAVP offer (SDES AES_CM_128_HMAC_SHA1_80) is answered with a key of
+    ours and its SRTP decrypted to the sent audio; a plain RTP offer gets 488 and produces nothing."""
+    from pipeline.gateway.siprec.client import ClientError, record
+
+    gw, port = await gateway(start_gateway, audio_message_ms=200, siprec_srtp="required")
+    customer, agent = recording_mulaw[:16000], recording_mulaw[16000:32000]  # 2 s each
+    report = await asyncio.to_thread(record, SrcOptions(port=port, speed=4.0, srtp=True), customer, agent)
+    assert report.status == 200 and report.bye_status == 200
+    with pytest.raises(ClientError) as refused:
+        await asyncio.to_thread(record, SrcOptions(port=port, speed=0.0), customer, agent)
+    assert refused.value.status == 488
+    frames, events = await read_calls(gw.settings, frames=20, events=2, idle_s=3.0)
+    assert {e.call_id for e in events} == {report.call_id}
+    by_leg = {leg: b"".join(f.payload for f in sorted(frames, key=lambda f: f.seq) if f.leg == leg)
+              for leg in ("customer", "agent")}
+    assert by_leg == {"customer": customer, "agent": agent}
+    assert value(gw, "callqa_siprec_refusals_total", reason="srtp_required") == 1
+
+
+async def test_sip_over_tls_on_the_sips_port(start_gateway, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """--sips-port serves SIP over TLS with the gateway's certificate (Debian's SIPp is built without TLS, so
+    Python's ssl is the client): an OPTIONS over a verified TLS connection is answered on it."""
+    import datetime
+    import ipaddress
+    import ssl
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    from pipeline.gateway.siprec.message import StreamFramer, parse
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "callqa-siprec-test")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=1))
+            .not_valid_after(now + datetime.timedelta(hours=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+            .sign(key, hashes.SHA256()))
+    cert_file, key_file = tmp_path / "gateway.pem", tmp_path / "gateway.key"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    gw = await start_gateway(gateway_tls_cert=cert_file, gateway_tls_key=key_file)
+    _, tls_port = await gw.server.start_siprec("127.0.0.1", 0, 0)
+    assert tls_port
+    reader, writer = await asyncio.open_connection("127.0.0.1", tls_port,
+                                                   ssl=ssl.create_default_context(cafile=str(cert_file)))
+    options = (f"OPTIONS sip:srs@127.0.0.1:{tls_port} SIP/2.0\r\nVia: SIP/2.0/TLS 127.0.0.1:5999;branch=z9hG4bKtls1\r\n"
+               "From: <sip:src@127.0.0.1>;tag=1\r\nTo: <sip:srs@127.0.0.1>\r\nCall-ID: tls-1@test\r\n"
+               "CSeq: 1 OPTIONS\r\nMax-Forwards: 70\r\nContent-Length: 0\r\n\r\n")
+    writer.write(options.encode())
+    framer, messages = StreamFramer(), []
+    while not messages:
+        messages = framer.feed(await asyncio.wait_for(reader.read(65536), 10))
+    writer.close()
+    answer = parse(messages[0], stream=True)
+    assert answer.status == 200 and answer.header("allow") and answer.call_id == "tls-1@test"
