@@ -233,13 +233,25 @@ class JitterBuffer:
         held = self._held
         released: list[Released] = []
         deadline = now - self.max_wait_s
-        # The oldest goes while more than `depth` are held (its predecessor is presumed lost), or while any held
-        # packet has waited max_wait_s (a real-time stream must not hold audio for a packet that never comes).
-        while held and (len(held) > self.depth or min(entry[1] for entry in held) <= deadline):
+        epoch = self._epoch
+        # The oldest goes at once when it follows the last one released (nothing can come before it any more:
+        # an in-order stream waits for nothing), else while more than `depth` are held (its predecessor is
+        # presumed lost), or while any held packet has waited max_wait_s (a real-time stream must not hold
+        # audio for a packet that never comes).
+        while held:
+            last = epoch.last_released if epoch is not None else None
+            if (last is None or held[0][0] != last + 1) and len(held) <= self.depth \
+                    and min(entry[1] for entry in held) > deadline:
+                break
             out = self._release(held.pop(0))
             if out is not None:
                 released.append(out)
         return released
+
+    @property
+    def waiting(self) -> bool:
+        """Packets are held for a missing predecessor (``expire`` has something to do)."""
+        return bool(self._held)
 
     def _drain(self) -> list[Released]:
         released: list[Released] = []

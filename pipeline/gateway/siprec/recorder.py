@@ -515,7 +515,8 @@ class RecordingServer:
         out: list[Outgoing] = []
         for session in list(self.sessions.values()):
             for stream in session.streams.values():
-                self._write(session, stream, stream.buffer.expire(now))
+                if stream.buffer.waiting:
+                    self._write(session, stream, stream.buffer.expire(now))
             out += self._session_timers(session, now)
         for key, t in list(self.transactions.items()):
             if now - t.created > TIMER_H_S:

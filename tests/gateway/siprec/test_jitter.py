@@ -191,14 +191,19 @@ def test_late_and_duplicate_packets_are_dropped_and_counted() -> None:
 
 
 def test_expire_releases_a_real_time_streams_last_packets() -> None:
-    packets = packetize(_leg(0.06), "pcmu", PCMU, ssrc=3)
+    """The first packet waits max_wait_s (one before it may still come); those that follow it in order go
+    with it, and from then on each in-order packet goes as it arrives: a gap only is waited for."""
+    packets = packetize(_leg(0.2), "pcmu", PCMU, ssrc=3)
     buffer = _buffer()
-    for index, datagram in enumerate(packets):
+    for index, datagram in enumerate(packets[:3]):
         assert buffer.push(parse_rtp(datagram), 10.0 + index * 0.02) == []
     assert buffer.expire(10.05) == []
-    released = buffer.expire(10.07)
-    assert [item.position for item in released] == [0]
-    assert [item.position for item in buffer.expire(10.2)] == [PACKET, 2 * PACKET]
+    assert [item.position for item in buffer.expire(10.07)] == [0, PACKET, 2 * PACKET]
+    assert [r.position for r in buffer.push(parse_rtp(packets[3]), 10.08)] == [3 * PACKET]  # in order: at once
+    assert buffer.push(parse_rtp(packets[4 + 1]), 10.12) == []  # packet 4 missing: 5 waits
+    assert buffer.waiting and buffer.expire(10.15) == []
+    assert [item.position for item in buffer.expire(10.19)] == [5 * PACKET]
+    assert not buffer.waiting and buffer.counts.lost == 1
 
 
 def _reachable(*roots: object) -> list[object]:
