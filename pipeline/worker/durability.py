@@ -108,6 +108,11 @@ class CallDurability:
             for call in calls:
                 call.deliveries = [d for d in call.deliveries if id(d) not in done]
             await self.sink.flush()
+            # A rebalance may have moved partitions while this waited: their calls were dropped here and are
+            # their next owner's (replayed from the last commit); a record for one would find no transaction
+            # (a worker crashed on that in a scale-out test).
+            due = [(c, legs) for c, legs in due if self.registry.calls.get(c.call_id) is c]
+            ready = [c for c in ready if c in self.registry.awaiting_release]
             saved = [await self._save(c, self._recorded(call_checkpoint(c, "open", legs), c, legs)) for c, legs in due]
             saved += [await self._save(c, self._finished_record(c)) for c in ready]
             await asyncio.gather(*saved)

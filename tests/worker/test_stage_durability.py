@@ -137,3 +137,21 @@ async def test_a_failed_call_is_never_released() -> None:
     stage.registry.retire(call, "end")
     assert await stage.durability.make_durable() == {AUDIO: 0, EVENTS: 0}
     assert stage.registry.awaiting_release == [call] and "c1" not in stage.store.partitions.get(1, {})
+
+
+async def test_a_call_dropped_while_its_outputs_were_awaited_gets_no_checkpoint() -> None:
+    """A rebalance moved the call's partition while make_durable awaited its outputs: no record for it (the
+    next owner replays it from the last commit; a record for a partition no longer owned found no
+    transaction and crashed a worker in the scale-out test)."""
+    stage = Stage()
+    call = await stage.open_call(100)
+    await stage.durability.make_durable()
+    stage.durability.take_snapshots([call])
+    delivered: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    call.deliveries = [delivered]
+    durable = asyncio.create_task(stage.durability.make_durable())
+    await asyncio.sleep(0)
+    stage.registry.drop_partitions({AUDIO[1]})  # the rebalance moved it meanwhile
+    delivered.set_result(None)
+    await durable
+    assert stage.checkpoints("open") == 0 and "c1" not in stage.store.partitions.get(1, {})
