@@ -28,6 +28,12 @@ class QaSettings(BaseModel):
     qa_redaction_enabled: bool = Field(
         True, description="Redact PII before transcripts leave the worker; false stores unredacted text."
     )
+    qa_redact_names: bool = Field(
+        False,
+        description="Also redact personal names ([NAME]): the words after \"my name is\" and the short answer "
+        "to a question for a name. Off by default: names are what a supervisor looks calls up by, and the "
+        "rules miss names said elsewhere.",
+    )
     qa_redaction_context_segments: int = Field(
         3,
         ge=0,

@@ -44,6 +44,7 @@ class QaConfig:
     fuzzy_threshold: float = 0.8
     redaction_enabled: bool = True
     redaction_context_segments: int = 3
+    redact_names: bool = False
     categories: tuple[Category, ...] = ()  # rules/categories/*.yaml
 
     @classmethod
@@ -57,6 +58,7 @@ class QaConfig:
             fuzzy_threshold=settings.qa_fuzzy_threshold,
             redaction_enabled=settings.qa_redaction_enabled,
             redaction_context_segments=settings.qa_redaction_context_segments,
+            redact_names=settings.qa_redact_names,
             categories=load_categories(settings.rules_dir, rule_set),
         )
 
@@ -91,7 +93,7 @@ class CallAnalyzer:
     _out_of_order: bool = False  # a segment was processed after a later one (see finalize)
 
     def __post_init__(self) -> None:
-        self._redactor = CallRedactor(self.config.redaction_context_segments)
+        self._redactor = CallRedactor(self.config.redaction_context_segments, names=self.config.redact_names)
         self._rules = RuleEngine(self.config.rule_set, self.config.fuzzy_threshold)
 
     def redact(self, segment: Segment) -> RedactedText:

@@ -15,6 +15,10 @@ What is replaced, and by which marker:
   321" right after the card number is its security code). Without that context such short numbers are
   times, amounts and quantities.
 
+- [DOB], [ADDRESS], [ACCOUNT], [ROUTING], [PIN], [NAME]: what callers say about themselves (personal.py):
+  street addresses always, a date in date-of-birth context, bank account and routing numbers and PINs in
+  theirs, names only with ``qa_redact_names``.
+
 Card context ("card" said by either leg, or a card number just given) also redacts what ASR makes of a
 card number read out: a garbled one that fails Luhn, and the chunks of one read in pauses over several
 segments ("four one one one ... one one one one"): any run of 4-19 digits there that is not an amount
@@ -35,9 +39,17 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from pipeline.qa.numbers import DigitRun, NumberItem, Token, digit_runs, luhn_valid
+from pipeline.qa.personal import (
+    CONTEXT_KEYWORDS,
+    MONTHS,
+    address_spans,
+    date_spans,
+    name_spans,
+    routing_valid,
+)
 from pipeline.qa.segment import Segment
 
-MARKERS = ("PAN", "SSN", "PHONE", "EMAIL", "CVV", "EXPIRY")
+MARKERS = ("PAN", "SSN", "PHONE", "EMAIL", "CVV", "EXPIRY", "DOB", "ADDRESS", "ACCOUNT", "ROUTING", "PIN", "NAME")
 # A marker already in a segment's text: it was redacted before (a stored final a resumed call is rebuilt from).
 _MARKER_IN_TEXT = re.compile(r"\[(" + "|".join(MARKERS) + r")\]")
 
@@ -52,18 +64,16 @@ _CONTEXT_KEYWORDS: dict[str, re.Pattern[str]] = {
     "SSN": re.compile(r"\b(social security|ssn|social)\b"),
     "PHONE": re.compile(r"\b(phone|mobile|cell|call ?back|call me|reach you|telephone)\b"),
     "CARD": re.compile(r"\b(card|visa|mastercard|master card|amex|american express|discover)\b"),
+    **CONTEXT_KEYWORDS,
 }
-# Opened by either leg: a customer says "my card number is" and reads it in chunks after a pause.
-_ANY_LEG_CONTEXT = frozenset({"CARD"})
+# Opened by either leg: a customer says "my card number is" (or "my date of birth is", "my pin is") and reads
+# it in chunks after a pause.
+_ANY_LEG_CONTEXT = frozenset({"CARD", *CONTEXT_KEYWORDS})
 # A card number found opens both: what follows may be its rest, its expiry or its security code.
 _AFTER_CARD = frozenset({"CARD", "CARD_GIVEN"})
 _MONEY_BEFORE = {"$", "£", "€"}
 _MONEY_AFTER = {"dollar", "dollars", "cents", "bucks", "percent", "%", "pounds", "euros", "usd"}
 _YEAR_BEFORE = {"in", "since", "from", "until", "till", "year", "of", "back"}
-MONTHS = (
-    "january", "february", "march", "april", "may", "june",
-    "july", "august", "september", "october", "november", "december",
-)  # fmt: skip
 _WRITTEN_EMAIL = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+")
 _DOT = r"(?:\s+dot\s+|\.)"
 _SPOKEN_EMAIL = re.compile(
@@ -190,6 +200,7 @@ class CallRedactor:
     """Redacts the segments of one call, remembering by segment time what was asked and given."""
 
     context_segments: int = 3
+    names: bool = False  # qa_redact_names: personal names too
     _seen: list[_Seen] = field(default_factory=list)  # sorted by order
 
     def _context_for(self, segment: Segment) -> tuple[set[str], set[str]]:
@@ -229,6 +240,9 @@ class CallRedactor:
     @staticmethod
     def _marker(run: DigitRun, tokens: list[Token], context: set[str]) -> str | None:
         digits, n = run.digits, len(run.digits)
+        personal = _personal_marker(digits, run.group_lengths, context)
+        if personal is not None:
+            return personal
         after_month = run.items[0].first > 0 and tokens[run.items[0].first - 1].lower in MONTHS
         if "EXPIRY" in context and (_looks_like_expiry(run) or (after_month and n in (2, 4))):
             return "EXPIRY"
@@ -258,8 +272,9 @@ class CallRedactor:
         if assume_context:
             context |= set(_CONTEXT_KEYWORDS) | _AFTER_CARD
         text = segment.text
-        emails = _email_spans(text)
-        spans = emails + [s for s in self._number_spans(text, context) if not _overlaps(s, emails)]
+        spans = _email_spans(text)
+        spans += [s for s in _personal_spans(text, context, self.names) if not _overlaps(s, spans)]
+        spans += [s for s in self._number_spans(text, context) if not _overlaps(s, spans)]
         counts = Counter(s.marker for s in spans)
         for span in sorted(spans, key=lambda s: s.start, reverse=True):
             text = f"{text[: span.start]}[{span.marker}]{text[span.end :]}"
@@ -268,6 +283,30 @@ class CallRedactor:
             # keep the card open after "[PAN]" as after the digits, or the expiry or code after it leaks.
             self._remember(segment, mentioned, counts + Counter(_MARKER_IN_TEXT.findall(segment.text)))
         return RedactedText(segment.with_text(text), dict(counts))
+
+
+def _personal_spans(text: str, context: set[str], names: bool) -> list[_Span]:
+    """Street addresses always; dates in date-of-birth context; names when asked to (personal.py)."""
+    found = address_spans(text)
+    tokens = digit_runs(text)[0] if "DOB" in context or names else []
+    extra = (date_spans(tokens) if "DOB" in context else []) + (name_spans(tokens, context) if names else [])
+    found += [d for d in extra if not any(d.start < a.end and a.start < d.end for a in found)]
+    return [_Span(p.start, p.end, p.marker) for p in found]
+
+
+def _personal_marker(digits: str, groups: list[int], context: set[str]) -> str | None:
+    """A bare number in the context that names it: a PIN, a routing number (checksum, else an account), a bank
+    account, a ZIP code."""
+    n = len(digits)
+    if "PIN" in context and 4 <= n <= 6:
+        return "PIN"
+    if "ROUTING" in context and n == 9:
+        return "ROUTING" if routing_valid(digits) else "ACCOUNT"
+    if "BANK" in context and 6 <= n <= 17:
+        return "ACCOUNT"
+    if "ADDRESS" in context and (n == 5 or (n == 9 and groups == [5, 4])):
+        return "ADDRESS"
+    return None
 
 
 def _card_marker(run: DigitRun, tokens: list[Token], context: set[str]) -> str | None:

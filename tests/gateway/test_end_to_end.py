@@ -16,6 +16,8 @@ import os
 import shutil
 import subprocess
 import sys
+import urllib.parse
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -248,6 +250,11 @@ async def test_a_siprec_call_from_sipp_is_stored_as_the_replayed_call(stack: Sta
     assert_same_call(stack, call_id, replayed)
     (start,) = [e for e in await asyncio.to_thread(stack.events, call_id) if e.event_type == "start"]
     assert start.agent_id == "agent1001"  # the callee's AOR user part (sip:agent1001@pbx.example.com)
+    # The SIP Call-ID as the SBC wrote it (SIPp's: "1-<pid>@127.0.0.1") is the API's call, URL-encoded.
+    request = urllib.request.Request(f"{stack.worker.base_url}/api/calls/{urllib.parse.quote(call_id, safe='')}",
+                                     headers={"Authorization": f"Bearer {stack.worker.env['CALLQA_API_TOKEN']}"})
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        assert call_id in answer.read().decode()
 
 
 @pytest.mark.skipif(shutil.which("sipp") is None, reason="sip-tester not installed")

@@ -16,6 +16,7 @@ its ACK (Timer G) and given up after 32 s (Timer H): a 2xx never acknowledged en
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import re
 import secrets
@@ -208,8 +209,6 @@ class RecordingServer:
 
     def _source_refusal(self, peer: Peer) -> str | None:
         try:
-            import ipaddress
-
             address = ipaddress.ip_address(peer.host)
         except ValueError:
             return "source_not_allowed"
