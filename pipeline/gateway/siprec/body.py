@@ -12,6 +12,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from pipeline.gateway.siprec.message import unquote_at
+
 MAX_BODY_BYTES = 128 * 1024  # an SDP (<= 16 KB) and metadata (<= 64 KB), with room to spare
 MAX_PARTS = 8
 MAX_PART_HEADER_BYTES = 4096
@@ -110,19 +112,10 @@ def _parameters(text: str) -> dict[str, str]:
 
 def _parameter_value(text: str, pos: int, name: str) -> tuple[str, int]:
     if pos < len(text) and text[pos] == '"':
-        out: list[str] = []
-        pos += 1
-        while pos < len(text):
-            char = text[pos]
-            if char == "\\" and pos + 1 < len(text):
-                out.append(text[pos + 1])
-                pos += 2
-            elif char == '"':
-                return "".join(out), pos + 1
-            else:
-                out.append(char)
-                pos += 1
-        raise BodyError(f"body: content type parameter {name[:20]!r} has an unclosed quote")
+        quoted = unquote_at(text, pos + 1)
+        if quoted is None:
+            raise BodyError(f"body: content type parameter {name[:20]!r} has an unclosed quote")
+        return quoted
     value_match = _TOKEN.match(text, pos)
     if value_match is None:
         raise BodyError(f"body: content type parameter {name[:20]!r} has an empty value")

@@ -24,6 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from pipeline.gateway.siprec.message import unquote_at
+
 MAX_HEADER_CHARS = 4096
 MAX_PARAMETERS = 32
 MAX_NONCE_CHARS = 128
@@ -265,18 +267,10 @@ def _parameter(value: str, pos: int) -> tuple[str, str, int]:
 
 def _quoted_string(value: str, pos: int) -> tuple[str, int]:
     """The unescaped text of a quoted string whose opening quote is just before ``pos``."""
-    out: list[str] = []
-    while pos < len(value):
-        char = value[pos]
-        if char == "\\" and pos + 1 < len(value):
-            out.append(value[pos + 1])
-            pos += 2
-        elif char == '"':
-            return "".join(out), pos + 1
-        else:
-            out.append(char)
-            pos += 1
-    raise DigestError("header: unclosed quoted string")
+    quoted = unquote_at(value, pos)
+    if quoted is None:
+        raise DigestError("header: unclosed quoted string")
+    return quoted
 
 
 def _skip(value: str, pos: int, chars: str) -> int:

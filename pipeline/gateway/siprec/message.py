@@ -121,6 +121,23 @@ def split_list(value: str) -> list[str]:
     return [i for i in items if i]
 
 
+def unquote_at(text: str, pos: int) -> tuple[str, int] | None:
+    """The unescaped text of the quoted string whose opening quote is just before ``pos`` and the position
+    after its closing quote; None when it is never closed (each caller refuses that with its own error)."""
+    out: list[str] = []
+    while pos < len(text):
+        char = text[pos]
+        if char == "\\" and pos + 1 < len(text):
+            out.append(text[pos + 1])
+            pos += 2
+        elif char == '"':
+            return "".join(out), pos + 1
+        else:
+            out.append(char)
+            pos += 1
+    return None
+
+
 def param(value: str, name: str) -> str | None:
     """A ``;name=value`` parameter of a header value (outside its <URI>), or None."""
     tail = value.rsplit(">", 1)[-1] if ">" in value else value

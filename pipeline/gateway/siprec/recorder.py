@@ -370,6 +370,10 @@ class RecordingServer:
         session.last_sip = now
         session.invite_cseq = msg.cseq[0]
         session.session_expires_s = _session_expires(msg) or session.session_expires_s
+        return self._new_offer(msg, peer, session)
+
+    def _new_offer(self, msg: SipMessage, peer: Peer, session: RecordingSession) -> SipMessage:
+        """A re-INVITE's or UPDATE's offer within the session, answered."""
         try:
             offer, metadata = self._offer(msg)
         except _Refusal as r:
@@ -440,12 +444,7 @@ class RecordingServer:
         session.session_expires_s = _session_expires(msg) or session.session_expires_s
         if not msg.body:  # a session refresh only (RFC 4028)
             return response(msg, 200, headers=self._timer_headers(session))
-        try:
-            offer, metadata = self._offer(msg)
-        except _Refusal as r:
-            return self._refuse(msg, r.status, r.reason, peer)
-        self._renegotiate(session, offer, metadata)
-        return self._ok_with_answer(msg, session, offer)
+        return self._new_offer(msg, peer, session)
 
     def _info(self, msg: SipMessage, peer: Peer, now: float) -> SipMessage:
         session = self._dialog(msg)
