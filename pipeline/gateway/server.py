@@ -164,6 +164,8 @@ class GatewayServer:
         """Drain: refuse new sessions, let open ones go on up to ``gateway_drain_s``, close the rest,
         end every call (one end event each), and send what is buffered."""
         self.draining = True
+        if self.siprec is not None:  # new INVITEs get 503 from now on; open sessions go on with the drain
+            self.siprec.server.draining = True
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.gateway_drain_s
         while self.sessions and loop.time() < deadline:

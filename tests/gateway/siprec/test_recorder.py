@@ -199,3 +199,14 @@ def test_rtp_that_a_bye_overtook_is_still_written() -> None:
     assert core.server.sessions == {} and [e.reason for e in core.sink.ends] == ["bye"]
     assert core.sink.ends[0].frame_counts == {"customer": 5}
     client.close()
+
+
+def test_a_draining_gateway_refuses_new_invites_and_keeps_its_sessions() -> None:
+    core, old, new = Core(), RecordingClient(SrcOptions()), RecordingClient(SrcOptions())
+    assert core.send(invite(old))[0].status == 200
+    core.server.draining = True  # GatewayServer.shutdown sets it first thing
+    (refused,) = core.send(invite(new))
+    assert refused.status == 503 and refused.header("retry-after") and old.call_id in core.server.sessions
+    assert core.value("callqa_siprec_refusals_total", reason="draining") == 1
+    old.close()
+    new.close()
