@@ -102,7 +102,9 @@ def date_spans(tokens: list[Token]) -> list[PersonalSpan]:
         numbers = sum(1 for t in run if _NUMERAL_DATE.match(t.lower) or t.lower in _NUMBER_WORDS
                       or t.lower in _ORDINALS)
         has_month = any(t.lower in MONTHS for t in run)
-        if run and numbers >= 1 and (has_month or numbers >= 2):
+        # A date has at most eight digits (dd mm yyyy): a longer run of numerals is another number.
+        digits = sum(len(t.text) for t in run if t.text.isdigit())
+        if run and numbers >= 1 and (has_month or numbers >= 2) and digits <= 8:
             spans.append(PersonalSpan(run[0].start, run[-1].end, "DOB"))
         i = j + 1
     return spans

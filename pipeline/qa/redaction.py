@@ -273,8 +273,11 @@ class CallRedactor:
             context |= set(_CONTEXT_KEYWORDS) | _AFTER_CARD
         text = segment.text
         spans = _email_spans(text)
-        spans += [s for s in _personal_spans(text, context, self.names) if not _overlaps(s, spans)]
+        spans += [s for s in _address_and_names(text, context, self.names) if not _overlaps(s, spans)]
         spans += [s for s in self._number_spans(text, context) if not _overlaps(s, spans)]
+        # Dates last: a card number read out while a date of birth is still in context is a [PAN], whatever
+        # the date finder would make of a run of numbers.
+        spans += [s for s in _dates_of_birth(text, context) if not _overlaps(s, spans)]
         counts = Counter(s.marker for s in spans)
         for span in sorted(spans, key=lambda s: s.start, reverse=True):
             text = f"{text[: span.start]}[{span.marker}]{text[span.end :]}"
@@ -285,13 +288,19 @@ class CallRedactor:
         return RedactedText(segment.with_text(text), dict(counts))
 
 
-def _personal_spans(text: str, context: set[str], names: bool) -> list[_Span]:
-    """Street addresses always; dates in date-of-birth context; names when asked to (personal.py)."""
+def _address_and_names(text: str, context: set[str], names: bool) -> list[_Span]:
+    """Street addresses always; names when asked to (personal.py)."""
     found = address_spans(text)
-    tokens = digit_runs(text)[0] if "DOB" in context or names else []
-    extra = (date_spans(tokens) if "DOB" in context else []) + (name_spans(tokens, context) if names else [])
-    found += [d for d in extra if not any(d.start < a.end and a.start < d.end for a in found)]
+    if names:
+        found += [n for n in name_spans(digit_runs(text)[0], context)
+                  if not any(n.start < a.end and a.start < n.end for a in found)]
     return [_Span(p.start, p.end, p.marker) for p in found]
+
+
+def _dates_of_birth(text: str, context: set[str]) -> list[_Span]:
+    if "DOB" not in context:
+        return []
+    return [_Span(p.start, p.end, p.marker) for p in date_spans(digit_runs(text)[0])]
 
 
 def _personal_marker(digits: str, groups: list[int], context: set[str]) -> str | None:

@@ -104,3 +104,12 @@ def test_names_are_redacted_only_when_set(agent: str, customer: str, name: str |
         assert answer(names=True) == customer
     else:
         assert name not in answer(names=True) and "[NAME]" in answer(names=True)
+
+
+def test_a_card_number_read_while_a_date_of_birth_is_in_context_is_a_pan() -> None:
+    """The chaos test's call: the card number came within three segments of the date-of-birth question, and
+    the date finder took the run of numbers for a date ([DOB] live, [PAN] offline, by context)."""
+    for card in ("4111 1111 1111 1111", "four one one one one one one one one one one one one one one one"):
+        answer = redacted_answer({"agent": "can you confirm your date of birth and then the card number",
+                                  "customer": f"{card}."})
+        assert answer == "[PAN].", card
