@@ -205,7 +205,10 @@ class CallRedactor:
 
     def _context_for(self, segment: Segment) -> tuple[set[str], set[str]]:
         """(active, mentioned): context active for this segment, and the keywords the segment says."""
-        lowered = segment.text.lower()
+        # Markers out first: a resumed call's stored text says "[DOB]", "[PIN]", "[ADDRESS]", which would
+        # otherwise open the contexts of the words they replaced (and did, in the chaos test: a card number
+        # three segments later became [DOB] live and [PAN] offline).
+        lowered = _MARKER_IN_TEXT.sub(" ", segment.text).lower()
         mentioned = {kind for kind, pattern in _CONTEXT_KEYWORDS.items() if pattern.search(lowered)}
         at = bisect.bisect_left([seen.order for seen in self._seen], _order(segment))
         before = self._seen[max(0, at - self.context_segments) : at]

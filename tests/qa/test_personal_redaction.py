@@ -113,3 +113,13 @@ def test_a_card_number_read_while_a_date_of_birth_is_in_context_is_a_pan() -> No
         answer = redacted_answer({"agent": "can you confirm your date of birth and then the card number",
                                   "customer": f"{card}."})
         assert answer == "[PAN].", card
+
+
+def test_a_resumed_call_s_stored_markers_open_no_context() -> None:
+    """A call resumed from its stored finals feeds the redactor their redacted text: "[DOB]", "[PIN]",
+    "[ADDRESS]" must not open the contexts their words would (the 6-digit order number stays readable)."""
+    for stored in ("It's [DOB].", "[PIN]", "[ADDRESS] please", "it's [ROUTING]"):
+        redactor = CallRedactor()
+        redactor.redact(Segment("c", "customer", "s1", 0, 2000, stored))
+        answer = redactor.redact(Segment("c", "customer", "s2", 2500, 6000, "the order is 445566")).text
+        assert answer == "the order is 445566", stored
