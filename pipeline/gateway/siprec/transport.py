@@ -106,11 +106,7 @@ class SipListener:
                     tls: ssl.SSLContext | None = None) -> tuple[int, int | None]:
         """Listen (UDP and TCP on ``port``, TLS on ``tls_port``); returns the ports bound (0 picks free
         ones: UDP and TCP then share the one UDP got)."""
-        loop = asyncio.get_running_loop()
-        udp, _ = await loop.create_datagram_endpoint(lambda: SipDatagrams(self), local_addr=(host, port))
-        bound = int(udp.get_extra_info("sockname")[1])
-        tcp = await asyncio.start_server(lambda r, w: self._connection(r, w, "tcp"), host, bound)
-        self._servers.append(tcp)
+        bound = await self._listen_udp_and_tcp(host, port)
         tls_bound = None
         if tls_port is not None:
             if tls is None:
@@ -120,6 +116,24 @@ class SipListener:
             tls_bound = int(secure.sockets[0].getsockname()[1])
         self._ticker = asyncio.create_task(self._tick())
         return bound, tls_bound
+
+    async def _listen_udp_and_tcp(self, host: str, port: int, tries: int = 20) -> int:
+        """UDP and TCP on one port. With port 0 the UDP socket's free port may be taken for TCP (another
+        connection's local port): then another one is tried."""
+        loop = asyncio.get_running_loop()
+        for attempt in range(tries):
+            udp, _ = await loop.create_datagram_endpoint(lambda: SipDatagrams(self), local_addr=(host, port))
+            bound = int(udp.get_extra_info("sockname")[1])
+            try:
+                tcp = await asyncio.start_server(lambda r, w: self._connection(r, w, "tcp"), host, bound)
+            except OSError:
+                udp.close()
+                if port != 0 or attempt == tries - 1:
+                    raise
+                continue
+            self._servers.append(tcp)
+            return bound
+        raise AssertionError("unreachable")
 
     def received(self, data: bytes, peer: Peer, stream: bool) -> None:
         try:
