@@ -226,7 +226,7 @@ def sender_main(spec: dict[str, Any]) -> None:
 
         customer, agent = (packetize(codecs.float_to_pcm16(codecs.decode(rec.encoded[leg], "mulaw")), "pcmu", 0,
                                      ssrc=0x5100 + i) for i, leg in enumerate(("customer", "agent")))
-        src = SrcOptions(port=spec["sip_port"], timeout_s=10.0, bye_after_s=0.2)
+        src = SrcOptions(port=spec["sip_port"], timeout_s=10.0)
         sent = uvloop.run(RecordingLoad(src, customer, agent).run(spec["calls"], SIPREC_SPREAD_S))
         late_s, frames, elapsed, lost = np.asarray(sent.late_s), sent.packets_sent, sent.elapsed_s, len(sent.failures)
     else:

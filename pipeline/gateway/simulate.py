@@ -61,7 +61,6 @@ CHANNEL_LEG = {"external": "customer", "internal": "agent"}  # AudioHook's chann
 # 400 packets a second per stream, far below what fills a stream's 256 KB socket buffer while the event
 # loop is busy, and it keeps a leg's 2 s buffer (gateway_leg_buffer_s) 250 ms ahead of a slow Kafka ack.
 SIPREC_FAST_SPEED = 8.0
-SIPREC_BYE_AFTER_S = 0.2  # the last RTP packets read by the gateway before the BYE ends the session
 
 
 class SimulationError(RuntimeError):
@@ -188,7 +187,7 @@ async def _siprec_call(rec: CallRecording, call: SimulatedCall, options: Simulat
 
     host, port, transport = sip_target(options.url)
     src = SrcOptions(host, port, transport, user=options.siprec_user, password=options.siprec_password,
-                     speed=1.0 if options.realtime else SIPREC_FAST_SPEED, bye_after_s=SIPREC_BYE_AFTER_S)
+                     speed=1.0 if options.realtime else SIPREC_FAST_SPEED)
     legs = {leg: rec.encoded.get(leg, b"") for leg in ("customer", "agent")}
     await asyncio.sleep(max(0.0, start_at - time.monotonic()))
     try:

@@ -513,28 +513,10 @@ async def test_shutdown_closes_open_streams_and_ends_their_calls(start_gateway, 
 
 
 # ---- TLS -------------------------------------------------------------------------------------------------
-async def test_tls_settings_serve_wss(start_gateway, tmp_path, twilio_messages, read_calls) -> None:  # type: ignore[no-untyped-def]
-    import datetime
-    import ipaddress
+async def test_tls_settings_serve_wss(start_gateway, tls_files, twilio_messages, read_calls) -> None:  # type: ignore[no-untyped-def]
     import ssl
 
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "callqa-gateway-test")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=1))
-            .not_valid_after(now + datetime.timedelta(hours=1))
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
-            .sign(key, hashes.SHA256()))
-    cert_file, key_file = tmp_path / "gateway.pem", tmp_path / "gateway.key"
-    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
+    cert_file, key_file = tls_files
     gw = await start_gateway(gateway_tls_cert=cert_file, gateway_tls_key=key_file)
     client_tls = ssl.create_default_context(cafile=str(cert_file))
     tw = twilio_messages("CA-tls")

@@ -60,10 +60,6 @@ class SrcOptions:
     session_expires_s: int = 0
     timeout_s: float = 5.0
     srtp: bool = False  # offer RTP/SAVP with an SDES key per stream, and send SRTP
-    # record(): the BYE this long after the last RTP packet. The SRS reads its SIP socket and the streams' RTP
-    # sockets in the order its event loop gives, so a BYE sent right after the last packet can end the
-    # session before that packet is read (the simulator waits; 0: at once).
-    bye_after_s: float = 0.0
 
 
 @dataclass
@@ -258,7 +254,6 @@ def record(options: SrcOptions, customer: bytes, agent: bytes, call_id: str | No
     try:
         client.invite()
         client.send_audio(customer, agent)
-        time.sleep(options.bye_after_s)
         client.bye()
         return client.report
     finally:
@@ -506,7 +501,6 @@ class RecordingLoad:
 
     async def _bye(self, dialog: Dialog) -> None:
         try:
-            await asyncio.sleep(self.options.bye_after_s)
             answer = await self.exchange(dialog.request("BYE"))
             if answer.status >= 300:
                 self.report.failures.append(f"{dialog.call_id}: BYE answered {answer.status} {answer.reason}")

@@ -20,7 +20,7 @@ async def test_a_recording_load_sends_every_session_both_legs_and_counts_a_refus
     legs = {"customer": recording_mulaw[:8000], "agent": recording_mulaw[8000:16000]}  # 1 s each
     packets = [packetize(codecs.float_to_pcm16(codecs.decode(audio, "mulaw")), "pcmu", 0, ssrc=0x77 + i)
                for i, audio in enumerate(legs.values())]
-    report = await RecordingLoad(SrcOptions(port=port, bye_after_s=0.2), *packets).run(3, spread_s=0.3)
+    report = await RecordingLoad(SrcOptions(port=port), *packets).run(3, spread_s=0.3)
     assert len(report.call_ids) == 2 and report.packets_sent == 2 * 2 * 50 and len(report.late_s) == 2 * 50
     [failure] = report.failures
     assert failure.endswith("INVITE answered 503 Service Unavailable")

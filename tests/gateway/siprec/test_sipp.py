@@ -230,32 +230,14 @@ async def test_srtp_required_takes_an_sdes_offer_and_refuses_plain_rtp(start_gat
     assert value(gw, "callqa_siprec_refusals_total", reason="srtp_required") == 1
 
 
-async def test_sip_over_tls_on_the_sips_port(start_gateway, tmp_path) -> None:  # type: ignore[no-untyped-def]
+async def test_sip_over_tls_on_the_sips_port(start_gateway, tls_files) -> None:  # type: ignore[no-untyped-def]
     """--sips-port serves SIP over TLS with the gateway's certificate (Debian's SIPp is built without TLS, so
     Python's ssl is the client): an OPTIONS over a verified TLS connection is answered on it."""
-    import datetime
-    import ipaddress
     import ssl
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
 
     from pipeline.gateway.siprec.message import StreamFramer, parse
 
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "callqa-siprec-test")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=1))
-            .not_valid_after(now + datetime.timedelta(hours=1))
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
-            .sign(key, hashes.SHA256()))
-    cert_file, key_file = tmp_path / "gateway.pem", tmp_path / "gateway.key"
-    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
+    cert_file, key_file = tls_files
     gw = await start_gateway(gateway_tls_cert=cert_file, gateway_tls_key=key_file)
     _, tls_port = await gw.server.start_siprec("127.0.0.1", 0, 0)
     assert tls_port
