@@ -30,6 +30,22 @@ class SegmentationSettings(BaseModel):
     max_segment_ms: int = Field(
         15000, description="Longest segment (ms); a longer one is cut at its quietest point."
     )
+    # Issue 36: a long turn was decoded whole after its end (a 10-13 s turn alone took the P99 final at 6-10 calls
+    # on 2 cores). Past long_segment_ms a shorter pause ends the segment, so a long turn is transcribed in
+    # stretches while it goes on and its final decodes only the last one. bench live, 12 calls on 2 pinned cores, one
+    # run (bench/results/long-turns): P99 final 1.91 -> 1.52 s (4000: 1.59), P50 0.83 -> 0.66 s, worker CPU per speech s
+    # 0.94x; 24 of 386 turns split. bench accuracy (8 kHz mu-law, Moonshine base): library-legs WER 4.2 -> 4.0 %
+    # (4000: 4.0, 8000: 4.1), eval 5.1 % unchanged, digits unchanged.
+    long_segment_ms: int = Field(
+        6000, ge=0,
+        description="Speech (ms) after which a segment closes on long_segment_endpoint_ms of silence instead of "
+        "endpoint_silence_ms; 0: never.",
+    )
+    long_segment_endpoint_ms: int = Field(
+        200, ge=0,
+        description="Trailing silence that closes a segment longer than long_segment_ms (ms); below post_roll_ms the "
+        "segment's audio ends where the silence is cut short.",
+    )
     # A hold sends no frames: its gap, filled with digital silence, could be 20 minutes of samples.
     # Past this much digital silence the VAD is reset and the rest is skipped, not scored (the leg's
     # clock still moves: later segments keep their call time). 2000 ms is 5x the endpoint silence

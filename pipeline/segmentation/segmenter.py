@@ -2,7 +2,8 @@
 
 A segment opens at the first 32 ms window whose speech probability reaches ``vad_threshold`` (keeping
 ``pre_roll_ms`` of audio before it) and closes once the probability has stayed below
-``vad_neg_threshold`` for ``endpoint_silence_ms`` (keeping ``post_roll_ms`` after the last speech).
+``vad_neg_threshold`` for ``endpoint_silence_ms`` (keeping ``post_roll_ms`` after the last speech), or
+for the shorter ``long_segment_endpoint_ms`` once the segment is ``long_segment_ms`` long.
 The two thresholds give hysteresis: a dip between them neither ends speech nor starts it. A segment
 that reaches ``max_segment_ms`` is cut at its quietest window in its second half, and the rest of the
 speech continues as the next segment. Segments with less than ``min_speech_ms`` of speech are dropped.
@@ -110,6 +111,8 @@ class Segmenter:
             "post_roll": self.settings.post_roll_ms * SAMPLES_PER_MS,
             "endpoint": self.settings.endpoint_silence_ms * SAMPLES_PER_MS,
             "max": self.settings.max_segment_ms * SAMPLES_PER_MS,
+            "long": self.settings.long_segment_ms * SAMPLES_PER_MS,
+            "long_endpoint": self.settings.long_segment_endpoint_ms * SAMPLES_PER_MS,
         }
 
     @property
@@ -263,11 +266,20 @@ class Segmenter:
             segment.silence_since = None
         elif prob < s.vad_neg_threshold and segment.silence_since is None:
             segment.silence_since = start
-        if segment.silence_since is not None and end - segment.silence_since >= self._ms["endpoint"]:
+        if segment.silence_since is not None and end - segment.silence_since >= self._endpoint_of(segment):
             return self._close(self._speech_end(end), "endpoint")
         if end - segment.start >= self._ms["max"]:
             return self._cut(end)
         return []
+
+    def _endpoint_of(self, segment: _OpenSegment) -> int:
+        """The trailing silence (samples) that closes ``segment``: shorter once its speech before the pause
+        is ``long_segment_ms`` long, so a long turn ends at its next pause and is decoded in stretches."""
+        assert segment.silence_since is not None
+        long = self._ms["long"]
+        if long and segment.silence_since - segment.start >= long:
+            return self._ms["long_endpoint"]
+        return self._ms["endpoint"]
 
     def _speech_end(self, now: int) -> int:
         assert self._open is not None

@@ -173,3 +173,27 @@ def test_provisional_end_is_the_endpoint_segment_it_becomes(call_01_legs, settin
         assert len(endpoint_keys) >= 3
         # Provisional ends that speech overtook (a pause shorter than the endpoint) closed nothing.
         assert set(last) >= endpoint_keys
+
+
+def test_a_long_turn_ends_at_its_next_short_pause(eval_set, vad) -> None:
+    """Past long_segment_ms, a pause of long_segment_endpoint_ms closes the segment; before it, only the
+    usual endpoint does. A reading with its natural pauses: with the rule, more segments, each close at a
+    pause (not a cut), and none ends at a pause before long_segment_ms of it has passed."""
+    reading = np.concatenate([u.audio for u in eval_set if u.id.startswith("librivox/")])  # 24.7 s, no long pause
+    base = SegmentationSettings(endpoint_silence_ms=600, long_segment_ms=0)
+    whole = _run(Segmenter(base, vad), reading, chunk=320)
+    short = base.model_copy(update={"long_segment_ms": 4000, "long_segment_endpoint_ms": 200})
+    stretches = _run(Segmenter(short, vad), reading, chunk=320)
+    assert len(stretches) > len(whole)
+    assert {s.reason for s in stretches} <= {"endpoint", "flush"}
+    probs = vad.run([VadStream()], [reading])[0]
+    for before, after in zip(stretches, stretches[1:], strict=False):
+        # the pause that closed it began after 4 s of the segment (its end is that pause plus the post-roll)
+        pause_start = before.end_sample - short.post_roll_ms * 16
+        assert pause_start - before.start_sample >= 4000 * 16
+        assert after.start_sample >= before.end_sample  # no audio given twice
+        quiet = probs[pause_start // WINDOW: pause_start // WINDOW + 200 * 16 // WINDOW]
+        assert (quiet < short.vad_neg_threshold).all()  # closed on silence, not mid-word
+    # streaming in 20 ms chunks and in one go decide the same cuts
+    assert [(s.start_sample, s.end_sample) for s in _run(Segmenter(short, vad), reading)] == [
+        (s.start_sample, s.end_sample) for s in stretches]

@@ -2,7 +2,7 @@
 
 Dead letters are references (topic, partition, offset, call, leg, time range, reason); they carry the
 payload only with CALLQA_DEBUG_RAW_AUDIO. Inference fails for real here: with ``max_segment_ms`` above
-Whisper's 30 s window and an endpoint silence no pause reaches, a 42 s leg stays one segment, and the
+Whisper's 30 s window and an endpoint silence no pause reaches (long_segment_ms off), a 42 s leg stays one segment, and the
 recognizer rejects it.
 """
 
@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
 SAMPLES = Path(__file__).resolve().parents[2] / "samples" / "calls"
 OPTIONS = ReplayOptions(encoding="mulaw", frame_ms=20)
-ONE_SEGMENT_PER_LEG = {"max_segment_ms": "60000", "endpoint_silence_ms": "60000"}
+ONE_SEGMENT_PER_LEG = {"max_segment_ms": "60000", "endpoint_silence_ms": "60000", "long_segment_ms": "0"}
 # Confluent header of a registered schema (1: AudioFrame, 2: CallEvent), then a body that is no record.
 AUDIO_GARBAGE = b"\x00\x00\x00\x00\x01garbage-frame-4242"
 EVENT_GARBAGE = b"\x00\x00\x00\x00\x02garbage-event-4242"
