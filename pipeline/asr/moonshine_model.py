@@ -14,6 +14,9 @@ alone: base-en's encoder has no mask, and tiny-en's does not isolate a row (1 s 
 convolution), so only equal lengths could share an encoder run, which VAD segments never have. The
 encoder's cost follows the audio, so little is lost. A row that has ended leaves the batch, so the
 others' steps get cheaper.
+
+Hot words (``MoonshineOptions.hot_words``, ``hot_words.py``): a row's trie state follows its own tokens
+only, so a batched row still decodes as it does alone; with no hot words the step is as before.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import onnxruntime as ort
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from pipeline.asr.decoding import NumberTokens, WindowPolicy, compression_ratio, cut_loop, ends_in_loop
+from pipeline.asr.hot_words import NO_STATE, HotWords, State
 from pipeline.asr.manifest import Manifest
 from pipeline.asr.moonshine_tokenizer import END, START, MoonshineTokenizer
 from pipeline.asr.signing import load_trusted_manifest
@@ -51,6 +55,10 @@ class MoonshineOptions:
     # audio that stops right after it (a VAD segment keeps 150 ms after speech). The token cap follows
     # the segment's own length, not the padded one.
     tail_pad_s: float = 0.0
+    # Words or phrases boosted in the greedy choice (hot_words.py; CALLQA_HOT_WORDS), and the bonus added
+    # to their tokens' log-probabilities; no words: the decode is as without.
+    hot_words: tuple[str, ...] = ()
+    hot_word_boost: float = 0.0
 
     def token_cap(self, duration_s: float) -> int:
         return min(self.max_new_tokens, self.token_allowance + math.ceil(self.max_tokens_per_second * duration_s))
@@ -155,6 +163,7 @@ class MoonshineDecoder:
         self._bias[model.tokenizer.never_said(model.vocab_logits)] = -np.inf
         self._bias_begin = np.zeros_like(self._bias)
         self._bias_begin[END] = -np.inf
+        self.hot_words = HotWords.build(options.hot_words, model.tokenizer, options.hot_word_boost)
         pieces = [model.tokenizer.piece_text(i).replace("\u2581", "\u0120") for i in range(len(model.tokenizer))]
         self.numbers = NumberTokens.of(pieces)
         self._past_names = [f"past_key_values.{layer}.{part}.{kv}" for layer in range(self.layers)
@@ -189,6 +198,8 @@ class MoonshineDecoder:
         logprobs: list[float] = [0.0] * batch
         no_speech = [0.0] * batch
         results: list[MoonshineDecoded | None] = [None] * batch
+        hot = self.hot_words
+        hot_states: list[State] = [NO_STATE] * batch  # each row's hot-word prefixes
         live = list(range(batch))  # batch rows still decoding, in the order of the tensors' rows
         empty = np.zeros((batch, self.heads, 0, self.head_dim), np.float32)
         past: dict[str, np.ndarray] = dict.fromkeys(self._past_names, empty)
@@ -209,7 +220,8 @@ class MoonshineDecoder:
                 no_speech_now = np.exp(_log_softmax(logits)[:, END])
                 logits = logits + self._bias_begin
             logp = _log_softmax(logits)
-            chosen = logp.argmax(axis=1)
+            # The token is chosen with the hot words' bonus; its log-probability (below) is the model's own.
+            chosen = logp.argmax(axis=1) if hot is None else hot.choose(logp, [hot_states[row] for row in live])
             keep: list[int] = []
             for i, row in enumerate(live):
                 token = int(chosen[i])
@@ -220,6 +232,8 @@ class MoonshineDecoder:
                     results[row] = self._finish(tokens[row], logprobs[row], len(tokens[row]) + 1, no_speech[row], False)
                 else:
                     tokens[row].append(token)
+                    if hot is not None:
+                        hot_states[row] = hot.advance(hot_states[row], token)
                     if len(tokens[row]) >= caps[row] or ends_in_loop(tokens[row], self.options.loop_copies,
                                                                      numbers=self.numbers):
                         results[row] = self._finish(tokens[row], logprobs[row], len(tokens[row]), no_speech[row], True)

@@ -5,7 +5,8 @@ only its own slot. ``load_recognizer`` (recognizers.py) returns one for a folder
 
 What differs from Whisper: the samples go in as they are (no log-mel, no window: the encoder's cost
 follows the audio); decoding is greedy only (``beam_size`` is Whisper's); there is no previous-text
-prompt (``contexts`` are ignored); no longer window exists to retry a looping row in, so a row stopped by
+prompt (``contexts`` are ignored: a contact center's vocabulary goes in as hot words instead,
+``CALLQA_HOT_WORDS``, hot_words.py); no longer window exists to retry a looping row in, so a row stopped by
 the token cap or a loop keeps its text cut to the loop's first copy.
 """
 
@@ -18,6 +19,7 @@ import numpy as np
 
 from pipeline.asr.blas_threads import limit_blas_threads
 from pipeline.asr.decoding import WindowPolicy
+from pipeline.asr.hot_words import hot_word_list
 from pipeline.asr.moonshine_model import MoonshineDecoder, MoonshineOnnx, MoonshineOptions
 from pipeline.asr.recognizer import DecodedText, Recognizer, checked_audio
 from pipeline.asr.results import SegmentAudio
@@ -30,6 +32,8 @@ def moonshine_options(settings: AsrSettings) -> MoonshineOptions:
         window=WindowPolicy(settings.window_bucket_s),
         compression_ratio_max=settings.compression_ratio_max,
         tail_pad_s=settings.moonshine_tail_pad_ms / 1000,
+        hot_words=hot_word_list(settings.hot_words),
+        hot_word_boost=settings.hot_word_boost,
     )
 
 
