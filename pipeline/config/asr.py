@@ -33,6 +33,27 @@ class AsrSettings(BaseModel):
     moonshine_tail_pad_ms: int = Field(
         1000, ge=0, le=5000, description="Silence (ms) appended to each segment before Moonshine's encoder (Whisper: unused).",
     )
+    # Issue 36: Moonshine takes no previous-text prompt, so a contact center's own vocabulary (company, product
+    # and agent names) is boosted in its greedy choice instead (pipeline/asr/hot_words.py: each phrase's tokens
+    # in a trie, a bonus on the tokens that start one and on the next token of a prefix a row is inside).
+    # Measured with moonshine-base on 8 kHz mu-law (pipeline/asr/README.md): the call library's 36 turns that
+    # name its brand, agents and customers (727 words), those names listed, 12 -> 6 word errors ("Harbour
+    # Mutual" -> "Harbor Mutual", "Linda Cartier" -> "Carter", "May Pole Street" -> "Maple Street", "Marita" ->
+    # "Maria"). Empty: the decode is exactly as without. Whisper: unused (its prompt is context_tokens).
+    hot_words: str = Field(
+        "",
+        description="Moonshine hot words: comma-separated words or short phrases (company, product, agent names) "
+        "whose tokens get hot_word_boost in the greedy choice; empty = off (Whisper: unused).",
+    )
+    # 3 (moonshine-base, int8row-decoder, 8 kHz mu-law): the lowest boost that made every library fix above (1-2
+    # mended "Harbour" but not "Marita"). 18 names absent from the eval set changed none of its 20 texts up to 6
+    # (16 kHz too; at 8, 6 -> 15 of 117 word errors); on the 551 Asterisk prompts (3259 words) 291 -> 291 word
+    # errors at 3 and 4, 294 at 5, where one-word prompts turned into listed names ("Console" -> "Contoso").
+    hot_word_boost: float = Field(
+        3.0, ge=0.0, le=20.0,
+        description="Log-probability bonus of a hot word's tokens in Moonshine's greedy choice (0 = off); the "
+        "recorded log-probability stays the model's own.",
+    )
     models_dir: str = Field("models", description="Where built ONNX models live (models/<name>/<version>/).")
     # auto = fp32 for Whisper: int8's dynamic quantization scales activations over the whole batch, so a
     # segment's text changed with the segments it was batched with; fp32 gives the same text alone or
@@ -122,6 +143,16 @@ class AsrSettings(BaseModel):
         True,
         description="A batch takes only segments of one window bucket (its first segment's); the others wait for "
         "the next free inference thread or process.",
+    )
+    # Moonshine encodes a batch's rows one after another (its encoder has no mask) and only its decoder steps are
+    # shared, so four segments in one decoding process while the other stood idle took 0.9-1.0 s where two and two
+    # take about half (the slowest finals of bench live at 12 calls, bench/results/long-turns). bench live, 12 calls
+    # on 2 pinned cores, against off in the same run (bench/results/batch-spread): P99 1.02 -> 0.86 s, P50 0.65 ->
+    # 0.62 s, worker CPU per speech second 0.88x.
+    batch_spread: bool = Field(
+        True,
+        description="Segments waiting when several inference threads or processes are free are shared out among "
+        "them (a batch takes its share, rounded up) instead of all going to the first.",
     )
     batcher_queue_size: int = Field(256, description="Segments queued in the batcher before submit() waits.")
     intra_op_threads: int = Field(

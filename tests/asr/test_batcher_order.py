@@ -182,3 +182,28 @@ async def test_the_collector_takes_batches_in_the_configured_order(
     await asyncio.gather(first, *rest)
     await batcher.close()
     assert recognizer.batches[1:] == expected
+
+
+class CountingRecognizer(RecordingRecognizer):
+    """Records each batch's segments and takes a moment over it (as a decode does), blocking nothing."""
+
+    def recognize(self, segments: Sequence[AudioSegment], waits: Sequence[float] | None = None,
+                  wide: bool = False, on_result: Any = None, contexts: Any = None) -> list[TranscriptResult]:
+        self.release.set()
+        results = super().recognize(segments, waits, wide, on_result, contexts)
+        threading.Event().wait(0.05)
+        return results
+
+
+@pytest.mark.parametrize(("spread", "expected"), [(True, [2, 2]), (False, [4])])
+async def test_segments_waiting_for_two_free_threads_are_shared_out(spread: bool, expected: list[int]) -> None:
+    """Four segments arrive together while both inference threads are free: shared out, each thread decodes
+    two at once (Moonshine encodes a batch's rows one by one); without ``spread`` the first takes all four."""
+    recognizer = CountingRecognizer()
+    batcher = SegmentBatcher(recognizer, window=SecondsWindow(), max_batch=16, max_wait_ms=100,  # type: ignore[arg-type]
+                             inference_threads=2, spread=spread)
+    await batcher.start()
+    await asyncio.gather(*(batcher.submit(AudioSegment(0, 1000, np.zeros(16000, np.float32))) for _ in range(4)))
+    await batcher.close()
+    assert sorted((len(b) for b in recognizer.batches), reverse=True) == expected
+    assert Settings().batch_spread is True
