@@ -100,7 +100,7 @@ async def test_a_sink_whose_flushing_task_is_gone_says_so_until_it_is_closed(tmp
 FAULT = '''
 from pipeline.asr.batcher import SegmentBatcher
 
-def _take_batch(self, pending):
+def _take_batch(self, *args):
     raise RuntimeError("injected collector fault")
 
 SegmentBatcher._take_batch = _take_batch
