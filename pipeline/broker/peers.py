@@ -46,6 +46,10 @@ MAX_HELD = 512
 CONNECT_TIMEOUT_S = 2.0
 # A member whose listener could not be reached (or answered as someone else) is tried again after this long.
 RETRY_S = 10.0
+# How long an eviction is retried while the coordinator answers with a retriable error (loading the group
+# after a broker restart, moving), and the pause between tries.
+EVICT_RETRY_S = 20.0
+EVICT_RETRY_PAUSE_S = 0.5
 # What a worker that stops cleanly writes to the peers watching it, just before its sockets close.
 GOODBYE = b"goodbye\n"
 # What a worker's log says of each peer it evicted (benchmarks count these lines).
@@ -264,20 +268,40 @@ class PeerWatch:
         self.retry_at[client_id] = time.monotonic() + RETRY_S
 
     async def _evict(self, client_id: str, member_ids: set[str]) -> None:
+        """LeaveGroup for each of the dead member's ids, retried for ``EVICT_RETRY_S`` while the coordinator
+        answers with a retriable error: a member killed just as a restarted broker came back was answered
+        COORDINATOR_LOAD_IN_PROGRESS once and then left to its session timeout (the chaos test's second kill)."""
         removed: list[str] = []
-        assert self.client is not None
-        try:
-            node = await self.client.coordinator_lookup(CoordinationType.GROUP, self.group_id)
-            for member_id in member_ids:
-                response = await self.client.send(node, LeaveGroupRequest(self.group_id, member_id))
-                if response.error_code == 0:
-                    removed.append(member_id)
-                else:  # UNKNOWN_MEMBER_ID: another survivor, or its own clean shutdown, was first
-                    log.info("LeaveGroup for %s: %s", member_id, for_code(response.error_code).__name__)
-        except Exception as exc:  # noqa: BLE001 - the member's session expiry still removes it
-            log.warning("group member %s died; evicting it from group %s failed: %s", client_id, self.group_id, exc)
-            return
+        pending = set(member_ids)
+        deadline = time.monotonic() + EVICT_RETRY_S
+        while pending:
+            try:
+                await self._leave(pending, removed, retry=time.monotonic() < deadline)
+            except Exception as exc:  # noqa: BLE001 - the member's session expiry still removes it
+                if time.monotonic() >= deadline:
+                    log.warning("group member %s died; evicting it from group %s failed: %s", client_id,
+                                self.group_id, exc)
+                    return
+            if pending:
+                await asyncio.sleep(EVICT_RETRY_PAUSE_S)
         if removed:
             log.warning("group member %s died (its liveness connection closed): %s %s", client_id, EVICTED,
                         self.group_id)
         self.on_evicted(client_id, removed)
+
+    async def _leave(self, pending: set[str], removed: list[str], retry: bool) -> None:
+        """One LeaveGroup per member id in ``pending``; an id leaves ``pending`` once answered for good (removed,
+        or UNKNOWN_MEMBER_ID: another survivor, or its own clean shutdown, was first), or on any error when
+        ``retry`` is off."""
+        assert self.client is not None
+        node = await self.client.coordinator_lookup(CoordinationType.GROUP, self.group_id)
+        for member_id in sorted(pending):
+            response = await self.client.send(node, LeaveGroupRequest(self.group_id, member_id))
+            error = for_code(response.error_code) if response.error_code else None
+            if error is None:
+                removed.append(member_id)
+            elif retry and error.retriable:
+                continue
+            else:
+                log.info("LeaveGroup for %s: %s", member_id, error.__name__)
+            pending.discard(member_id)

@@ -174,3 +174,41 @@ def test_only_a_greeted_connection_that_closes_counts_as_a_death(kafka_settings)
     finally:
         stranger.close()
         watch.close()
+
+
+class LoadingCoordinator:
+    """A coordinator's answers to LeaveGroup as a broker just restarted gives them: COORDINATOR_LOAD_IN_PROGRESS
+    (14) ``loading`` times, then ``final`` (a broker cannot be made to load its groups on demand)."""
+
+    def __init__(self, loading: int, final: int) -> None:
+        self.answers = [14] * loading + [final]
+        self.sent: list[str] = []
+
+    async def coordinator_lookup(self, kind: Any, group: str) -> int:
+        return 0
+
+    async def send(self, node: int, request: Any) -> Any:
+        self.sent.append(request._member_id)
+        return type("LeaveGroupResponse", (), {"error_code": self.answers.pop(0) if len(self.answers) > 1
+                                                 else self.answers[0]})()
+
+
+@pytest.mark.parametrize(("final", "removed"), [(0, ["m1"]), (25, [])])
+def test_an_eviction_is_retried_while_the_coordinator_loads_the_group(
+    kafka_settings, monkeypatch: pytest.MonkeyPatch, final: int, removed: list[str],  # type: ignore[no-untyped-def]
+) -> None:
+    """A peer killed just as a restarted broker came back: its LeaveGroup was answered 'loading' once and the
+    member left to its 60 s session (the chaos test's second kill). Retried now until a final answer: removed
+    (0), or already gone (UNKNOWN_MEMBER_ID, 25: not retried, nothing removed)."""
+    monkeypatch.setattr("pipeline.broker.peers.EVICT_RETRY_PAUSE_S", 0.01)
+    evicted: list[tuple[str, list[str]]] = []
+    watch = PeerWatch(kafka_settings, "g", LivenessListener("127.0.0.1", 0, "me"),
+                      on_evicted=lambda client_id, ids: evicted.append((client_id, ids)))
+    coordinator = LoadingCoordinator(loading=3, final=final)
+    watch.client = coordinator  # type: ignore[assignment]
+    try:
+        asyncio.run(watch._evict("dead.live.1.0123abcd", {"m1"}))
+    finally:
+        watch.close()
+    assert coordinator.sent == ["m1"] * 4
+    assert evicted == [("dead.live.1.0123abcd", removed)]
