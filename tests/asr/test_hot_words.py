@@ -1,15 +1,12 @@
 """Hot words for Moonshine (issue 36; pipeline/asr/hot_words.py): the tokenizer's encoding is the decoder's
 own, the trie's states and the boosted choice, and on real speech (the call library's turns through G.711
 mu-law, moonshine-base fp32): the listed brand and names mended, other text left as it was, an empty list
-decoding as without, a batch equal to one-by-one decoding. The step's added cost is printed, not asserted.
+decoding as without, a batch equal to one-by-one decoding.
 Moonshine base is built once for this module (a few seconds)."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from dataclasses import replace
-from functools import partial
 
 import numpy as np
 import pytest
@@ -21,12 +18,11 @@ from pipeline.asr.moonshine_model import MoonshineDecoded, MoonshineDecoder
 from pipeline.asr.moonshine_recognizer import MoonshineRecognizer, moonshine_options
 from pipeline.asr.moonshine_tokenizer import MoonshineTokenizer
 from pipeline.asr.recognizers import load_recognizer
-from pipeline.audio import codecs
 from pipeline.audio.files import load_audio
 from pipeline.audio.resample import resample
 from pipeline.config import Settings
 from pipeline.eval.call_library import LIBRARY_DIR, load_manifest
-from pipeline.eval.conditions import conditioned
+from pipeline.eval.conditions import apply_condition, conditioned
 from pipeline.eval.dataset import EvalUtterance, load_eval_set
 from pipeline.eval.wer import tokens as words
 from pipeline.eval.wer import word_errors
@@ -80,9 +76,8 @@ def turns() -> list[EvalUtterance]:
         audio = load_audio(LIBRARY_DIR / call["file"])
         per_ms = audio.sample_rate // 1000
         leg = audio.samples[call["channel_legs"].index(turn["leg"])][turn["start_ms"] * per_ms : turn["end_ms"] * per_ms]
-        received = codecs.decode(codecs.encode(resample(leg, audio.sample_rate, 8000), "mulaw"), "mulaw")
-        cut.append(EvalUtterance(f"{call_id}/{index}", resample(received, 8000, 16000), turn["text"],
-                                 str(LIBRARY_DIR / call["file"]), "call library"))
+        received = apply_condition(resample(leg, audio.sample_rate, 16000), "8k-mulaw")  # as a gateway sends it
+        cut.append(EvalUtterance(f"{call_id}/{index}", received, turn["text"], str(LIBRARY_DIR / call["file"]), "call library"))
     return cut
 
 
@@ -234,33 +229,3 @@ def test_batched_equals_one_by_one_with_hot_words(
         (alone,) = _decode(decoder, [utterance])
         assert (b.tokens, b.text) == (alone.tokens, alone.text), utterance.id
         assert b.avg_logprob == pytest.approx(alone.avg_logprob, abs=1e-4)
-
-
-def test_the_step_cost_is_printed(tokenizer: MoonshineTokenizer) -> None:
-    """µs a decoder step spends on the hot words (choose + advance per row), 18 phrases, at batch 1 and 8,
-    against the plain argmax it replaces (a step of moonshine-base itself: ~9 ms at batch 1). Printed only."""
-    hot = HotWords.build(hot_word_list(UNRELATED), tokenizer, 3.0)
-    assert hot is not None
-    rng = np.random.default_rng(0)
-    for batch in (1, 8):
-        logits = rng.normal(0.0, 3.0, (batch, 32768)).astype(np.float32)
-        logp = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
-        # half the rows inside a prefix (the worst case; most steps of most rows are in none)
-        inside = hot.advance(NO_STATE, int(hot.starts[0]))
-        states = [inside if i % 2 == 0 else NO_STATE for i in range(batch)]
-        timed = {"plain argmax": _per_call_us(partial(np.argmax, logp, axis=1)),
-                 "hot words": _per_call_us(partial(_hot_step, hot, logp, states))}
-        print(f"batch {batch}: plain argmax {timed['plain argmax']:.0f} µs, with hot words {timed['hot words']:.0f} µs "
-              f"per step (+{timed['hot words'] - timed['plain argmax']:.0f} µs)")
-
-
-def _hot_step(hot: HotWords, logp: np.ndarray, states: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
-    return [hot.advance(s, int(t)) for s, t in zip(states, hot.choose(logp, states), strict=True)]
-
-
-def _per_call_us(step: Callable[[], object], calls: int = 500) -> float:
-    step()
-    start = time.perf_counter()
-    for _ in range(calls):
-        step()
-    return (time.perf_counter() - start) / calls * 1e6
