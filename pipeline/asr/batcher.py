@@ -25,6 +25,12 @@ at 12 calls on 2 cores, against off in the same run: P99 1.02 -> 0.86 s, 0.88x t
 for the next free inference thread (with two decoding processes, the other core). A batch encodes each
 window group separately, but every row waits for all groups' encodes and then decodes beside the longest
 row's cross-attention: a 1.8 s reply batched with a 13 s turn took 1.2 s (bench live, 14 calls).
+
+Previews (partial transcripts: ``submit(..., preview=True)``) give way to finals: a batch holds finals
+or previews, never both; previews go only when no final waits, and with several threads a preview batch
+never takes the last free one (it stays for the next final, which would otherwise wait out a preview's
+whole decode). A preview that has waited ``preview_max_wait_ms`` is dropped undecoded (its submit raises
+``PreviewDroppedError``): the leg's next preview supersedes it, and under load previews cost nothing.
 """
 
 from __future__ import annotations
@@ -62,6 +68,10 @@ class BatcherDeadError(RuntimeError):
     """submit() after the collector task died: nothing would ever transcribe the segment."""
 
 
+class PreviewDroppedError(RuntimeError):
+    """A preview was dropped undecoded: it waited ``preview_max_wait_ms`` behind finals, or the batcher closed."""
+
+
 @dataclass
 class _Pending:
     segment: SegmentAudio
@@ -69,6 +79,7 @@ class _Pending:
     enqueued: float
     bucket: int
     context: tuple[int, ...] = ()  # tokens of the leg's previous text (see LegContext)
+    preview: bool = False  # a partial transcript: gives way to finals, dropped when stale
 
 
 class SegmentBatcher:
@@ -85,9 +96,11 @@ class SegmentBatcher:
         age_limit_ms: float = 1000.0,
         one_window: bool = False,
         spread: bool = False,
+        preview_max_wait_ms: float = 1000.0,
     ) -> None:
         self._recognizer = recognizer
         self.spread = spread
+        self.preview_max_wait_s = preview_max_wait_ms / 1000.0
         self.max_batch = max_batch
         self.max_wait_s = max_wait_ms / 1000.0
         self.order = order
@@ -101,6 +114,8 @@ class SegmentBatcher:
         )
         self._free_threads = asyncio.Semaphore(self.inference_threads)
         self._free = self.inference_threads  # threads not running a batch (the semaphore's count, readable)
+        self._released = asyncio.Event()  # a thread freed (previews waiting for a spare one look again)
+        self.previews_dropped = 0
         self._running: set[asyncio.Task[None]] = set()
         self._held = 0  # segments taken off the queue that wait for a later batch (batch_order)
         self._failure: BaseException | None = None  # a batch task's bug: the batcher is dead
@@ -119,6 +134,7 @@ class SegmentBatcher:
             age_limit_ms=settings.batch_age_limit_ms,
             one_window=settings.batch_one_window,
             spread=settings.batch_spread,
+            preview_max_wait_ms=settings.preview_max_wait_ms,
         )
 
     @property
@@ -163,9 +179,12 @@ class SegmentBatcher:
             await self._task
         self._executor.shutdown(wait=True)
 
-    async def submit(self, segment: SegmentAudio, context: Sequence[int] = ()) -> TranscriptResult:
+    async def submit(self, segment: SegmentAudio, context: Sequence[int] = (), *, preview: bool = False,
+                     ) -> TranscriptResult:
         """Queue a segment (waiting while the queue is full) and return its transcript; decoded after
-        ``context``, the tokens of its leg's previous text, when the model's settings take context."""
+        ``context``, the tokens of its leg's previous text, when the model's settings take context.
+        ``preview``: a partial transcript, which gives way to finals and may be dropped
+        (``PreviewDroppedError``; see the module's docstring)."""
         if self._closed:
             raise BatcherClosedError("the batcher is closed")
         if self.error is not None:
@@ -173,7 +192,8 @@ class SegmentBatcher:
         future: asyncio.Future[TranscriptResult] = asyncio.get_running_loop().create_future()
         frames = int(np.asarray(segment.audio).size) // HOP_LENGTH
         await self._queue.put(
-            _Pending(segment, future, time.perf_counter(), self._window.window_frames(frames), tuple(context))
+            _Pending(segment, future, time.perf_counter(), self._window.window_frames(frames), tuple(context),
+                     preview)
         )
         return await future
 
@@ -200,23 +220,98 @@ class SegmentBatcher:
                     if item is None:
                         break
                     pending.append(item)
+                if closing:
+                    self._drop_previews(pending, "the batcher closed")
+                    if not pending:
+                        break
+                if not any(not p.preview for p in pending) and not self._preview_may_run():
+                    closing = await self._wait_for_final_or_thread(pending) or closing
+                    continue
                 # A batch forms only once a thread can take it: while all are busy, segments keep
                 # arriving, and the next batch holds all of them (up to max_batch).
                 await self._free_threads.acquire()
                 closing = await self._gather(pending) or closing
-                if self.order != "oldest" and not closing:
+                if (self.order != "oldest" or pending[0].preview) and not closing:
                     # Ordering can only choose among what it sees: everything queued now, not just the
-                    # first max_batch (the rest is held here, in arrival order, for the next batch).
+                    # first max_batch (the rest is held here, in arrival order, for the next batch); a
+                    # preview first looks for finals queued behind it.
                     closing = self._drain(pending)
-                batch, pending = self._take_batch(pending, self._share(len(pending)))
-                self._free -= 1
+                batch, pending = self._next_batch(pending)
                 self._held = len(pending)
+                if not batch:  # only stale previews were waiting
+                    self._free_threads.release()
+                    continue
+                self._free -= 1
                 task = asyncio.create_task(self._run_and_release(batch), name="segment-batch")
                 self._running.add(task)
                 task.add_done_callback(self._running.discard)
         finally:
             if self._running:
                 await asyncio.gather(*self._running, return_exceptions=True)
+
+    def _next_batch(self, pending: list[_Pending]) -> tuple[list[_Pending], list[_Pending]]:
+        """The next batch and what waits: finals if any wait (in ``order``), else previews, oldest first.
+        Stale previews are dropped first."""
+        self._expire_previews(pending)
+        finals = [p for p in pending if not p.preview]
+        previews = [p for p in pending if p.preview]
+        if finals:
+            batch, rest = self._take_batch(finals, self._share(len(finals)))
+            return batch, sorted(rest + previews, key=lambda p: p.enqueued)
+        if previews and not self._preview_may_run():
+            return [], previews
+        size = self._share(len(previews))
+        return previews[:size], previews[size:]
+
+    def _preview_may_run(self) -> bool:
+        """Whether a preview batch may take a thread now: a free one, and with several threads not the last."""
+        return self._free >= (1 if self.inference_threads == 1 else 2)
+
+    async def _wait_for_final_or_thread(self, pending: list[_Pending]) -> bool:
+        """Only previews wait and may not run yet: wait for a segment to arrive (added to ``pending``), a
+        thread to free, or the oldest preview to go stale (then dropped); True on close."""
+        self._held = len(pending)
+        self._released.clear()
+        timeout = None
+        if self.preview_max_wait_s > 0:
+            timeout = max(0.0, min(p.enqueued for p in pending) + self.preview_max_wait_s - time.perf_counter())
+        arrival = asyncio.ensure_future(self._queue.get())
+        freed = asyncio.ensure_future(self._released.wait())
+        try:
+            await asyncio.wait({arrival, freed}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            freed.cancel()
+            if not arrival.done():
+                arrival.cancel()  # Queue.get leaves the item in the queue when cancelled while waiting
+        closing = False
+        if arrival.done() and not arrival.cancelled():
+            item = arrival.result()
+            if item is None:
+                closing = True
+            else:
+                pending.append(item)
+        self._expire_previews(pending)
+        self._held = len(pending)
+        return closing
+
+    def _expire_previews(self, pending: list[_Pending]) -> None:
+        """Drop the previews that have waited ``preview_max_wait_ms`` (0: never)."""
+        if self.preview_max_wait_s <= 0:
+            return
+        stale_before = time.perf_counter() - self.preview_max_wait_s
+        stale = [p for p in pending if p.preview and p.enqueued <= stale_before]
+        if stale:
+            self._drop(pending, stale, f"waited {self.preview_max_wait_s * 1000:.0f} ms behind finals")
+
+    def _drop_previews(self, pending: list[_Pending], why: str) -> None:
+        self._drop(pending, [p for p in pending if p.preview], why)
+
+    def _drop(self, pending: list[_Pending], dropped: list[_Pending], why: str) -> None:
+        for p in dropped:
+            pending.remove(p)
+            self.previews_dropped += 1
+            if not p.future.done():
+                p.future.set_exception(PreviewDroppedError(f"preview dropped undecoded: {why}"))
 
     async def _run_and_release(self, batch: list[_Pending]) -> None:
         try:
@@ -231,6 +326,7 @@ class SegmentBatcher:
         finally:
             self._free += 1
             self._free_threads.release()
+            self._released.set()
 
     def _share(self, waiting: int) -> int:
         """The most segments the next batch takes: ``max_batch``, or with ``spread`` this thread's share of

@@ -154,6 +154,13 @@ class AsrSettings(BaseModel):
         description="Segments waiting when several inference threads or processes are free are shared out among "
         "them (a batch takes its share, rounded up) instead of all going to the first.",
     )
+    # A partial re-decodes its leg's open segment; one that waited this long behind finals is out of date (the leg's
+    # next one, a partial interval later, supersedes it), so under load partials are dropped, not decoded late.
+    preview_max_wait_ms: float = Field(
+        1000.0,
+        description="A partial transcript (a preview) that has waited this long for a decoding thread is dropped "
+        "undecoded; 0: never dropped. Previews always give way to finals (see pipeline/asr/batcher.py).",
+    )
     batcher_queue_size: int = Field(256, description="Segments queued in the batcher before submit() waits.")
     intra_op_threads: int = Field(
         1, description="ONNX Runtime intra-op threads per session (0 = all cores); 1 leaves a core to the agents.",

@@ -205,6 +205,12 @@ class WorkerSettings(BaseModel):
     partial_interval_ms: int = Field(
         0, description="Emit partial transcripts of open segments this often (ms); 0 turns partials off.",
     )
+    # Partials re-decode the open segment: before issue 36 they queued beside the finals, waited for budget like
+    # them and took any free decoding thread. Off restores that (to measure what giving way buys: bench live).
+    partials_yield: bool = Field(
+        True, description="Partials give way to finals: skipped when the in-flight budget is busy, decoded only when "
+        "no final waits (never on the last free decoding thread), dropped when stale (CALLQA_PREVIEW_MAX_WAIT_MS).",
+    )
     # An unhealthy worker (a part died, a call task failed: pipeline/worker/health.py) stops itself so a
     # supervisor restarts it; a graceful stop may wait on what died, so this bounds it.
     unhealthy_exit_timeout_s: float = Field(

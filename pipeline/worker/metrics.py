@@ -22,6 +22,8 @@ MODEL_REFUSAL_REASONS = ("version", "format", "integrity", "signature", "canary"
 TASK_KINDS = ("segment", "emit", "finish", "partial")
 # What became of early decodes (pipeline/worker/early.py).
 EARLY_DECODE_OUTCOMES = ("started", "used", "overtaken")
+# What became of partial transcripts (pipeline/worker/partials.py).
+PARTIAL_OUTCOMES = ("published", "skipped", "dropped", "superseded", "failed")
 
 POSTCALL_OUTCOMES = ("written", "no_audio", "failed")
 
@@ -70,6 +72,14 @@ class WorkerMetrics:
         )
         for outcome in EARLY_DECODE_OUTCOMES:
             self.early_decodes.labels(outcome)
+        self.partials = Counter(
+            "callqa_partials_total",
+            "Partial transcripts due: published, skipped (budget busy), dropped (stale behind finals), "
+            "superseded (segment closed or silent), failed.",
+            ["outcome"], registry=r,
+        )
+        for outcome in PARTIAL_OUTCOMES:
+            self.partials.labels(outcome)
         self.frames_dropped = Counter(
             "callqa_frames_dropped_total", "Frames not used, by reason.", ["reason"], registry=r,
         )

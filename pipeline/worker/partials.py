@@ -1,5 +1,10 @@
 """Partial transcripts: the open segment of a leg transcribed again each time it has grown by the
-partial interval, a preview that carries its final's segment id (the final supersedes it)."""
+partial interval, a preview that carries its final's segment id (the final supersedes it).
+
+Partials are bounded under load, so they never slow the finals: one in flight per leg; none taken while
+the in-flight audio budget has finals waiting or no room (``InflightBudget.try_acquire``: a partial never
+waits for budget); in the batcher they give way to finals and are dropped when stale
+(``SegmentBatcher``'s previews). ``callqa_partials_total{outcome}`` counts what became of each."""
 
 from __future__ import annotations
 
@@ -7,6 +12,7 @@ import logging
 
 import numpy as np
 
+from pipeline.asr.batcher import PreviewDroppedError
 from pipeline.config import Settings
 from pipeline.contracts.messages import now_ms
 from pipeline.qa.segment import Segment
@@ -51,20 +57,31 @@ class PartialTranscripts:
         self.metrics = metrics
 
     async def transcribe(self, call: CallState, leg: LegState, start_ms: int, audio: np.ndarray) -> None:
+        outcomes = self.metrics.partials
         try:
-            await self.budget.acquire(audio.nbytes)
+            give_way = self.settings.partials_yield
+            if not give_way:
+                await self.budget.acquire(audio.nbytes)
+            elif not self.budget.try_acquire(audio.nbytes):  # finals wait for budget, or it is full: skip
+                outcomes.labels("skipped").inc()
+                return
             try:
                 context = leg.context.for_segment(start_ms) if self.settings.context_tokens > 0 else ()
-                r = await self.transcriber.transcribe(audio, context)
+                r = await self.transcriber.transcribe(audio, context, preview=give_way)
             finally:
                 await self.budget.release(audio.nbytes)
+        except PreviewDroppedError:
+            outcomes.labels("dropped").inc()
+            return
         except Exception as exc:  # noqa: BLE001 - a partial is a preview: the final will be tried again
+            outcomes.labels("failed").inc()
             log.info("partial of %s/%s failed: %s", call.call_id, leg.leg, describe_error(exc))
             return
         finally:
             leg.partial_inflight = False
         # Closed meanwhile: its final is on its way and supersedes this partial.
         if leg.front_end.segmenter.open_segment_start_ms != start_ms or r.is_silence or not r.text.strip():
+            outcomes.labels("superseded").inc()
             return
         assert call.analyzer is not None
         end_ms = start_ms + len(audio) // 16
@@ -79,6 +96,7 @@ class PartialTranscripts:
         await publish(self.output, call, self.settings.topic_transcripts, call.call_id, partial)
         await self.sink.write("segments", [segment_row(partial)])
         self.metrics.segments.labels("partial").inc()
+        outcomes.labels("published").inc()
         captured = leg.produced_at(end_ms)
         if captured:
             self.metrics.partial_delay.observe(max(0, produced - captured) / 1000)

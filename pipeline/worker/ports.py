@@ -42,8 +42,10 @@ class TranscriberDeadError(RuntimeError):
 class SegmentTranscriber(Protocol):
     """The shared micro-batcher, seen from the worker: waits (back-pressure) when its queue is full."""
 
-    async def transcribe(self, audio_16k: np.ndarray, context: Sequence[int] = ()) -> Transcription:
-        """``context``: tokens of the leg's previous text to decode after (empty: none)."""
+    async def transcribe(self, audio_16k: np.ndarray, context: Sequence[int] = (), preview: bool = False,
+                         ) -> Transcription:
+        """``context``: tokens of the leg's previous text to decode after (empty: none). ``preview``: a
+        partial transcript, which gives way to finals and may be dropped (``PreviewDroppedError``)."""
         ...
 
     @property

@@ -54,10 +54,11 @@ class BatcherTranscriber:
     def idle(self) -> bool:
         return self.batcher.idle
 
-    async def transcribe(self, audio_16k: np.ndarray, context: Sequence[int] = ()) -> Transcription:
+    async def transcribe(self, audio_16k: np.ndarray, context: Sequence[int] = (), preview: bool = False,
+                         ) -> Transcription:
         n_ms = len(audio_16k) // 16
         try:
-            r = await self.batcher.submit(AudioSegment(0, n_ms, audio_16k), context)
+            r = await self.batcher.submit(AudioSegment(0, n_ms, audio_16k), context, preview=preview)
         except BatcherDeadError as exc:
             raise TranscriberDeadError(str(exc)) from exc
         self.metrics.inference_seconds.observe(r.timings.inference_ms / 1000)

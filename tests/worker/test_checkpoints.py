@@ -41,7 +41,8 @@ class AudioNamedTranscriber:
 
     idle = False  # no early decodes (pipeline/worker/early.py): each segment decoded once, at its end
 
-    async def transcribe(self, audio_16k: np.ndarray, context: Sequence[int] = ()) -> Transcription:
+    async def transcribe(self, audio_16k: np.ndarray, context: Sequence[int] = (), preview: bool = False,
+                         ) -> Transcription:
         self.decoded_s += audio_16k.size / 16000
         await asyncio.sleep(0)
         return Transcription(f"len {audio_16k.size} sum {float(np.abs(audio_16k).sum()):.0f}", -0.1, 0.0, 0.9,

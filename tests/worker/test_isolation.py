@@ -47,7 +47,8 @@ class FakeTranscriber:
 
     idle = False  # no early decodes (pipeline/worker/early.py): each segment decoded once, at its end
 
-    async def transcribe(self, audio_16k: np.ndarray, context: Sequence[int] = ()) -> Transcription:
+    async def transcribe(self, audio_16k: np.ndarray, context: Sequence[int] = (), preview: bool = False,
+                         ) -> Transcription:
         digest = hashlib.sha256(audio_16k.astype(np.float32).tobytes()).hexdigest()[:16]
         self.heard.append(digest)
         return Transcription(f"heard {digest}", -0.1, 0.0, 0.9, "fake", 1, 1, 0.0, 0.0)

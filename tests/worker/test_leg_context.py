@@ -29,7 +29,8 @@ class ContextRecorder:
     def __init__(self) -> None:
         self.calls: list[tuple[int, tuple[int, ...]]] = []  # (the segment's token, its context)
 
-    async def transcribe(self, audio_16k: np.ndarray, context: Sequence[int] = ()) -> Transcription:
+    async def transcribe(self, audio_16k: np.ndarray, context: Sequence[int] = (), preview: bool = False,
+                         ) -> Transcription:
         token = 1000 + len(self.calls)
         self.calls.append((token, tuple(context)))
         await asyncio.sleep(0)

@@ -199,6 +199,10 @@ def test_partials_precede_finals_and_readers_see_only_finals(
     deduped = worker.query("SELECT segment_id, is_final FROM segments FINAL WHERE call_id = {c:String}", c=ids[0])
     assert all(r["is_final"] for r in deduped) and {r["segment_id"] for r in deduped} == final_ids
     assert worker.metric("callqa_partial_delay_seconds_count") >= 1
+    # One call on an idle worker: every partial due is decoded (none skipped for budget or dropped as stale).
+    assert worker.metric("callqa_partials_total", outcome="published") == len(
+        [m for m in segments if not m.is_final])
+    assert worker.metric("callqa_partials_total", outcome="dropped") == 0
 
 
 def test_hot_model_reload_takes_a_higher_signed_version_and_refuses_equal_or_unsigned_ones(

@@ -40,7 +40,8 @@ class ScriptedTranscriber:
         self.go.set()
         self.decoded = 0
 
-    async def transcribe(self, audio_16k: np.ndarray, context: Sequence[int] = ()) -> Transcription:
+    async def transcribe(self, audio_16k: np.ndarray, context: Sequence[int] = (), preview: bool = False,
+                         ) -> Transcription:
         await self.go.wait()
         self.decoded += 1
         value = float(audio_16k[0])
@@ -170,3 +171,56 @@ async def test_an_open_segment_gets_a_partial_once_it_grew_by_the_interval() -> 
     await _settled(stage)
     partials = [m for m in stage.ports.messages if isinstance(m, TranscriptSegment) and not m.is_final]
     assert [(m.segment_id, m.text) for m in partials] == [("c1/agent/000002000", "words 7")]
+
+
+def _partial_outcomes(stage: Stage) -> dict[str, float]:
+    return {o: stage.metrics.registry.get_sample_value("callqa_partials_total", {"outcome": o}) or 0
+            for o in ("published", "skipped", "dropped", "superseded", "failed")}
+
+
+async def test_a_partial_never_waits_for_budget_a_final_waits_for() -> None:
+    """Under load partials give way: a final waiting for the in-flight budget is not overtaken by a partial
+    (which would hold room the final needs); the partial is skipped, counted, and the next one comes later."""
+    stage = _stage(budget_bytes=40_000, partial_interval_ms=1000)  # room for one 32 kB segment
+    stage.transcriber.go.clear()
+    await stage.scheduler.submit(_closed(stage, 0, 1.0), 0)
+    waiting = asyncio.create_task(stage.scheduler.submit(_closed(stage, 1000, 5.0), 0))
+    for _ in range(10):
+        await asyncio.sleep(0)
+    leg = stage.call.legs["agent"]
+    segmenter = leg.front_end.segmenter
+    segmenter.open_segment_start_ms, segmenter.open_audio = 3000, np.full(1000 * 16, 7.0, np.float32)
+    stage.scheduler.after_audio(stage.call, leg)  # due, but a final waits for budget: skipped at once
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert _partial_outcomes(stage)["skipped"] == 1 and not leg.partial_inflight
+    stage.transcriber.go.set()
+    await waiting
+    await _settled(stage)
+    assert [m.text for m in stage.ports.finals()] == ["words 1", "words 5"]
+    for _ in range(100):  # the finals' audio leaves the budget once their rows are in the sink's buffer
+        if stage.budget.used == 0:
+            break
+        await asyncio.sleep(0)
+    segmenter.open_audio = np.full(2000 * 16, 7.0, np.float32)  # grown by another interval, room now
+    stage.scheduler.after_audio(stage.call, leg)
+    await _settled(stage)
+    partials = [m.text for m in stage.ports.messages if isinstance(m, TranscriptSegment) and not m.is_final]
+    assert (partials, _partial_outcomes(stage)["published"]) == (["words 7"], 1)
+
+
+async def test_without_partials_yield_a_partial_waits_for_budget_like_a_final() -> None:
+    stage = _stage(budget_bytes=40_000, partial_interval_ms=1000, partials_yield=False)
+    stage.transcriber.go.clear()
+    await stage.scheduler.submit(_closed(stage, 0, 1.0), 0)
+    leg = stage.call.legs["agent"]
+    segmenter = leg.front_end.segmenter
+    segmenter.open_segment_start_ms, segmenter.open_audio = 3000, np.full(1000 * 16, 7.0, np.float32)
+    stage.scheduler.after_audio(stage.call, leg)
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert leg.partial_inflight and _partial_outcomes(stage)["skipped"] == 0  # waiting for budget
+    stage.transcriber.go.set()
+    await _settled(stage)
+    partials = [m.text for m in stage.ports.messages if isinstance(m, TranscriptSegment) and not m.is_final]
+    assert partials == ["words 7"]
