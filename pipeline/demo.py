@@ -38,7 +38,6 @@ from pipeline.tables import print_table
 
 # Short library calls (about a minute each) whose scores differ: 100, 85, 0 (auto-fail), 90.
 DEMO_CALLS = ("02_card_payment", "04_no_identity_check", "05_rude_agent", "07_escalation_manager")
-DEMO_FINAL_MODEL = "moonshine-base"
 console = Console()
 
 
@@ -54,8 +53,8 @@ def demo_recordings(options: ReplayOptions) -> list[CallRecording]:
 
 
 def start_worker(settings: Settings) -> WorkerProcess:
-    # The post-call pass on (the setting's model, else the measured choice): the pages show its revision.
-    env = worker_env({"final_model": settings.final_model or DEMO_FINAL_MODEL})
+    # The post-call pass only where it is set (off by default: no shipped model measures better than the live one).
+    env = worker_env({"final_model": settings.final_model})
     worker = WorkerProcess(env, settings.web_port, settings.state_dir / "demo" / "worker.log")
     with console.status("starting the worker (model, VAD, ClickHouse, Kafka group)..."):
         worker.start()
@@ -163,8 +162,9 @@ def main() -> int:
         with console.status("waiting for the calls to be finalised..."):
             worker.wait_for_calls(report.call_ids, timeout_s=120)
             time.sleep(2)  # let the tail print the last QA messages
-        with console.status("post-call pass: the calls transcribed again by the accurate model..."):
-            show_revisions(worker, report.call_ids)
+        if settings.post_call_model:
+            with console.status("post-call pass: the calls transcribed again by the accurate model..."):
+                show_revisions(worker, report.call_ids)
         stop.set()
         tail.join(timeout=5)
         for call_id in report.call_ids:

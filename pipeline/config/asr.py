@@ -24,9 +24,20 @@ class AsrSettings(BaseModel):
     # that transcript and kept as the call's revision 1 beside the live result: the worker's pass
     # (pipeline/postcall, settings in config/postcall.py), `callqa analyze` and `callqa retranscribe`.
     # Empty: no second pass.
+    # Issue 36: a job is kept only where the pass measures better than the live record. Live is moonshine-base, and
+    # no other shipped model does better on `callqa bench accuracy` (8 kHz mu-law WER, bench/results/postcall:
+    # faster-whisper beam 5 Asterisk 6.3 against 5.5 %, library legs 10.6 against 4.3 %; tiny.en, moonshine-tiny
+    # worse on both), so it is off; the live model named again would only decode the same text twice (refused:
+    # ``post_call_model``). It serves a cheaper live model, e.g. CALLQA_MODEL=tiny.en with moonshine-base here.
     final_model: str = Field(
-        "", description="Model of the post-call pass (e.g. moonshine-base); empty: the live transcript is final.",
+        "", description="Model of the post-call pass (e.g. moonshine-base behind a tiny.en live pass); empty, or the "
+        "live model itself: no pass, the live transcript is final.",
     )
+
+    @property
+    def post_call_model(self) -> str:
+        """The post-call pass's model: ``final_model``, unless it is the live model (the same text again)."""
+        return "" if self.final_model == self.model else self.final_model
     # Moonshine garbles or drops the last word of audio that stops right after it. 1 s of silence after
     # each segment (8 kHz mu-law, moonshine-base, `callqa bench accuracy`): Asterisk prompts 7.5 -> 5.5 %
     # WER, number clips 31.6 -> 26.3 %, eval unchanged, library legs 4.15 -> 4.26 %; 0.5 s: 5.8 / 30.4 %.

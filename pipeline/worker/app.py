@@ -437,9 +437,12 @@ def build_worker(settings: Settings, wait_turn: Callable[[], None] = lambda: Non
 def post_call_runner(settings: Settings, transcriber: BatcherTranscriber, output: FaustOutput, sink: ClickHouseSink,
                      metrics: WorkerMetrics, serde: Serde) -> PostCallRunner | None:
     """The post-call pass (``final_model`` set): the accurate model, loaded (and checked) at start."""
-    if not settings.final_model:
+    if settings.final_model and not settings.post_call_model:
+        log.warning("CALLQA_FINAL_MODEL is the live model (%s): a post-call pass would decode the same text again; "
+                    "no pass", settings.model)
+    if not settings.post_call_model:
         return None
-    final = Engine.load(settings.final_model, settings=settings)
+    final = Engine.load(settings.post_call_model, settings=settings)
     return PostCallRunner(settings, final, transcriber.engine, lambda: transcriber.batcher.queued, output.publish,
                           sink, metrics, QaConfig.from_settings(settings), serde)
 

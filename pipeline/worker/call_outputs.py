@@ -100,8 +100,8 @@ class CallOutputs:
         async with self.publishing:
             if QA_OUTPUT not in call.published:
                 await self.publish(call, self.settings.topic_qa, qa)
-                if self.settings.final_model and call.audio_tp is not None and audio_end_offset is not None:
-                    job = post_call_job(call, qa, start, how, audio_ms, ended_ms, self.settings.final_model,
+                if self.settings.post_call_model and call.audio_tp is not None and audio_end_offset is not None:
+                    job = post_call_job(call, qa, start, how, audio_ms, ended_ms, self.settings.post_call_model,
                                         audio_end_offset, self.settings.final_pass_read_margin_s)
                     await self.publish(call, self.settings.topic_postcall, job)
                     self.metrics.postcall_jobs.inc()
