@@ -3,9 +3,8 @@
 Starts a worker and a `callqa gateway` beside it, sends four library calls (samples/calls/library/)
 through the gateway as Twilio Media Streams, concurrently in real time, as a contact center would (a
 compliant card payment, a call without identity check, a rude agent, an escalation), prints redacted
-transcripts and live QA alerts as they arrive on their topics, waits for the post-call pass (the worker
-runs it with ``CALLQA_FINAL_MODEL``, moonshine-base unless set) and prints each call's live and final
-score, then each call's QA report (its final revision) read back from ClickHouse (through the worker's
+transcripts and live QA alerts as they arrive on their topics (where ``CALLQA_FINAL_MODEL`` sets a
+post-call pass, waits for it and prints each call's live and final score), then each call's QA report (its final revision) read back from ClickHouse (through the worker's
 API), writes the call pages as static files (`callqa report --html`:
 ``.callqa/demo/pages/index.html``, a timeline, the coloured transcript and the scorecard per call) and prints
 their path, and stops the gateway and the worker it started. Run with the broker up and the library built
