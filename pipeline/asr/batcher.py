@@ -118,6 +118,8 @@ class SegmentBatcher:
         self.previews_dropped = 0
         self._running: set[asyncio.Task[None]] = set()
         self._held = 0  # segments taken off the queue that wait for a later batch (batch_order)
+        self._held_previews = 0  # of those, previews
+        self._preview_batches: set[asyncio.Task[None]] = set()  # running batches of previews
         self._failure: BaseException | None = None  # a batch task's bug: the batcher is dead
         self._task: asyncio.Task[None] | None = None
         self._closed = False
@@ -148,9 +150,11 @@ class SegmentBatcher:
 
     @property
     def idle(self) -> bool:
-        """No segment queued and no batch running (a segment the collector is gathering others for is
-        neither: it may be joined)."""
-        return self.queued == 0 and not self._running
+        """No final queued and no batch of finals running (a segment the collector is gathering others for
+        is neither: it may be joined). Previews do not count: what waits for idle (early decodes) is
+        submitted as finals, which go before them."""
+        return (self._queue.qsize() + self._held - self._held_previews == 0
+                and not (self._running - self._preview_batches))
 
     @property
     def error(self) -> BaseException | None:
@@ -237,7 +241,7 @@ class SegmentBatcher:
                     # preview first looks for finals queued behind it.
                     closing = self._drain(pending)
                 batch, pending = self._next_batch(pending)
-                self._held = len(pending)
+                self._hold(pending)
                 if not batch:  # only stale previews were waiting
                     self._free_threads.release()
                     continue
@@ -245,6 +249,9 @@ class SegmentBatcher:
                 task = asyncio.create_task(self._run_and_release(batch), name="segment-batch")
                 self._running.add(task)
                 task.add_done_callback(self._running.discard)
+                if batch[0].preview:
+                    self._preview_batches.add(task)
+                    task.add_done_callback(self._preview_batches.discard)
         finally:
             if self._running:
                 await asyncio.gather(*self._running, return_exceptions=True)
@@ -270,7 +277,7 @@ class SegmentBatcher:
     async def _wait_for_final_or_thread(self, pending: list[_Pending]) -> bool:
         """Only previews wait and may not run yet: wait for a segment to arrive (added to ``pending``), a
         thread to free, or the oldest preview to go stale (then dropped); True on close."""
-        self._held = len(pending)
+        self._hold(pending)
         self._released.clear()
         timeout = None
         if self.preview_max_wait_s > 0:
@@ -291,8 +298,13 @@ class SegmentBatcher:
             else:
                 pending.append(item)
         self._expire_previews(pending)
-        self._held = len(pending)
+        self._hold(pending)
         return closing
+
+    def _hold(self, pending: list[_Pending]) -> None:
+        """Count what the collector holds for a later batch (``queued``, ``idle``)."""
+        self._held = len(pending)
+        self._held_previews = sum(p.preview for p in pending)
 
     def _expire_previews(self, pending: list[_Pending]) -> None:
         """Drop the previews that have waited ``preview_max_wait_ms`` (0: never)."""

@@ -166,3 +166,25 @@ def test_preview_max_wait_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     recognizer = GatedRecognizer()
     recognizer.window = OneWindow()  # type: ignore[assignment]
     assert SegmentBatcher.from_settings(recognizer, Settings()).preview_max_wait_s == 0  # type: ignore[arg-type]
+
+
+async def test_previews_leave_the_batcher_idle_for_early_decodes() -> None:
+    """``idle`` (what early decodes wait for) counts finals only: a preview decoding on one thread, or
+    waiting for one, leaves spare capacity that a final may take."""
+    recognizer = GatedRecognizer()
+    batcher = batcher_of(recognizer, threads=2)
+    await batcher.start()
+    running = asyncio.ensure_future(batcher.submit(segment(200), preview=True))
+    await until(lambda: len(recognizer.batches) == 1)
+    waiting = asyncio.ensure_future(batcher.submit(segment(250), preview=True))
+    await until(lambda: batcher.queued == 1)
+    assert batcher.idle
+    final = asyncio.ensure_future(batcher.submit(segment(300)))
+    await until(lambda: len(recognizer.batches) == 2)
+    assert not batcher.idle and recognizer.batches[1] == [300]
+    recognizer.go_all()
+    await asyncio.gather(running, final)
+    await until(lambda: len(recognizer.batches) == 3)
+    recognizer.go_all()
+    await waiting
+    await batcher.close()
