@@ -165,6 +165,30 @@ def bench_moonshine(
     _wrote(paths)
 
 
+@bench_app.command("consumer")
+def bench_consumer(
+    audio_s: Annotated[float, typer.Option(help="The backlog's leg audio per message span (s): 6000 s are 300,000 "
+                                                "messages of 20 ms, 30,000 of 200 ms.")] = 6000.0,
+    live_calls: Annotated[int, typer.Option(help="Calls of the live runs, sent in real time (0: backlog only).")] = 28,
+    live_s: Annotated[float, typer.Option(help="Length of the live runs' calls (s).")] = 20.0,
+    repeat: Annotated[int, typer.Option(help="Runs per path, span and traffic (the median is kept).")] = 3,
+    out: Annotated[Path | None, typer.Option(help="Folder for consumer.json and consumer.jsonl "
+                                                  "(default bench/results/consumer).")] = None,
+) -> None:
+    """faust's per-message path against a batch consumer in the same faust app (issue 36).
+
+    The same audio messages, at 20 and 200 ms per message, as a backlog and sent live, read by a faust app's agent (the worker's take_events) and by a confluent-kafka batch loop in a task's thread, each run a process of its own: CPU per 1,000 messages and per audio second, messages/s, batch/agent."""
+    from pipeline.bench.consumer import ConsumerBenchOptions, run_consumer
+    from pipeline.bench.results import RESULTS
+
+    if audio_s <= 0 or live_calls < 0 or live_s <= 0 or repeat < 1:
+        raise typer.BadParameter("--audio-s and --live-s must be > 0, --live-calls >= 0 and --repeat >= 1")
+    options = ConsumerBenchOptions(audio_s=audio_s, live_calls=live_calls, live_s=live_s, repeat=repeat,
+                                   out=out or RESULTS / "consumer")
+    _, paths = run_consumer(options, console)
+    _wrote(paths)
+
+
 @bench_app.command("search")
 def bench_search(
     calls: Annotated[int, typer.Option(help="Generated calls in the store (6-20 turns each).")] = 100_000,

@@ -57,6 +57,7 @@ from pipeline.broker.producer import ContractProducer
 from pipeline.broker.security import kafka_config
 from pipeline.config import Settings
 from pipeline.contracts import Serde, TranscriptSegment
+from pipeline.worker.metrics import DELAY_BUCKETS, PARTIAL_OUTCOMES
 
 # "Lag not growing": the worker falls behind the live audio by less than 1 s per 100 s of window.
 LAG_SLOPE_MAX = 0.01
@@ -258,13 +259,32 @@ def run_level(config: LevelConfig, library: TurnLibrary, work: Path, console: Co
                                   config.settings().audio_message_ms)
             report, watch = drive(config, workers, sender, plans, tap, console)
             finals = tap.finals()
-            passed = postcall_figures(workers.workers, console) if config.settings().final_model else None
+            passed = postcall_figures(workers.workers, console) if config.settings().post_call_model else None
+            partials = partial_figures(workers.workers) if config.settings().partial_interval_ms > 0 else None
         finally:
             tap.stop()
         run = measure(config, plans, finals, report, watch)
         if passed is not None:
             run.result["postcall"] = passed
+        if partials is not None:
+            run.result["partials"] = partials
         return run
+
+
+def partial_figures(workers: list[WorkerProcess]) -> dict[str, Any]:
+    """What became of the level's partials (whole run), and their delay (audio captured -> published) as the
+    upper bound of the worker histogram's bucket holding P50 / P99."""
+    def total(name: str, **labels: str) -> float:
+        return sum(w.metric(name, **labels) for w in workers)
+
+    outcomes = {o: int(total("callqa_partials_total", outcome=o)) for o in PARTIAL_OUTCOMES}
+    count = total("callqa_partial_delay_seconds_count")
+    bounds = [(b, total("callqa_partial_delay_seconds_bucket", le=str(b))) for b in DELAY_BUCKETS]
+
+    def upper(q: float) -> float | None:
+        return next((b for b, n in bounds if n >= q * count), None) if count else None
+
+    return {"outcomes": outcomes, "delay_p50_le_s": upper(0.5), "delay_p99_le_s": upper(0.99)}
 
 
 POSTCALL_DRAIN_S = 300.0

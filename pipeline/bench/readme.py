@@ -142,6 +142,13 @@ SPECS: dict[str, tuple[str, tuple[Table | Pivot, ...]]] = {
         Col("configuration", "key"), Col("speech s/s (median)", "speech_s_per_wall_s_median", 1),
         Col("event-loop lag P99 ms", "event_loop_lag_p99_ms_median", 1),
         Col("latency P99 ms", "latency_p99_ms_median", 0)), "summary"),)),
+    "consumer": ("faust's agent against a batch consumer in the faust app", (Table((
+        Col("span ms", "span_ms"), Col("traffic", "traffic"), Col("path", "path"), Col("messages", "messages"),
+        Col("CPU s per 1,000 messages", "cpu_s_per_1000_messages", 4), Col("CPU ms per audio s", "cpu_ms_per_audio_s", 3),
+        Col("event loop CPU ms per audio s", "event_loop_cpu_ms_per_audio_s", 3), Col("messages/s", "messages_per_s", 0),
+        Col("batch / agent CPU", "batch_over_agent_cpu", 2),
+        Col("batch / agent event loop CPU", "batch_over_agent_event_loop_cpu", 2),
+        Col("each message once", "exactly_once")), "rows"),)),
     "segments": ("Segments cut", (Table((
         Col("settings", "label"), Col("set", "set"), Col("segments", "segments"),
         Col("per recording", "segments_per_recording", 2), Col("mean s", "length_s.mean", 1),
