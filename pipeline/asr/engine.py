@@ -10,6 +10,9 @@
 
 The async worker uses the pieces separately: `engine.open_front_end(...)` per leg (decode, resample,
 segment) and one `engine.new_batcher()` shared by every leg of the process.
+
+An 8 kHz leg with ``vad_sample_rate`` 8000 is not resampled here: its segmenter takes the 8 kHz samples,
+scores them at 8 kHz and upsamples only its segments' audio (pipeline/segmentation/segmenter.py).
 """
 
 from __future__ import annotations
@@ -38,14 +41,20 @@ FILE_CHUNK_S = 1.0
 
 
 class LegFrontEnd:
-    """One leg's audio path: bytes (or samples) at any rate -> 16 kHz -> closed SpeechSegments."""
+    """One leg's audio path: bytes (or samples) at any rate -> 16 kHz -> closed SpeechSegments. An 8 kHz
+    leg with ``vad_sample_rate`` 8000 goes to its segmenter at 8 kHz (VAD at 8 kHz, segments at 16 kHz)."""
 
     def __init__(self, sample_rate: int, encoding: str, settings: Settings) -> None:
         codecs.bytes_per_sample(encoding)  # rejects an unknown encoding now, not at the first frame
         self.sample_rate = sample_rate
         self.encoding = encoding
-        self._resampler = StreamResampler(sample_rate, SAMPLE_RATE)
-        self._segmenter = Segmenter(settings, vad=load_vad(settings.vad_model_path))
+        self._settings = settings
+        self._set_input_rate(sample_rate if sample_rate == settings.vad_sample_rate == 8000 else SAMPLE_RATE)
+
+    def _set_input_rate(self, rate: int) -> None:
+        """The segmenter takes the leg's samples at ``rate``: 16 kHz (resampled here) or the leg's 8 kHz."""
+        self._resampler = StreamResampler(self.sample_rate, rate)
+        self._segmenter = Segmenter(self._settings, vad=load_vad(self._settings.vad_model_path), input_rate=rate)
 
     @property
     def segmenter(self) -> Segmenter:
@@ -57,19 +66,24 @@ class LegFrontEnd:
 
     def accept_samples(self, samples: np.ndarray) -> list[SpeechSegment]:
         """Take float samples at the leg's rate; the segments that closed."""
-        return self._segmenter.accept(self.to_16k(samples))
+        return self._segmenter.accept(self.to_segmenter(samples))
 
-    def to_16k(self, samples: np.ndarray) -> np.ndarray:
-        """The resampling half of ``accept_samples``: callers that batch the VAD over many legs
+    def to_segmenter(self, samples: np.ndarray) -> np.ndarray:
+        """The resampling half of ``accept_samples``: the samples at the segmenter's ``input_rate`` (16 kHz,
+        or the leg's own 8 kHz ones); callers that batch the VAD over many legs
         (``segmentation.accept_many``) feed the segmenter themselves."""
         return self._resampler.process(samples)
 
-    def silence_to_16k(self, samples: int) -> list[np.ndarray | Silence]:
-        """``to_16k(np.zeros(samples))`` without making the zeros: what the resampler gives for
+    def silence_to_segmenter(self, samples: int) -> list[np.ndarray | Silence]:
+        """``to_segmenter(np.zeros(samples))`` without making the zeros: what the resampler gives for
         ``samples`` zero samples at the leg's rate, with its runs of zeros given by their length (the
         segmenter's ``take``). A 20-minute gap costs what 0.1 s costs here."""
+        if self.sample_rate == self._segmenter.input_rate:  # nothing resampled: the run as it is
+            self._resampler.samples_in += samples
+            self._resampler.samples_out += samples
+            return [Silence(samples)] if samples else []
         head = min(samples, max(1, self.sample_rate // 10))  # flushes the filter's memory of earlier input
-        out: list[np.ndarray | Silence] = [self.to_16k(np.zeros(head, dtype=np.float32))]
+        out: list[np.ndarray | Silence] = [self.to_segmenter(np.zeros(head, dtype=np.float32))]
         rest = samples - head
         snap = self._resampler.snapshot()
         if rest and not snap.history.any():
@@ -83,7 +97,7 @@ class LegFrontEnd:
             out.append(Silence(skipped * up // down))
             rest -= skipped
         if rest:
-            out.append(self.to_16k(np.zeros(rest, dtype=np.float32)))
+            out.append(self.to_segmenter(np.zeros(rest, dtype=np.float32)))
         return out
 
     def finish(self) -> list[SpeechSegment]:
@@ -95,8 +109,15 @@ class LegFrontEnd:
         return self._resampler.snapshot(), self._segmenter.snapshot()
 
     def restore(self, resampler: ResamplerSnapshot, segmenter: SegmenterSnapshot) -> None:
-        """Go on from a snapshot: the next samples continue the same stream of segments."""
-        self._resampler = StreamResampler.restored(self.sample_rate, SAMPLE_RATE, resampler)
+        """Go on from a snapshot: the next samples continue the same stream of segments. The leg goes on
+        at the VAD rate it was snapshotted at, whatever ``vad_sample_rate`` says now (so a snapshot from
+        before 8 kHz VAD, or from a worker set otherwise, continues exactly)."""
+        rate = segmenter.input_rate
+        if rate != SAMPLE_RATE and rate != self.sample_rate:
+            raise ValueError(f"a leg snapshotted with its segmenter at {rate} Hz does not restore at {self.sample_rate} Hz")
+        if rate != self._segmenter.input_rate:
+            self._set_input_rate(rate)
+        self._resampler = StreamResampler.restored(self.sample_rate, rate, resampler)
         self._segmenter.restore(segmenter)
 
 

@@ -91,6 +91,11 @@ class StreamResampler:
         # Input (as 16-bit sample values) from index ``samples_in - len(_buffer)`` on; silence before.
         self._buffer = np.zeros(self._half, dtype=np.float64)
 
+    @property
+    def lookahead(self) -> int:
+        """Input samples an output waits for past its own time (0 when the rates are equal)."""
+        return 0 if self._passthrough else self._half
+
     def process(self, chunk: np.ndarray) -> np.ndarray:
         """Output available after feeding ``chunk`` (1-D float)."""
         chunk = np.asarray(chunk, dtype=np.float32)

@@ -256,7 +256,9 @@ class HoldSpan:
 
 @dataclass
 class LegCheckpoint:
-    """One leg's audio path between two segments; arrays are float32 little-endian bytes."""
+    """One leg's audio path between two segments; arrays are float32 little-endian bytes. ``vad_context``'s
+    size gives the VAD's rate: 64 samples at 16 kHz, 32 at 8 kHz (``vad_sample_rate``), and then
+    ``vad_pending`` and ``audio`` are the leg's 8 kHz samples and the resampler fields only counters."""
 
     leg: str
     sample_rate: int

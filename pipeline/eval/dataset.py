@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import gzip
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -48,13 +48,16 @@ class EvalSetMissingError(FileNotFoundError):
 
 @dataclass(frozen=True)
 class EvalUtterance:
-    """One recording with its reference transcript; audio is mono float32 at 16 kHz."""
+    """One recording with its reference transcript; audio is mono float32 at 16 kHz. ``narrow``: under a
+    telephony condition, the 8 kHz samples as received (``audio`` is them upsampled), which the worker's
+    path takes as a leg's."""
 
     id: str
     audio: np.ndarray
     reference: str
     source: str
     licence: str
+    narrow: np.ndarray | None = field(default=None, repr=False, compare=False)
 
     @property
     def duration_s(self) -> float:

@@ -11,6 +11,7 @@ from typing import Any
 from pipeline.asr.context import LegContext
 from pipeline.asr.engine import Engine
 from pipeline.asr.results import TranscriptResult
+from pipeline.eval.conditions import TELEPHONY_RATE
 from pipeline.eval.dataset import SAMPLE_RATE, EvalUtterance
 
 
@@ -29,7 +30,10 @@ class Ours:
     name: str = "ours"
 
     def transcribe(self, utterances: Sequence[EvalUtterance]) -> list[str]:
-        legs = [self.engine.leg_segments(u.audio, SAMPLE_RATE) for u in utterances]
+        # A narrow-band condition's 8 kHz samples go in as an 8 kHz leg (the worker's front end upsamples
+        # them, or with vad_sample_rate 8000 scores them at 8 kHz): the same 16 kHz audio as ``u.audio``.
+        legs = [self.engine.leg_segments(u.audio, SAMPLE_RATE) if u.narrow is None
+                else self.engine.leg_segments(u.narrow, TELEPHONY_RATE) for u in utterances]
         contexts = [LegContext() for _ in utterances]
         with_context = self.engine.settings.context_tokens > 0
         texts: list[list[str]] = [[] for _ in utterances]

@@ -15,6 +15,14 @@ Digital silence longer than ``gap_boundary_ms`` (a hold: its gap in the frames i
 boundary: the VAD is reset and its windows are no longer scored (vad.py), and ``skip_zeros`` takes such
 a run by its length, without the samples, exactly as ``accept`` takes the zeros themselves. Segment
 times after it stay in the leg's time.
+
+A segmenter takes 16 kHz samples, or (``input_rate`` 8000) a telephone leg's own 8 kHz samples. At 8 kHz
+the VAD scores those (256-sample windows, the same 32 ms grid, so every decision falls on the same 16 kHz
+sample positions), and only what can become a segment, the pre-roll and the open segment, is upsampled to
+16 kHz: by the same exact streaming filter (pipeline/audio/resample.py) started from the 8 kHz samples the
+segment reaches, so its samples are bit for bit those of the leg's whole stream upsampled. The VAD sees
+each 8 kHz sample only once the filter's look-ahead has arrived after it, as it sees a 16 kHz sample only
+once the filter has made it: decisions come at the same moment of the leg's input at either rate.
 """
 
 from __future__ import annotations
@@ -25,9 +33,10 @@ from math import ceil
 
 import numpy as np
 
+from pipeline.audio.resample import ResamplerSnapshot, StreamResampler
 from pipeline.config.segmentation import SegmentationSettings
 from pipeline.segmentation.audio_buffer import LegAudioBuffer
-from pipeline.segmentation.vad import SAMPLE_RATE, WINDOW, SileroVad, VadStream, load_vad
+from pipeline.segmentation.vad import GEOMETRY, SAMPLE_RATE, WINDOW, SileroVad, VadStream, load_vad, window_of
 
 SAMPLES_PER_MS = SAMPLE_RATE // 1000
 
@@ -58,7 +67,8 @@ class SpeechSegment:
 
 @dataclass(frozen=True, slots=True)
 class Silence:
-    """``samples`` 16 kHz samples of digital silence, given by their count (``Segmenter.skip_zeros``)."""
+    """``samples`` samples of digital silence at the segmenter's input rate (16 kHz, or 8 kHz when its VAD
+    scores a telephone leg's own samples), given by their count (``Segmenter.skip_zeros``)."""
 
     samples: int
 
@@ -73,13 +83,23 @@ class SegmenterSnapshot:
     """
 
     vad_state: np.ndarray = field(repr=False)  # [2, 1, 128] float32
-    vad_context: np.ndarray = field(repr=False)  # [64] float32
+    vad_context: np.ndarray = field(repr=False)  # [64] float32; [32] when the VAD ran at 8 kHz
     vad_pending: np.ndarray = field(repr=False)  # < one window, float32
     windows_done: int
-    last_end: int
+    last_end: int  # 16 kHz sample index, like every segment position
     emitted: int
-    audio_start: int  # absolute index of audio[0]
-    audio: np.ndarray = field(repr=False)  # float32, what the buffer held (the pre-roll reach)
+    audio_start: int  # absolute index of audio[0], at the input rate
+    audio: np.ndarray = field(repr=False)  # float32 at the input rate, what the buffer held (the pre-roll reach)
+
+    @property
+    def input_rate(self) -> int:
+        """The rate of the samples the segmenter took (16000, or 8000 with the VAD on them): the VAD's
+        context says it, so a snapshot of either kind (and one from before 8 kHz VAD) restores as taken."""
+        size = np.asarray(self.vad_context).size
+        for rate, (_, context) in GEOMETRY.items():
+            if size == context:
+                return rate
+        raise ValueError(f"a segmenter snapshot with {size} VAD context samples is none of 8 or 16 kHz")
 
 
 @dataclass
@@ -92,16 +112,28 @@ class _OpenSegment:
 
 
 class Segmenter:
-    """Turns one leg's 16 kHz audio into closed speech segments as it streams in."""
+    """Turns one leg's audio into closed speech segments as it streams in: 16 kHz samples, or with
+    ``input_rate`` 8000 the leg's own 8 kHz samples, scored at 8 kHz (segments still come at 16 kHz)."""
 
-    def __init__(self, settings: SegmentationSettings | None = None, vad: SileroVad | None = None) -> None:
+    def __init__(self, settings: SegmentationSettings | None = None, vad: SileroVad | None = None,
+                 input_rate: int = SAMPLE_RATE) -> None:
         self.settings = settings or SegmentationSettings()
         self.vad = vad or load_vad(self.settings.vad_model_path)
+        self.input_rate = input_rate
+        self._window_in = window_of(input_rate)  # input samples per VAD window
+        self._ratio = SAMPLE_RATE // input_rate  # 16 kHz samples per input sample
         # Windows of digital silence in a row after which the VAD is dormant (None: never).
         boundary_ms = self.settings.gap_boundary_ms
         self._dormant_after = ceil(boundary_ms * SAMPLES_PER_MS / WINDOW) if boundary_ms > 0 else None
-        self.vad_stream = VadStream(self._dormant_after)
+        self.vad_stream = VadStream(self._dormant_after, input_rate)
+        # The leg's recent input (at 16 kHz: what segments are cut from).
         self._audio = LegAudioBuffer()
+        # 8 kHz input: the upsampler's look-ahead (input samples the VAD waits for after each one), and
+        # while a segment is open, its 16 kHz audio and the upsampler making it.
+        self._lookahead = 0 if self._ratio == 1 else StreamResampler(input_rate, SAMPLE_RATE).lookahead
+        self._upsampler: StreamResampler | None = None
+        self._wide = LegAudioBuffer()
+        self._end_pad: int | None = None  # 8 kHz input, once flushed: the 16 kHz zeros after the leg's end
         self._windows_done = 0
         self._open: _OpenSegment | None = None
         self._last_end = 0  # end of the last emitted segment: pre-roll never reaches back past it
@@ -122,7 +154,13 @@ class Segmenter:
 
     @property
     def samples_received(self) -> int:
-        return self._audio.end
+        """The leg's audio the VAD has been given, in 16 kHz samples."""
+        return self._audio.end if self._ratio == 1 else self._vad_fed * self._ratio
+
+    @property
+    def _vad_fed(self) -> int:
+        """Input samples given to the VAD so far (between steps)."""
+        return self._windows_done * self._window_in + self.vad_stream.pending_samples
 
     @property
     def open_segment_start_ms(self) -> int | None:
@@ -146,11 +184,17 @@ class Segmenter:
 
     def provisional_audio(self, start: int, end: int) -> np.ndarray:
         """The audio ``[start, end)`` of the open segment (``provisional_end``'s samples), a copy."""
-        return self._audio.slice(start, end)
+        return self._segment_audio(start, end)
 
     def open_segment_audio(self) -> np.ndarray | None:
         """The audio of the open segment so far (for partial transcripts), or None."""
-        return None if self._open is None else self._audio.slice(self._open.start, self._audio.end)
+        if self._open is None:
+            return None
+        return self._segment_audio(self._open.start, self._audio.end if self._ratio == 1 else self._wide.end)
+
+    def _segment_audio(self, start: int, end: int) -> np.ndarray:
+        """16 kHz samples ``[start, end)`` of the open segment (or one just closed), a copy."""
+        return (self._audio if self._ratio == 1 else self._wide).slice(start, end)
 
     def snapshot(self) -> SegmenterSnapshot:
         """The state to resume from (see ``restore``); only between segments."""
@@ -163,9 +207,14 @@ class Segmenter:
         )
 
     def restore(self, snap: SegmenterSnapshot) -> None:
-        """Go on from ``snap`` as if every sample before it had been fed to this segmenter."""
+        """Go on from ``snap`` as if every sample before it had been fed to this segmenter (one of the same
+        ``input_rate``: ``snap.input_rate`` says which)."""
+        if snap.input_rate != self.input_rate:
+            raise ValueError(f"a snapshot of a segmenter at {snap.input_rate} Hz restores into one at that "
+                             f"rate, not {self.input_rate} Hz")
         self.vad_stream = VadStream.restored(snap.vad_state, snap.vad_context, snap.vad_pending,
-                                             self._dormant_after, self._zero_windows_of(snap))
+                                             self._dormant_after, self._zero_windows_of(snap), self.input_rate)
+        self._upsampler, self._wide, self._end_pad = None, LegAudioBuffer(), None
         self._audio = LegAudioBuffer(max(16000, snap.audio.size))
         self._audio.start = snap.audio_start
         self._audio.append(snap.audio)
@@ -179,18 +228,17 @@ class Segmenter:
             return 0
         if snap.windows_done > 0 and not np.asarray(snap.vad_state).any():
             return self._dormant_after + 1
-        first = -(-snap.audio_start // WINDOW)  # the first window held whole
-        lo, hi = first * WINDOW - snap.audio_start, snap.windows_done * WINDOW - snap.audio_start
+        window = self._window_in
+        first = -(-snap.audio_start // window)  # the first window held whole
+        lo, hi = first * window - snap.audio_start, snap.windows_done * window - snap.audio_start
         if hi <= lo:
             return 0
-        sound = np.asarray(snap.audio[lo:hi]).reshape(-1, WINDOW).any(axis=1)
+        sound = np.asarray(snap.audio[lo:hi]).reshape(-1, window).any(axis=1)
         return int(sound.size - 1 - np.flatnonzero(sound)[-1]) if sound.any() else int(sound.size)
 
-    def accept(self, samples_16k: np.ndarray) -> list[SpeechSegment]:
-        """Take the next samples of the leg; the segments that closed."""
-        samples = np.asarray(samples_16k, dtype=np.float32)
-        probs = self.vad.run([self.vad_stream], [samples])[0]
-        return self.advance(samples, probs)
+    def accept(self, samples: np.ndarray) -> list[SpeechSegment]:
+        """Take the next samples of the leg (at ``input_rate``); the segments that closed."""
+        return self.advance(self.vad.run([self.vad_stream], [self.feed(samples)])[0])
 
     def take(self, audio: np.ndarray | Silence) -> list[SpeechSegment]:
         """``accept`` samples, or ``skip_zeros`` a run of silence given by its length."""
@@ -200,54 +248,120 @@ class Segmenter:
         """``accept(np.zeros(count))``, the same segments and state, without making the zeros: they are
         scored only until the VAD is dormant (``gap_boundary_ms``), the rest moves the clock on."""
         closed: list[SpeechSegment] = []
+        window = self._window_in
         while count > 0 and not self._skips_zeros():
             # Scored: the rest of the pending window and a boundary's worth of windows at a time (without
             # a boundary, a minute: only the memory is bounded then).
-            lead = 60 * SAMPLE_RATE if self._dormant_after is None else (
-                (-self.vad_stream.pending_samples) % WINDOW + WINDOW * (self._dormant_after + 1))
+            lead = 60 * self.input_rate if self._dormant_after is None else (
+                (-self.vad_stream.pending_samples) % window + window * (self._dormant_after + 1))
+            if self._upsampler is not None:  # a segment open: its zeros are upsampled, only until it closes
+                lead = min(lead, 4 * window)
             step = min(count, lead)
             closed.extend(self.accept(np.zeros(step, dtype=np.float32)))
             count -= step
         if count > 0:
+            # Idle, so the VAD takes these zeros as they come (at 8 kHz its look-ahead's are zeros too).
             self._windows_done += self.vad_stream.skip_zeros(count)
-            self._audio.append_zeros(count, self._keep_from())
+            self._audio.append_zeros(count, self._keep_input_from())
         return closed
 
     def _skips_zeros(self) -> bool:
         """Whether more zeros would only be dormant windows of an idle segmenter."""
         stream = self.vad_stream
-        return self._open is None and stream.dormant and not stream.pending.any()
+        if self._open is not None or not stream.dormant or stream.pending.any():
+            return False
+        return self._ratio == 1 or not self._audio.slice(self._vad_fed, self._audio.end).any()
 
     def flush(self) -> list[SpeechSegment]:
         """End of the leg: score the incomplete last window and close any open segment."""
-        end = self._audio.end
-        closed = self.accept(self.vad_stream.pad_pending())
+        end = self._audio.end * self._ratio
+        if self._ratio == 1:
+            closed = self.accept(self.vad_stream.pad_pending())
+        else:
+            # The look-ahead the VAD waited for is the leg's end now: the rest of the input, then zeros to
+            # the window's end; the open segment's audio upsampled to the end as if silence followed (the
+            # resampler's flush), then those zeros, as the 16 kHz path appends them.
+            tail = self._audio.slice(self._vad_fed, self._audio.end)
+            pad = (-(self.vad_stream.pending_samples + tail.size)) % self._window_in
+            self._end_pad = pad * self._ratio
+            if self._upsampler is not None:
+                self._extend_wide()
+            tail = np.concatenate([tail, np.zeros(pad, dtype=np.float32)])
+            closed = self.advance(self.vad.run([self.vad_stream], [tail])[0])
         if self._open is not None:
             closed.extend(self._close(self._speech_end(end), "flush"))
         return closed
 
-    def advance(self, samples: np.ndarray, probs: np.ndarray) -> list[SpeechSegment]:
-        """Append ``samples`` and apply the VAD ``probs`` of the windows they completed.
-
-        ``accept`` does both; ``accept_many`` calls this after one batched VAD run over many legs.
-        """
+    def feed(self, samples: np.ndarray) -> np.ndarray:
+        """Take the leg's next samples (at ``input_rate``); what the VAD is to score next (``advance``
+        applies its probabilities). At 8 kHz: all but the look-ahead the upsampler still waits for."""
+        samples = np.asarray(samples, dtype=np.float32)
+        if self._ratio == 1:
+            self._audio.append(samples)
+            return samples
+        fed = self._vad_fed
         self._audio.append(samples)
+        if self._upsampler is not None:
+            self._extend_wide()
+        return self._audio.slice(fed, max(fed, self._audio.end - self._lookahead))
+
+    def advance(self, probs: np.ndarray) -> list[SpeechSegment]:
+        """Apply the VAD ``probs`` of the windows the samples ``feed`` took completed.
+
+        ``accept`` does both; ``accept_many`` calls them around one batched VAD run over many legs.
+        """
         closed: list[SpeechSegment] = []
         for prob in probs:
             closed.extend(self._step(float(prob)))
             self._windows_done += 1
         if self._open is None:
-            self._audio.drop_before(self._keep_from())
+            self._audio.drop_before(self._keep_input_from())
+            if self._upsampler is not None:
+                self._upsampler, self._wide = None, LegAudioBuffer()
         return closed
 
     def _keep_from(self) -> int:
-        """Idle: the audio to keep, just enough for the pre-roll of the next onset, and a run of digital
-        silence not yet dormant, whole (a snapshot taken in it must say how long it is)."""
+        """Idle: the audio to keep (a 16 kHz position), just enough for the pre-roll of the next onset, and
+        a run of digital silence not yet dormant, whole (a snapshot taken in it must say how long it is)."""
         keep = max(self._windows_done * WINDOW - self._ms["pre_roll"], self._last_end)
         run = self.vad_stream.zero_windows
         if self._dormant_after is not None and 0 < run <= self._dormant_after:
             keep = min(keep, (self._windows_done - run) * WINDOW)
         return keep
+
+    def _keep_input_from(self) -> int:
+        """``_keep_from`` in input samples: at 8 kHz with the input the upsampler reaches back to."""
+        keep = self._keep_from()
+        return keep if self._ratio == 1 else max(0, keep // self._ratio - self._lookahead)
+
+    def _held_from(self) -> int:
+        """The first 16 kHz sample the input held can give (a pre-roll reaches no further back)."""
+        start = self._audio.start
+        if self._ratio == 1 or start == 0:
+            return start * self._ratio
+        return (start + self._lookahead - 1) * self._ratio
+
+    def _start_wide(self, start: int) -> None:
+        """8 kHz input: the open segment's 16 kHz audio from ``start`` on, from the input held: a resampler
+        restored where the leg's whole stream would stand, so the samples are that stream's."""
+        assert start % self._ratio == 0, "segment positions fall on input samples"
+        first_tap = start // self._ratio - self._lookahead + 1  # the first input sample output `start` reaches
+        held = max(first_tap, 0)
+        assert self._audio.start <= held, "the pre-roll's input was dropped"
+        self._upsampler = StreamResampler.restored(self.input_rate, SAMPLE_RATE, ResamplerSnapshot(
+            held, start, np.zeros(0, dtype=np.float32)))  # before the leg's start: silence
+        self._wide = LegAudioBuffer()
+        self._wide.start = start
+        self._extend_wide()
+
+    def _extend_wide(self) -> None:
+        """The open segment's 16 kHz audio, up to what the input held gives (to the leg's end once flushed)."""
+        upsampler = self._upsampler
+        assert upsampler is not None
+        self._wide.append(upsampler.process(self._audio.slice(upsampler.samples_in, self._audio.end)))
+        if self._end_pad is not None:
+            self._wide.append(upsampler.flush())
+            self._wide.append(np.zeros(self._end_pad, dtype=np.float32))
 
     def _step(self, prob: float) -> list[SpeechSegment]:
         start = self._windows_done * WINDOW
@@ -255,8 +369,10 @@ class Segmenter:
         s = self.settings
         if self._open is None:
             if prob >= s.vad_threshold:
-                pre_roll_start = max(start - self._ms["pre_roll"], self._last_end, self._audio.start)
+                pre_roll_start = max(start - self._ms["pre_roll"], self._last_end, self._held_from())
                 self._open = _OpenSegment(pre_roll_start, first_window=self._windows_done)
+                if self._ratio > 1:
+                    self._start_wide(pre_roll_start)
             else:
                 return []
         segment = self._open
@@ -295,7 +411,7 @@ class Segmenter:
             return []
         self._last_end = end
         emitted = SpeechSegment(
-            self._emitted, segment.start, end, self._audio.slice(segment.start, end), speech_ms, reason
+            self._emitted, segment.start, end, self._segment_audio(segment.start, end), speech_ms, reason
         )
         self._emitted += 1
         return [emitted]
@@ -321,12 +437,13 @@ class Segmenter:
 
 
 def accept_many(segmenters: Sequence[Segmenter], chunks: Sequence[np.ndarray]) -> list[list[SpeechSegment]]:
-    """``Segmenter.accept`` for many legs at once, with one batched VAD run; they must share one SileroVad."""
+    """``Segmenter.accept`` for many legs at once, with one batched VAD run (legs at 8 and 16 kHz in a
+    batch each); they must share one SileroVad."""
     if not segmenters:
         return []
     vad = segmenters[0].vad
     if any(s.vad is not vad for s in segmenters):
         raise ValueError("accept_many needs segmenters that share one SileroVad")
-    samples = [np.asarray(c, dtype=np.float32) for c in chunks]
-    probs = vad.run([s.vad_stream for s in segmenters], samples)
-    return [s.advance(x, p) for s, x, p in zip(segmenters, samples, probs, strict=True)]
+    inputs = [s.feed(c) for s, c in zip(segmenters, chunks, strict=True)]
+    probs = vad.run([s.vad_stream for s in segmenters], inputs)
+    return [s.advance(p) for s, p in zip(segmenters, probs, strict=True)]

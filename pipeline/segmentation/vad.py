@@ -1,10 +1,12 @@
 """Streaming Silero VAD on ONNX Runtime, batched across legs.
 
-The model scores 512-sample windows of 16 kHz audio (32 ms). It is recurrent: each leg carries its
-own LSTM state [2, 1, 128] and the last 64 samples of its previous window, which the model expects
-prepended to the next window (as silero-vad's own wrapper does). Windows of different legs at the same
-step are independent, so one ``run`` call stacks them into a batch [B, 576]: measured 1.5 ms per
-window alone against ~0.45 ms per window in batches of 16.
+The model scores 512-sample windows of 16 kHz audio (32 ms), or 256-sample windows of 8 kHz audio (the
+same 32 ms: a telephone leg is scored on its own samples, not upsampled ones). It is recurrent: each leg
+carries its own LSTM state [2, 1, 128] and the last 64 (8 kHz: 32) samples of its previous window, which
+the model expects prepended to the next window (as silero-vad's own wrapper does). Windows of different
+legs at the same step are independent, so one ``run`` call stacks them into a batch [B, 576] (8 kHz legs
+in a batch of their own, [B, 288]): measured 1.5 ms per window alone against ~0.45 ms per window in
+batches of 16.
 
 Digital silence (windows of exact zeros, which is what a gap in a leg's frames is filled with) is scored
 only until a stream has seen ``dormant_after`` such windows in a row: later ones are dormant, not
@@ -27,6 +29,16 @@ SAMPLE_RATE = 16000
 WINDOW = 512
 CONTEXT = 64
 STATE_SHAPE = (2, 1, 128)
+# The model's window and context (samples) at each rate it takes: the same 32 ms grid at both.
+GEOMETRY = {16000: (WINDOW, CONTEXT), 8000: (256, 32)}
+
+
+def window_of(sample_rate: int) -> int:
+    """Samples per VAD window (32 ms) at ``sample_rate`` (8000 or 16000)."""
+    try:
+        return GEOMETRY[sample_rate][0]
+    except KeyError:
+        raise ValueError(f"Silero VAD takes 8000 or 16000 Hz, not {sample_rate}") from None
 
 
 def default_model_path() -> Path:
@@ -47,12 +59,14 @@ class SileroVad:
         options.inter_op_num_threads = 1
         path = str(model_path or default_model_path())
         self._session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
-        self._sample_rate = np.array(SAMPLE_RATE, dtype=np.int64)
+        self._rates = {rate: np.array(rate, dtype=np.int64) for rate in GEOMETRY}
 
-    def score(self, inputs: np.ndarray, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Speech probabilities [B] of windows with context [B, 576], and the next state [2, B, 128]."""
+    def score(self, inputs: np.ndarray, state: np.ndarray, sample_rate: int = SAMPLE_RATE
+              ) -> tuple[np.ndarray, np.ndarray]:
+        """Speech probabilities [B] of windows with context [B, 576] (8 kHz: [B, 288]), and the next
+        state [2, B, 128]."""
         probs, next_state = self._session.run(
-            None, {"input": inputs, "state": state, "sr": self._sample_rate}
+            None, {"input": inputs, "state": state, "sr": self._rates[sample_rate]}
         )
         return probs[:, 0], next_state
 
@@ -70,18 +84,18 @@ class SileroVad:
                     streams[i].go_dormant()  # probability 0; its context is zeros already
                 else:
                     active.append(i)
-            if not active:
-                continue
-            inputs = np.stack([streams[i].with_context(windows[i][step]) for i in active])
-            state = np.concatenate([streams[i].state for i in active], axis=1)
-            step_probs, next_state = self.score(inputs, state)
-            for k, i in enumerate(active):
-                probs[i][step] = step_probs[k]
-                streams[i].state = next_state[:, k : k + 1, :]
+            rates = {streams[i].sample_rate for i in active}
+            for rate in sorted(rates):  # one batch per rate: the model takes one sr per call
+                batch = active if len(rates) == 1 else [i for i in active if streams[i].sample_rate == rate]
+                inputs = np.stack([streams[i].with_context(windows[i][step]) for i in batch])
+                state = np.concatenate([streams[i].state for i in batch], axis=1)
+                step_probs, next_state = self.score(inputs, state, rate)
+                for k, i in enumerate(batch):
+                    probs[i][step] = step_probs[k]
+                    streams[i].state = next_state[:, k : k + 1, :]
         return probs
 
 
-@lru_cache(maxsize=4)
 @lru_cache(maxsize=4)
 def load_vad(model_path: str = "") -> SileroVad:
     """The process-wide VAD session for ``model_path`` (empty: the packaged model).
@@ -95,23 +109,31 @@ def load_vad(model_path: str = "") -> SileroVad:
 class VadStream:
     """The VAD state of one leg: recurrent state, context samples, an incomplete window, and how many
     windows of digital silence came last (``dormant_after`` of them in a row make later ones dormant;
-    None: never)."""
+    None: never). ``sample_rate``: the rate of the samples it is fed, 16000 or 8000."""
 
-    def __init__(self, dormant_after: int | None = None) -> None:
+    def __init__(self, dormant_after: int | None = None, sample_rate: int = SAMPLE_RATE) -> None:
+        self.sample_rate = sample_rate
+        self.window = window_of(sample_rate)
+        self.context_size = GEOMETRY[sample_rate][1]
         self.state = np.zeros(STATE_SHAPE, dtype=np.float32)
-        self._context = np.zeros(CONTEXT, dtype=np.float32)
+        self._context = np.zeros(self.context_size, dtype=np.float32)
         self._pending = np.zeros(0, dtype=np.float32)
         self.dormant_after = dormant_after
         self.zero_windows = 0  # windows of exact zeros in a row, up to the last complete one
 
     @classmethod
     def restored(cls, state: np.ndarray, context: np.ndarray, pending: np.ndarray,
-                 dormant_after: int | None = None, zero_windows: int = 0) -> VadStream:
+                 dormant_after: int | None = None, zero_windows: int = 0,
+                 sample_rate: int = SAMPLE_RATE) -> VadStream:
         """A stream that goes on from a snapshot of ``state``, ``context``, ``pending`` (and the run of
         zero windows it had reached)."""
-        stream = cls(dormant_after)
+        stream = cls(dormant_after, sample_rate)
+        context = np.asarray(context, dtype=np.float32)
+        if context.size != stream.context_size or np.asarray(pending).size >= stream.window:
+            raise ValueError(f"a VAD snapshot with {context.size} context and {np.asarray(pending).size} pending "
+                             f"samples is not one of a {sample_rate} Hz stream")
         stream.state = np.asarray(state, dtype=np.float32).reshape(STATE_SHAPE).copy()
-        stream._context = np.asarray(context, dtype=np.float32).copy()
+        stream._context = context.copy()
         stream._pending = np.asarray(pending, dtype=np.float32).copy()
         stream.zero_windows = zero_windows
         return stream
@@ -141,7 +163,7 @@ class VadStream:
         """``split_windows`` and ``dormant_windows`` of ``samples`` zeros, without making them; the
         windows they complete (all dormant: the stream must be ``dormant``, its pending samples zeros)."""
         total = self._pending.size + samples
-        windows = total // WINDOW
+        windows = total // self.window
         if windows == 0:
             self._pending = np.concatenate([self._pending, np.zeros(samples, dtype=np.float32)])
             return 0
@@ -149,7 +171,7 @@ class VadStream:
             raise RuntimeError("only a dormant stream, with only zeros pending, skips windows")
         self.zero_windows += windows
         self.go_dormant()
-        self._pending = np.zeros(total % WINDOW, dtype=np.float32)
+        self._pending = np.zeros(total % self.window, dtype=np.float32)
         return windows
 
     def go_dormant(self) -> None:
@@ -157,11 +179,11 @@ class VadStream:
         scored as a new leg's would be), and the context is the window's end, zeros."""
         if self.state.any() or self._context.any():
             self.state = np.zeros(STATE_SHAPE, dtype=np.float32)
-            self._context = np.zeros(CONTEXT, dtype=np.float32)
+            self._context = np.zeros(self.context_size, dtype=np.float32)
 
     @property
     def context(self) -> np.ndarray:
-        """The last 64 samples of the previous window (prepended to the next one)."""
+        """The last 64 (8 kHz: 32) samples of the previous window (prepended to the next one)."""
         return self._context
 
     @property
@@ -175,18 +197,20 @@ class VadStream:
         return int(self._pending.size)
 
     def split_windows(self, chunk: np.ndarray) -> np.ndarray:
-        """Complete windows [k, 512] formed by the pending samples and ``chunk``; keeps the remainder."""
+        """Complete windows [k, 512] (8 kHz: [k, 256]) formed by the pending samples and ``chunk``; keeps
+        the remainder."""
         samples = np.concatenate([self._pending, np.asarray(chunk, dtype=np.float32)])
-        count = samples.size // WINDOW
-        self._pending = samples[count * WINDOW :]
-        return samples[: count * WINDOW].reshape(count, WINDOW)
+        window = self.window
+        count = samples.size // window
+        self._pending = samples[count * window :]
+        return samples[: count * window].reshape(count, window)
 
     def pad_pending(self) -> np.ndarray:
         """Zeros that complete the pending window (to score the tail of a leg at its end)."""
-        return np.zeros((-self._pending.size) % WINDOW, dtype=np.float32)
+        return np.zeros((-self._pending.size) % self.window, dtype=np.float32)
 
     def with_context(self, window: np.ndarray) -> np.ndarray:
-        """``window`` with the previous window's last 64 samples in front; advances the context."""
+        """``window`` with the previous window's last context samples in front; advances the context."""
         joined = np.concatenate([self._context, window])
-        self._context = window[-CONTEXT:].copy()
+        self._context = window[-self.context_size :].copy()
         return joined

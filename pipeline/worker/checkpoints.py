@@ -13,7 +13,8 @@ and re-decodes at most the audio after it: one open segment plus what a commit i
 
 Restored legs produce the same segments, with the same ids, as the uninterrupted run (float rounding
 aside: the resampler is rebuilt from its recent input), and the call's QA state is rebuilt from its
-stored final segments.
+stored final segments. A leg goes on at the VAD rate its snapshot was taken at (16 kHz, or an 8 kHz leg's
+own rate: ``LegFrontEnd.restore``), whatever ``vad_sample_rate`` the restoring worker has.
 """
 
 from __future__ import annotations

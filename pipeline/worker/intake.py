@@ -3,7 +3,7 @@
 Each frame is checked on its own (a bad one is rejected alone, before it touches any state), matched
 to its open call (``CallRegistry``), checked against its leg (format, seq jump), recorded as consumed
 (offsets, stream clock, call activity), and put through its leg's jitter buffer, which lets out the
-16 kHz samples now in order. What comes out is the audio each touched leg got, for segmentation.
+samples now in order, at its segmenter's input rate (16 kHz, or an 8 kHz leg's own with the VAD at 8 kHz). What comes out is the audio each touched leg got, for segmentation.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ log = logging.getLogger("callqa.worker")
 
 @dataclass
 class LegAudio:
-    """The 16 kHz audio one batch let out of one leg's jitter buffer, in order (may be none); a long gap
-    (a hold) as ``Silence``, its length, not its zeros."""
+    """The audio one batch let out of one leg's jitter buffer, in order (may be none), at the leg's
+    segmenter's input rate; a long gap (a hold) as ``Silence``, its length, not its zeros."""
 
     call: CallState
     leg: LegState
@@ -132,7 +132,7 @@ class FrameIntake:
         self.metrics.frames.inc(len(owned))
         # Each leg's frames of the batch decoded and resampled together: one numpy call per leg, not per frame.
         for audio, released_frames in touched.values():
-            audio.chunks = audio.leg.to_16k(released_frames)
+            audio.chunks = audio.leg.to_segmenter(released_frames)
         batch.legs = [audio for audio, _ in touched.values()]
         return batch
 

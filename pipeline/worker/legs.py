@@ -34,7 +34,7 @@ class EarlyDecode:
 class LegState:
     call_id: str
     leg: str
-    front_end: LegFrontEnd  # decode -> 16 kHz -> VAD segmenter, the same path `callqa transcribe` takes
+    front_end: LegFrontEnd  # decode -> 16 kHz (or 8 kHz VAD) -> segmenter, the path `callqa transcribe` takes
     frame_ms: int
     reorder: FrameReorderBuffer
     keep_frames: int
@@ -81,8 +81,9 @@ class LegState:
         return self.frames_released * self.frame_ms - self.last_frame_short_ms
 
     def release(self, seq: int, payload: bytes, produced_at_ms: int) -> np.ndarray | None:
-        """``take``, with any run of silence made into zeros: the 16 kHz samples one frame lets through
-        (None while it waits in the jitter buffer), for callers that feed the segmenter themselves."""
+        """``take``, with any run of silence made into zeros: the samples one frame lets through, at the
+        segmenter's input rate (None while it waits in the jitter buffer), for callers that feed the
+        segmenter themselves."""
         audio = self.take(seq, payload, produced_at_ms)
         if not audio:
             return None
@@ -90,17 +91,18 @@ class LegState:
                                for a in audio])
 
     def take(self, seq: int, payload: bytes, produced_at_ms: int) -> list[np.ndarray | Silence]:
-        """Take one frame; the 16 kHz audio it lets through, in order (none while it waits in the jitter
-        buffer). A gap of missing frames comes as zeros, its long runs as ``Silence`` (their length).
+        """Take one frame; the audio it lets through at the segmenter's input rate (16 kHz, or the leg's
+        8 kHz with the VAD at 8 kHz), in order (none while it waits in the jitter buffer). A gap of missing
+        frames comes as zeros, its long runs as ``Silence`` (their length).
 
         The audio still has to go through the leg's segmenter (``Segmenter.take``): the processor does
         that for many legs at once (one VAD run for all of them).
         """
-        return self.to_16k(self.push(seq, payload, produced_at_ms))
+        return self.to_segmenter(self.push(seq, payload, produced_at_ms))
 
     def push(self, seq: int, payload: bytes, produced_at_ms: int) -> list[ReleasedFrame]:
         """Take one frame into the jitter buffer; the frames it lets through, in order, still encoded:
-        ``to_16k`` of several pushes' frames decodes and resamples them in one go (the intake does that
+        ``to_segmenter`` of several pushes' frames decodes and resamples them in one go (the intake does that
         once per leg and batch, not once per message)."""
         if seq < self.resumed_from_seq:
             self.before_checkpoint += 1
@@ -118,7 +120,7 @@ class LegState:
             return []
         self.finished = True
         segmenter = self.front_end.segmenter
-        closed = [s for audio in self.to_16k(self.reorder.flush(total_frames)) for s in segmenter.take(audio)]
+        closed = [s for audio in self.to_segmenter(self.reorder.flush(total_frames)) for s in segmenter.take(audio)]
         return closed + self.front_end.finish()
 
     def produced_at(self, at_ms: int) -> int:
@@ -129,12 +131,12 @@ class LegState:
                 return self.produced_at_ms[k]
         return 0
 
-    def to_16k(self, released: list[ReleasedFrame]) -> list[np.ndarray | Silence]:
+    def to_segmenter(self, released: list[ReleasedFrame]) -> list[np.ndarray | Silence]:
         """Released frames through the codec and the resampler, in order: each run of frames between long
         gaps decoded and resampled once (one numpy call each, however many messages it came in). A gap
         is filled with silence so the call's timing holds; at ``gap_boundary_ms`` and longer (a hold),
-        its zeros are not made but counted (``LegFrontEnd.silence_to_16k``), and the segmenter skips them
-        the same way."""
+        its zeros are not made but counted (``LegFrontEnd.silence_to_segmenter``), and the segmenter skips
+        them the same way."""
         out: list[np.ndarray | Silence] = []
         run: list[bytes | int] = []  # payloads, and short gaps as their sample counts
         width = codecs.bytes_per_sample(self.front_end.encoding)
@@ -149,11 +151,11 @@ class LegState:
                 run.append(frame.frames * self.frame_samples)
             else:
                 if run:
-                    out.append(self.front_end.to_16k(self._decode(run)))
+                    out.append(self.front_end.to_segmenter(self._decode(run)))
                     run = []
-                out.extend(self.front_end.silence_to_16k(frame.frames * self.frame_samples))
+                out.extend(self.front_end.silence_to_segmenter(frame.frames * self.frame_samples))
         if run:
-            out.append(self.front_end.to_16k(self._decode(run)))
+            out.append(self.front_end.to_segmenter(self._decode(run)))
         return [a for a in out if isinstance(a, Silence) or a.size]
 
     def _decode(self, run: list[bytes | int]) -> np.ndarray:

@@ -43,7 +43,8 @@ class LegSegmentation:
         """The segments the legs' new audio closed, announced, in leg order."""
         fed = [audio for audio in legs if audio.chunks]
         self.metrics.leg_audio_seconds.inc(sum(
-            c.samples if isinstance(c, Silence) else c.size for audio in fed for c in audio.chunks) / 16000)
+            (c.samples if isinstance(c, Silence) else c.size) / audio.leg.front_end.segmenter.input_rate
+            for audio in fed for c in audio.chunks))
         closed: list[list[SpeechSegment]] = [[] for _ in fed]
         rest = [list(audio.chunks) for audio in fed]
         while any(rest):

@@ -76,9 +76,9 @@ class Work:
             self.largest = max(self.largest, len(chunk))
             return process(resampler, chunk)
 
-        def counted_score(inputs: np.ndarray, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        def counted_score(inputs: np.ndarray, state: np.ndarray, *rate: int) -> tuple[np.ndarray, np.ndarray]:
             self.scored += len(inputs)
-            return score(inputs, state)
+            return score(inputs, state, *rate)
 
         monkeypatch.setattr(StreamResampler, "process", counted_process)
         monkeypatch.setattr(vad, "score", counted_score)
