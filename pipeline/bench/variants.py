@@ -1,5 +1,8 @@
 """Settings variants named on the command line: ``--variant beam_size=5,context_tokens=64``.
 
+A piece without ``=`` goes on the previous setting's value, so a value may hold commas:
+``--variant "hot_words=Harbor Mutual,Linda Carter"``.
+
 A benchmark runs ours at the current settings and, beside it, at each variant; the variant's label names
 it in tables and its changed settings go into the result document.
 """
@@ -17,13 +20,24 @@ class BadVariant(ValueError):
     """A --variant that is not setting=value pairs of known settings with valid values; one line why."""
 
 
+def _pairs(spec: str) -> list[tuple[str, str]]:
+    """``"a=1,b=x,y"`` -> [("a", "1"), ("b", "x,y")]: a piece without ``=`` continues the value before it."""
+    pairs: list[tuple[str, str]] = []
+    for item in spec.split(","):
+        name, sep, value = (part.strip() for part in item.partition("="))
+        if sep and name in Settings.model_fields:
+            pairs.append((name, value))
+        elif not sep and pairs:
+            pairs[-1] = (pairs[-1][0], f"{pairs[-1][1]},{item.strip()}")
+        else:
+            raise BadVariant(f"--variant {spec!r}: expected setting=value pairs, {item!r} is not one")
+    return pairs
+
+
 def settings_variant(settings: Settings, spec: str) -> tuple[str, Settings]:
     """``"beam_size=5,context_tokens=64"`` -> its label and the settings with those values (validated)."""
     merged = settings.model_copy()
-    for item in spec.split(","):
-        name, sep, value = (part.strip() for part in item.partition("="))
-        if not sep or name not in Settings.model_fields:
-            raise BadVariant(f"--variant {spec!r}: expected setting=value pairs, {item!r} is not one")
+    for name, value in _pairs(spec):
         try:  # the field's own type and bounds, as an environment variable would be checked
             Settings.__pydantic_validator__.validate_assignment(merged, name, value)
         except pydantic.ValidationError as exc:
@@ -42,5 +56,4 @@ def worker_overrides(spec: str) -> dict[str, str]:
     as written), after checking each as ``settings_variant`` does: a worker started with them gets exactly
     the variant, whatever else the environment sets."""
     settings_variant(Settings(), spec)  # raises BadVariant: unknown setting, bad value
-    pairs = (item.partition("=") for item in spec.split(","))
-    return {name.strip(): value.strip() for name, _, value in pairs}
+    return dict(_pairs(spec))

@@ -77,9 +77,12 @@ def test_cpu_seconds_of_a_live_process_only_grow() -> None:
 def test_a_variant_is_checked_settings_for_the_worker_s_environment() -> None:
     assert worker_overrides("max_batch=8, endpoint_silence_ms=400") == {"max_batch": "8",
                                                                          "endpoint_silence_ms": "400"}
-    for bad in ("max_batch", "no_such_setting=1", "max_batch=lots"):
+    for bad in ("max_batch", "no_such_setting=1", "max_batch=lots", "max_batch=8,16"):
         with pytest.raises(BadVariant):
             worker_overrides(bad)
+    # a value with commas: the pieces without "=" go on the value before them
+    assert worker_overrides("hot_words=Harbor Mutual, Linda Carter,max_batch=4") == {
+        "hot_words": "Harbor Mutual,Linda Carter", "max_batch": "4"}
 
 
 def test_a_variant_level_runs_the_same_traffic_with_its_settings() -> None:
