@@ -503,7 +503,8 @@ def analyze(
             render_analysis(analysis, console)
 
     engine = Engine.load(settings=settings)
-    final_name = settings.final_model if final_model is None else final_model
+    # The setting names no pass when it is the live model (Settings.post_call_model); an explicit --final-model runs.
+    final_name = settings.post_call_model if final_model is None else final_model
     final_engine = Engine.load(final_name, settings=settings) if final_name else None
     if asyncio.run(analyze_paths(paths, engine, config, options, emit, err_console, final_engine)):
         raise typer.Exit(1)
