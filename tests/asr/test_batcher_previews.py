@@ -69,12 +69,19 @@ def batcher_of(recognizer: GatedRecognizer, threads: int, max_wait_preview_ms: f
                           inference_threads=threads, preview_max_wait_ms=max_wait_preview_ms)
 
 
-async def test_with_one_thread_a_final_queued_after_a_preview_is_decoded_first() -> None:
+async def busy_batcher(threads: int, max_wait_preview_ms: float = 0.0,
+                       ) -> tuple[GatedRecognizer, SegmentBatcher, asyncio.Future[TranscriptResult]]:
+    """A started batcher whose first thread decodes a 100 ms final, held until the test lets it go."""
     recognizer = GatedRecognizer()
-    batcher = batcher_of(recognizer, threads=1)
+    batcher = batcher_of(recognizer, threads, max_wait_preview_ms)
     await batcher.start()
     busy = asyncio.ensure_future(batcher.submit(segment(100)))
     await until(lambda: len(recognizer.batches) == 1)
+    return recognizer, batcher, busy
+
+
+async def test_with_one_thread_a_final_queued_after_a_preview_is_decoded_first() -> None:
+    recognizer, batcher, busy = await busy_batcher(threads=1)
     preview = asyncio.ensure_future(batcher.submit(segment(200), preview=True))
     await asyncio.sleep(0.02)
     final = asyncio.ensure_future(batcher.submit(segment(300)))
@@ -84,19 +91,16 @@ async def test_with_one_thread_a_final_queued_after_a_preview_is_decoded_first()
     await until(lambda: len(recognizer.batches) == 2)
     assert recognizer.batches[1] == [300]  # the final, alone: a batch never mixes finals and previews
     recognizer.go_all()
-    await asyncio.gather(busy, preview, final)
+    await asyncio.gather(busy, final)
     await until(lambda: len(recognizer.batches) == 3)
-    recognizer.go_all()
+    recognizer.go_all()  # the preview's batch, opened after the finals' (its gate did not exist before)
+    await preview
     await batcher.close()
     assert recognizer.batches == [[100], [300], [200]]
 
 
 async def test_a_preview_leaves_the_last_free_thread_to_the_next_final() -> None:
-    recognizer = GatedRecognizer()
-    batcher = batcher_of(recognizer, threads=2)
-    await batcher.start()
-    busy = asyncio.ensure_future(batcher.submit(segment(100)))
-    await until(lambda: len(recognizer.batches) == 1)
+    recognizer, batcher, busy = await busy_batcher(threads=2)
     preview = asyncio.ensure_future(batcher.submit(segment(200), preview=True))
     await asyncio.sleep(0.1)
     assert len(recognizer.batches) == 1 and batcher.queued == 1  # one thread free: kept for finals
@@ -127,11 +131,7 @@ async def test_previews_run_while_threads_are_free() -> None:
 
 
 async def test_a_stale_preview_is_dropped_undecoded() -> None:
-    recognizer = GatedRecognizer()
-    batcher = batcher_of(recognizer, threads=1, max_wait_preview_ms=50)
-    await batcher.start()
-    busy = asyncio.ensure_future(batcher.submit(segment(100)))
-    await until(lambda: len(recognizer.batches) == 1)
+    recognizer, batcher, busy = await busy_batcher(threads=1, max_wait_preview_ms=50)
     preview = asyncio.ensure_future(batcher.submit(segment(200), preview=True))
     with pytest.raises(PreviewDroppedError, match="waited 50 ms"):
         await asyncio.wait_for(preview, 5)  # dropped while the only thread is still busy
@@ -143,11 +143,7 @@ async def test_a_stale_preview_is_dropped_undecoded() -> None:
 
 
 async def test_previews_waiting_at_close_are_dropped_and_finals_finish() -> None:
-    recognizer = GatedRecognizer()
-    batcher = batcher_of(recognizer, threads=2)
-    await batcher.start()
-    busy = asyncio.ensure_future(batcher.submit(segment(100)))
-    await until(lambda: len(recognizer.batches) == 1)
+    recognizer, batcher, busy = await busy_batcher(threads=2)
     preview = asyncio.ensure_future(batcher.submit(segment(200), preview=True))
     await until(lambda: batcher.queued == 1)
     closing = asyncio.ensure_future(batcher.close())
