@@ -1,12 +1,17 @@
 """The engine API: load a model, turn telephony frames or files into transcripts.
 
-    engine = Engine.load("tiny.en")                      # builds the ONNX model on first use
-    stream = engine.open_stream(sample_rate=8000, encoding="mulaw")
+    engine = Engine.load()                               # builds the ONNX model on first use
+    stream = engine.create_stream(sample_rate=8000, encoding="mulaw")
     for frame in frames:
-        for result in stream.accept(frame):             # final transcripts of segments that closed
+        stream.accept_waveform(frame)
+        while engine.is_ready(stream):                   # many streams: decode_streams(the ready ones)
+            engine.decode_streams([stream])
+        for result in engine.get_result(stream).finals:  # finals of segments that closed
             print(result.start_ms, result.text)
-    results = stream.finish()
+    stream.input_finished()                              # then decode and get_result once more
     engine.transcribe_file("call.wav")
+
+The streaming verbs (sherpa-onnx's shape) are in pipeline/asr/streams.py.
 
 The async worker uses the pieces separately: `engine.open_front_end(...)` per leg (decode, resample,
 segment) and one `engine.new_batcher()` shared by every leg of the process.
@@ -26,9 +31,11 @@ import numpy as np
 
 from pipeline.asr.batcher import SegmentBatcher, inference_processes
 from pipeline.asr.canary import load_checked
+from pipeline.asr.context import LegContext
 from pipeline.asr.manifest import Manifest, ModelNotBuiltError, latest_model_folder
 from pipeline.asr.recognizer import Recognizer
 from pipeline.asr.results import SegmentAudio, TranscriptResult
+from pipeline.asr.streams import LegStream, StreamDecoder, StreamResult
 from pipeline.audio import codecs
 from pipeline.audio.files import load_audio
 from pipeline.audio.mel import SAMPLE_RATE
@@ -121,20 +128,6 @@ class LegFrontEnd:
         self._segmenter.restore(segmenter)
 
 
-class TranscriptStream:
-    """Sync convenience: a front end whose closed segments are decoded at once (no cross-leg batching)."""
-
-    def __init__(self, engine: Engine, front_end: LegFrontEnd) -> None:
-        self._engine = engine
-        self.front_end = front_end
-
-    def accept(self, payload: bytes) -> list[TranscriptResult]:
-        return self._engine.transcribe_segments(self.front_end.accept(payload))
-
-    def finish(self) -> list[TranscriptResult]:
-        return self._engine.transcribe_segments(self.front_end.finish())
-
-
 def _build(name: str, models_dir: Path) -> Path:
     # Imported here: building pulls in onnx, whose ml_dtypes costs ~0.8 CPU-s at import, and a worker or an
     # inference process that finds its model built (every start but a machine's first) never needs it.
@@ -150,6 +143,7 @@ class Engine:
         self._recognizer = recognizer
         self._folder = folder
         self.settings = settings
+        self._streams: StreamDecoder | None = None
 
     @property
     def recognizer(self) -> Recognizer:
@@ -209,8 +203,31 @@ class Engine:
     def open_front_end(self, sample_rate: int = 8000, encoding: str = "mulaw") -> LegFrontEnd:
         return LegFrontEnd(sample_rate, encoding, self.settings)
 
-    def open_stream(self, sample_rate: int = 8000, encoding: str = "mulaw") -> TranscriptStream:
-        return TranscriptStream(self, self.open_front_end(sample_rate, encoding))
+    def create_stream(self, sample_rate: int = 8000, encoding: str = "mulaw") -> LegStream:
+        """A leg's stream: ``accept_waveform`` its audio, ``input_finished`` at its end (streams.py)."""
+        return LegStream(self.open_front_end(sample_rate, encoding), LegContext())
+
+    def is_ready(self, stream: LegStream) -> bool:
+        """Whether ``stream`` has a closed segment to decode, or a partial due (``partial_interval_ms``)."""
+        return self._stream_decoder().is_ready(stream)
+
+    def decode_streams(self, streams: Sequence[LegStream]) -> None:
+        """Decode the streams' ready work in one batch: a closed segment of each first, then partials."""
+        self._stream_decoder().decode(streams)
+
+    def get_result(self, stream: LegStream) -> StreamResult:
+        """The stream's finals decoded since last asked, and its open segment's partial text."""
+        return StreamDecoder.result(stream)
+
+    def is_endpoint(self, stream: LegStream) -> bool:
+        """Whether a segment of ``stream`` reached its endpoint and its final waits for ``get_result``."""
+        return bool(stream.finals)
+
+    def _stream_decoder(self) -> StreamDecoder:
+        if self._streams is None:
+            s = self.settings
+            self._streams = StreamDecoder(self.recognizer, s.max_batch, s.partial_interval_ms, s.context_tokens > 0)
+        return self._streams
 
     def transcribe_segments(
         self, segments: Sequence[SegmentAudio], *, keep_silence: bool = False

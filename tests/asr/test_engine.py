@@ -38,11 +38,17 @@ def test_mulaw_stream_yields_one_final_per_utterance(
 ) -> None:
     utterances = [eval_sets["16k"][i] for i in (4, 7)]
     payload = codecs.encode(resample(_call_leg(utterances), 16000, 8000), "mulaw")
-    stream = engine.open_stream(sample_rate=8000, encoding="mulaw")
+    stream = engine.create_stream(sample_rate=8000, encoding="mulaw")
     results = []
     for start in range(0, len(payload), 160):  # 20 ms frames
-        results.extend(stream.accept(payload[start : start + 160]))
-    results.extend(stream.finish())
+        stream.accept_waveform(payload[start : start + 160])
+        while engine.is_ready(stream):
+            engine.decode_streams([stream])
+        results.extend(engine.get_result(stream).finals)
+    stream.input_finished()
+    while engine.is_ready(stream):
+        engine.decode_streams([stream])
+    results.extend(engine.get_result(stream).finals)
     assert len(results) == 2
     assert 900 <= results[0].start_ms < results[0].end_ms < results[1].start_ms
     assert word_error_rate([u.reference for u in utterances], [r.text for r in results]) <= 0.2

@@ -87,10 +87,14 @@ def test_spoken_digit_strings_keep_their_digits(
     engine = Engine(recognizer, asr_settings)
     pairs = []
     for text, digits in SPOKEN:
-        stream = engine.open_stream(8000, "mulaw")
+        stream = engine.create_stream(8000, "mulaw")
         payload = codecs.encode(_festival(text, tmp_path), "mulaw")
-        results = [r for i in range(0, len(payload), 160) for r in stream.accept(payload[i : i + 160])]
-        hypothesis = " ".join(r.text for r in results + stream.finish())
+        for i in range(0, len(payload), 160):
+            stream.accept_waveform(payload[i : i + 160])
+        stream.input_finished()
+        while engine.is_ready(stream):
+            engine.decode_streams([stream])
+        hypothesis = " ".join(r.text for r in engine.get_result(stream).finals)
         assert len(spoken_digits(hypothesis)) >= len(digits) - 2, hypothesis  # "4-1" lost 14 of 16
         pairs.append((digits, hypothesis))
     assert digit_accuracy(pairs).digit_error_rate <= DIGIT_ERROR_CEILING, pairs
