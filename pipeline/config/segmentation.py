@@ -40,6 +40,11 @@ class SegmentationSettings(BaseModel):
         250, description="Segments with less speech than this (ms) are dropped as clicks and noise."
     )
     pre_roll_ms: int = Field(300, description="Audio kept before the detected speech onset (ms).")
+    asr_lead_ms: int = Field(
+        0, ge=0,
+        description="Audio before a segment's pre-roll that the recogniser hears too, not counted in the segment's "
+        "times (ms); it never reaches into the leg's previous segment.",
+    )
     post_roll_ms: int = Field(150, description="Audio kept after the last speech window of a segment (ms).")
     max_segment_ms: int = Field(
         15000, description="Longest segment (ms); a longer one is cut at its quietest point."

@@ -48,9 +48,10 @@ class SpeechSegment:
     index: int  # 0, 1, 2, ... in the order the leg's segments closed
     start_sample: int
     end_sample: int
-    audio: np.ndarray = field(repr=False)  # float32, 16 kHz, end_sample - start_sample samples
+    audio: np.ndarray = field(repr=False)  # float32, 16 kHz, lead_samples + end_sample - start_sample samples
     speech_ms: int  # time of the windows scored as speech
     reason: str  # "endpoint" (silence), "max_length" (cut) or "flush" (end of the leg's audio)
+    lead_samples: int = 0  # audio before start_sample the recogniser hears too (``asr_lead_ms``)
 
     @property
     def start_ms(self) -> int:
@@ -105,6 +106,7 @@ class SegmenterSnapshot:
 @dataclass
 class _OpenSegment:
     start: int  # first sample, including pre-roll
+    audio_from: int  # first sample of its audio: ``start`` less the recogniser's lead (asr_lead_ms)
     probs: list[float] = field(default_factory=list)  # of the windows from first_window on
     first_window: int = 0  # absolute index of the window of probs[0]
     speech_windows: int = 0
@@ -140,6 +142,7 @@ class Segmenter:
         self._emitted = 0
         self._ms = {
             "pre_roll": self.settings.pre_roll_ms * SAMPLES_PER_MS,
+            "lead": self.settings.asr_lead_ms * SAMPLES_PER_MS,
             "post_roll": self.settings.post_roll_ms * SAMPLES_PER_MS,
             "endpoint": self.settings.endpoint_silence_ms * SAMPLES_PER_MS,
             "max": self.settings.max_segment_ms * SAMPLES_PER_MS,
@@ -167,6 +170,11 @@ class Segmenter:
         """Start of the open segment (pre-roll included), as its SpeechSegment will have it."""
         return None if self._open is None else self._open.start // SAMPLES_PER_MS
 
+    @property
+    def open_segment_lead(self) -> int:
+        """Samples of the open segment's audio before its start (``asr_lead_ms``): 0 when none is open."""
+        return 0 if self._open is None else self._open.start - self._open.audio_from
+
     def provisional_end(self) -> tuple[int, int] | None:
         """(start_sample, end_sample) the open segment will have if it closes at its endpoint, once that
         is known: its trailing silence has passed the post-roll, so no sample of it is still to come.
@@ -183,14 +191,17 @@ class Segmenter:
         return segment.start, end
 
     def provisional_audio(self, start: int, end: int) -> np.ndarray:
-        """The audio ``[start, end)`` of the open segment (``provisional_end``'s samples), a copy."""
-        return self._segment_audio(start, end)
+        """The audio the open segment ``(start, end)`` (``provisional_end``'s key) will have, its lead
+        included, as its SpeechSegment will: a copy."""
+        segment = self._open
+        lead_from = segment.audio_from if segment is not None and segment.start == start else start
+        return self._segment_audio(lead_from, end)
 
     def open_segment_audio(self) -> np.ndarray | None:
-        """The audio of the open segment so far (for partial transcripts), or None."""
+        """The audio of the open segment so far, its lead included (for partial transcripts), or None."""
         if self._open is None:
             return None
-        return self._segment_audio(self._open.start, self._audio.end if self._ratio == 1 else self._wide.end)
+        return self._segment_audio(self._open.audio_from, self._audio.end if self._ratio == 1 else self._wide.end)
 
     def _segment_audio(self, start: int, end: int) -> np.ndarray:
         """16 kHz samples ``[start, end)`` of the open segment (or one just closed), a copy."""
@@ -323,7 +334,7 @@ class Segmenter:
     def _keep_from(self) -> int:
         """Idle: the audio to keep (a 16 kHz position), just enough for the pre-roll of the next onset, and
         a run of digital silence not yet dormant, whole (a snapshot taken in it must say how long it is)."""
-        keep = max(self._windows_done * WINDOW - self._ms["pre_roll"], self._last_end)
+        keep = max(self._windows_done * WINDOW - self._ms["pre_roll"] - self._ms["lead"], self._last_end)
         run = self.vad_stream.zero_windows
         if self._dormant_after is not None and 0 < run <= self._dormant_after:
             keep = min(keep, (self._windows_done - run) * WINDOW)
@@ -369,10 +380,13 @@ class Segmenter:
         s = self.settings
         if self._open is None:
             if prob >= s.vad_threshold:
-                pre_roll_start = max(start - self._ms["pre_roll"], self._last_end, self._held_from())
-                self._open = _OpenSegment(pre_roll_start, first_window=self._windows_done)
+                floor = max(self._last_end, self._held_from())
+                pre_roll_start = max(start - self._ms["pre_roll"], floor)
+                # The lead is heard, not timed: talk and overlap metrics keep the pre-roll's start.
+                audio_from = max(pre_roll_start - self._ms["lead"], floor)
+                self._open = _OpenSegment(pre_roll_start, audio_from, first_window=self._windows_done)
                 if self._ratio > 1:
-                    self._start_wide(pre_roll_start)
+                    self._start_wide(audio_from)
             else:
                 return []
         segment = self._open
@@ -410,9 +424,8 @@ class Segmenter:
         if speech_ms < self.settings.min_speech_ms:
             return []
         self._last_end = end
-        emitted = SpeechSegment(
-            self._emitted, segment.start, end, self._segment_audio(segment.start, end), speech_ms, reason
-        )
+        emitted = SpeechSegment(self._emitted, segment.start, end, self._segment_audio(segment.audio_from, end),
+                                speech_ms, reason, segment.start - segment.audio_from)
         self._emitted += 1
         return [emitted]
 
@@ -429,7 +442,7 @@ class Segmenter:
         segment.speech_windows -= speech_after
         silence = segment.silence_since
         closed = self._close(cut, "max_length")
-        rest = _OpenSegment(cut, segment.probs[quietest + 1 :], segment.first_window + quietest + 1)
+        rest = _OpenSegment(cut, cut, segment.probs[quietest + 1 :], segment.first_window + quietest + 1)
         rest.speech_windows = speech_after
         rest.silence_since = None if silence is None else max(silence, cut)
         self._open = rest

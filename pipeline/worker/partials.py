@@ -36,7 +36,7 @@ def take_partial(leg: LegState, interval_ms: int) -> tuple[int, np.ndarray] | No
     audio = segmenter.open_segment_audio()
     if start is None or audio is None or leg.partial_inflight:
         return None
-    length_ms = len(audio) // 16
+    length_ms = (len(audio) - segmenter.open_segment_lead) // 16  # from its start: the lead is not timed
     grown = length_ms - (leg.partial_len_ms if leg.partial_start_ms == start else 0)
     if grown < interval_ms:
         return None
@@ -58,6 +58,7 @@ class PartialTranscripts:
 
     async def transcribe(self, call: CallState, leg: LegState, start_ms: int, audio: np.ndarray) -> None:
         outcomes = self.metrics.partials
+        end_ms = start_ms + leg.partial_len_ms  # what take_partial took (the audio's lead is before start_ms)
         try:
             give_way = self.settings.partials_yield
             if not give_way:
@@ -84,7 +85,6 @@ class PartialTranscripts:
             outcomes.labels("superseded").inc()
             return
         assert call.analyzer is not None
-        end_ms = start_ms + len(audio) // 16
         redacted = call.analyzer.redact_partial(
             Segment(call.call_id, leg.leg, segment_id(call.call_id, leg.leg, start_ms), start_ms, end_ms,  # type: ignore[arg-type]
                     r.text.strip()),
