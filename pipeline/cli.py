@@ -399,6 +399,35 @@ def review(
     console.print(f"{call_id}: {item} reviewed {verdict} by {who}; score {score:.0f} % (automatic {automatic:.0f} %)")
 
 
+@app.command("erase")
+def erase(
+    call_id: Annotated[str, typer.Argument(help="The call to erase.")],
+    by: Annotated[str, typer.Option("--by", help="Who erases (kept in the erasures table; default: $USER).")] = "",
+    force: Annotated[bool, typer.Option("--force", help="Erase a call that has not ended (its worker may write it "
+                                                        "again; the sweeper erases that too).")] = False,
+) -> None:
+    """Remove a call everywhere callqa keeps it: its rows in every table, its checkpoints (a tombstone), its static
+    pages; record who erased it and when; say what was removed and which topics still hold it, until when."""
+    import getpass
+
+    from rich.table import Table
+
+    from pipeline.privacy.erase import erase_call
+    from pipeline.tables import print_table
+
+    who = by or getpass.getuser()
+    report = erase_call(get_settings(), call_id, who, force)
+    console.print(f"call {escape(call_id)} erased by {escape(who)}"
+                  + ("" if report.rows else ": no rows in the store (the erasure is on record)"))
+    table = Table("table", "rows removed")
+    for name, rows in sorted(report.rows.items()):
+        table.add_row(name, str(rows))
+    if report.rows:
+        print_table(console, table)
+    for line in report.outside:
+        console.print(f"- {escape(line)}")
+
+
 @app.command("calibration")
 def calibration(
     since: Annotated[str | None, typer.Option(help="Only reviews made since (ISO 8601, UTC).")] = None,

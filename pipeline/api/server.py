@@ -26,6 +26,7 @@ from pipeline.desk.search import SearchError, SearchQuery, search
 from pipeline.qa.call import QaConfig
 from pipeline.store import queries
 from pipeline.store.client import StoreConnectionError, StoreError, connect
+from pipeline.store.erasure import EraseError, erase_in_store
 from pipeline.store.sqlguard import ReadonlyQueryError
 
 log = logging.getLogger("callqa.worker.api")  # the worker's API: its lines stay under the worker's name
@@ -55,6 +56,7 @@ def register_api_views(app: faust.App, settings: Settings, pool: QueryPool, auth
     server = ApiServer(app, settings, pool, readers, auth)
     _register_call_views(server)
     _register_review_view(server)
+    _register_erasure_view(server)
     _register_search_view(server)
     _register_query_view(server)
     return server
@@ -129,6 +131,36 @@ def _register_review_view(server: ApiServer) -> None:
     server.app.page("/api/calls/{call_id}/reviews")(ReviewsView)
 
 
+def _register_erasure_view(server: ApiServer) -> None:
+    """POST /api/calls/{call_id}/erasure: every row of the call removed from the store and the erasure recorded
+    (JSON ``erased_by``, ``force``, ``outside``; pipeline/privacy/erase.py); answers the rows removed per table.
+    `callqa erase` posts here while a worker holds the embedded store; 409 for a call that has not ended."""
+    settings = server.settings
+
+    class ErasureView(faust.web.View):  # type: ignore[misc]
+        async def post(self, request: Any, call_id: str) -> Any:
+            try:
+                body = await request.json()
+                erased_by, force, outside = str(body.get("erased_by", "")), bool(body.get("force")), str(
+                    body.get("outside", ""))
+            except (ValueError, AttributeError):
+                server.auth.refusals.count("bad_request")
+                return self.json({"error": "the body must be a JSON object: erased_by, force, outside"}, status=400)
+
+            def erase() -> dict[str, Any]:
+                client = connect(settings.writer_url, settings.clickhouse_database, create_database=False, fresh=True)
+                try:
+                    rows = erase_in_store(client, settings.clickhouse_database, call_id, erased_by, force, outside)
+                finally:
+                    client.close()
+                log.info("call %s erased by %s: %d rows", call_id, erased_by, sum(rows.values()))
+                return {"call_id": call_id, "rows": rows}
+
+            return await _answer(self, server.pool.run(erase), server.auth.refusals)  # a live call: 409
+
+    server.app.page("/api/calls/{call_id}/erasure")(ErasureView)
+
+
 def _register_search_view(server: ApiServer) -> None:
     """/api/search: calls whose redacted turns hold a phrase (``?q=``), with the list's filters (``leg``, ``agent``,
     ``since``, ``until``, ``score_below``, ``failed``, ``category``) and pages (``limit``, ``after``, ``Link``); see
@@ -192,6 +224,9 @@ async def _answer(web: Any, work: Awaitable[Any], refusals: ApiRefusals,
     except ReviewError as exc:
         refusals.count("bad_request")
         return web.json({"error": str(exc)}, status=404 if str(exc).startswith("no scored call") else 400)
+    except EraseError as exc:  # a call that has not ended: refused, nothing removed
+        refusals.count("bad_request")
+        return web.json({"error": str(exc)}, status=409)
     except ApiBusyError as exc:
         refusals.count("busy")
         return web.json({"error": str(exc)}, status=503)

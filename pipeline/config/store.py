@@ -51,6 +51,16 @@ class StoreSettings(BaseModel):
     store_connect_timeout_s: float = Field(
         5.0, gt=0, description="Connect timeout to a ClickHouse HTTP server (seconds)."
     )
+    # Issue 39: privacy law's storage limits; the sweeper runs in every worker (the erase is idempotent), see
+    # pipeline/store/erasure.py.
+    retention_days_transcripts: float = Field(
+        0, ge=0, description="A call's rows (transcript, QA, latency, reviews) are erased from the store this many "
+        "days after the call started; 0: kept.",
+    )
+    retention_sweep_interval_s: float = Field(
+        3600, gt=0, description="How often a worker sweeps: erases the calls past retention_days_transcripts, and "
+        "again the rows of erased calls that came back (a post-call job or a replay written after the erase) (s).",
+    )
 
     @property
     def writer_url(self) -> str | None:

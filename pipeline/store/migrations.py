@@ -296,6 +296,22 @@ _REVIEWED_COLUMNS = (
 _CATEGORIES_COLUMN = ("ALTER TABLE {db}.calls ADD COLUMN IF NOT EXISTS categories Array(LowCardinality(String)) "
                       "DEFAULT [] COMMENT 'the categories of rules/categories/*.yaml the call is in'")
 
+# Issue 39: who erased which call, when and why (`callqa erase`, the retention sweeper; pipeline/store/erasure.py).
+# It holds no text of the call; it is how an erasure is shown to have happened, and how the sweeper finds an erased
+# call whose rows came back (a post-call job or a replay written after the erase) and erases them again.
+_ERASURES = """
+CREATE TABLE IF NOT EXISTS {db}.erasures (
+    call_id String,
+    erased_at DateTime64(3, 'UTC'),
+    erased_by String COMMENT 'who asked: a user, or retention for the sweeper',
+    reason LowCardinality(String) COMMENT 'request|retention|again (rows that came back after an erase)',
+    rows Map(String, UInt64) COMMENT 'rows removed per table',
+    outside String COMMENT 'what was done or left outside the store (topics, page files)'
+) ENGINE = MergeTree
+ORDER BY (call_id, erased_at)
+SETTINGS concurrent_part_removal_threshold = 1000000
+"""
+
 # Tables the query API reads beside TABLE_KEYS' (and their views); like every table since migration 8 they
 # remove their outdated parts with one thread.
 MORE_TABLES = ("reviews",)
@@ -322,6 +338,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(9, "a full-text index of the segments' words", _SEGMENT_WORDS_INDEX),
     Migration(10, "reviews of a call's scorecard", (_REVIEWS, *_REVIEWED_COLUMNS, _latest_revision_view("call_qa"))),
     Migration(11, "call categories", (_CATEGORIES_COLUMN, _latest_revision_view("calls"))),
+    Migration(12, "erasures: who erased which call", (_ERASURES,)),
 )
 
 

@@ -57,6 +57,7 @@ from pipeline.worker.instance_lock import STANDBY_READY, InstanceLock
 from pipeline.worker.kafka_output import FaustOutput, TransactionalOutput
 from pipeline.worker.log_repeats import collapse_client_repeats
 from pipeline.worker.metrics import WorkerMetrics
+from pipeline.worker.retention import sweep_now
 from pipeline.worker.transcriber import BatcherTranscriber
 
 log = logging.getLogger("callqa.worker")
@@ -383,6 +384,10 @@ def build_worker(settings: Settings, wait_turn: Callable[[], None] = lambda: Non
             # A crash stops faust's worker with exit status 1; the timer ends it if stopping hangs.
             exit_after(settings.unhealthy_exit_timeout_s)
             await app.crash(reason)
+
+    @app.timer(interval=settings.retention_sweep_interval_s)
+    async def sweep_store() -> None:  # retention, and erased calls' rows that came back
+        await sweep_now(settings)
 
     if settings.malloc_trim_interval_s > 0 and trim_available():
         @app.timer(interval=settings.malloc_trim_interval_s)

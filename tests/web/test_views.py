@@ -22,6 +22,7 @@ from pipeline.api.sessions import SESSION_COOKIE
 from pipeline.config import Settings
 from pipeline.desk.search import SearchQuery, search
 from pipeline.report import WorkerApiSource
+from pipeline.store.erasure import erasures_of, rows_of
 from pipeline.web.views import register_web_views, safe_next
 
 from .conftest import CARD, FilledStore
@@ -182,6 +183,24 @@ async def test_api_review_overturns_an_item_and_the_call_is_rescored(
         missing = await client.post("/api/calls/no-such/reviews", json=review, headers=bearer)
         assert missing.status == 404
         assert (await client.post("/api/calls/call-rude/reviews", json=review)).status == 401
+
+
+async def test_api_erasure_removes_an_ended_call_and_refuses_an_open_one(
+    serve: Callable[..., Any], filled: FilledStore
+) -> None:
+    bearer = {"Authorization": f"Bearer {TOKEN}"}
+    async for client in serve():
+        answer = await client.post("/api/calls/call-rude/erasure", json={"erased_by": "dpo"}, headers=bearer)
+        body = await answer.json()
+        assert answer.status == 200, body
+        assert body["rows"]["segments"] >= 1 and body["rows"]["calls"] >= 1
+        assert await (await client.get("/api/calls/call-rude", headers=bearer)).json() == {
+            "summary": None, "transcript": []}
+        assert erasures_of(filled.client, filled.database, "call-rude")[0].erased_by == "dpo"
+        opened = await client.post("/api/calls/call-open/erasure", json={"erased_by": "dpo"}, headers=bearer)
+        assert opened.status == 409 and "has not ended" in (await opened.json())["error"]
+        assert rows_of(filled.client, filled.database, ["call-open"])["call-open"]  # nothing removed
+        assert (await client.post("/api/calls/call-good/erasure", json={})).status == 401
 
 
 async def test_the_call_page_reviews_an_item_with_its_session_form_token(serve: Callable[..., Any]) -> None:

@@ -1,0 +1,137 @@
+"""Erasing calls from the store: on request (`callqa erase`), by retention (the worker's sweeper), and again when
+an erased call's rows come back.
+
+An erasure removes every row of the call from every table callqa writes (``ERASED_TABLES``) with a mutation that
+rewrites the parts (``ALTER TABLE ... DELETE``, waited for): a lightweight ``DELETE FROM`` only marks rows, and
+their text would stay on disk until a merge. It then writes who erased what and when to ``erasures`` (the call's
+id, the rows removed per table, never its text).
+
+A row can come back after an erase: a post-call job queued before it, or a worker replaying the audio topic after
+a crash, writes the call again. The sweeper (``sweep``) looks for erased calls with rows and erases them again
+(reason ``again``), so what an erase removed stays removed within one sweep interval.
+
+Retention (``retention_days_transcripts``): a call whose start is older than that many days is erased whole
+(reason ``retention``, by ``retention``); a call with no ``calls`` row (it never ended) by its newest segment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from clickhouse_connect.driver.client import Client
+
+from pipeline.store.client import check_identifier
+
+# Every table that holds rows of a call, keyed by call_id (migrations.py).
+ERASED_TABLES = ("calls", "segments", "latency", "call_qa", "qa_events", "reviews")
+# Calls a sweep erases at most (a larger backlog goes on at the next sweep): one mutation per table each time.
+SWEEP_BATCH = 1000
+
+
+class EraseError(RuntimeError):
+    """The erasure was refused (a live call) or failed; one line."""
+
+
+@dataclass(frozen=True)
+class Erasure:
+    """One call erased: the rows removed per table (tables with none left out)."""
+
+    call_id: str
+    erased_by: str
+    reason: str  # request | retention | again
+    erased_at: datetime
+    rows: dict[str, int] = field(default_factory=dict)
+    outside: str = ""
+
+    @property
+    def total(self) -> int:
+        return sum(self.rows.values())
+
+
+def rows_of(client: Client, database: str, call_ids: Sequence[str]) -> dict[str, dict[str, int]]:
+    """Per call, its rows per table (every revision, every copy not yet merged)."""
+    db = check_identifier(database)
+    found: dict[str, dict[str, int]] = {c: {} for c in call_ids}
+    if not call_ids:
+        return found
+    union = " UNION ALL ".join(
+        f"SELECT '{t}' AS t, call_id, count() AS n FROM {db}.{t} WHERE call_id IN {{ids:Array(String)}} GROUP BY call_id"
+        for t in ERASED_TABLES)
+    for table, call_id, n in client.query(union, parameters={"ids": list(call_ids)}).result_rows:
+        found[call_id][table] = int(n)
+    return found
+
+
+def erase_calls(client: Client, database: str, call_ids: Sequence[str], erased_by: str, reason: str = "request",
+                outside: str = "", now: datetime | None = None) -> list[Erasure]:
+    """Remove every row of these calls from the store, waiting for the rewrite, and record each erasure (also of
+    a call with no rows: the request is on record)."""
+    db = check_identifier(database)
+    ids = list(dict.fromkeys(call_ids))
+    if not ids:
+        return []
+    counts = rows_of(client, db, ids)
+    for table in ERASED_TABLES:
+        if any(counts[c].get(table) for c in ids):
+            client.command(f"ALTER TABLE {db}.{table} DELETE WHERE call_id IN {{ids:Array(String)}}",
+                           parameters={"ids": ids}, settings={"mutations_sync": 2})
+    when = now or datetime.now(UTC)
+    erasures = [Erasure(c, erased_by, reason, when, counts[c], outside) for c in ids]
+    client.insert("erasures", [[e.call_id, e.erased_at, e.erased_by, e.reason, e.rows, e.outside] for e in erasures],
+                  column_names=["call_id", "erased_at", "erased_by", "reason", "rows", "outside"], database=db)
+    return erasures
+
+
+def erasures_of(client: Client, database: str, call_id: str) -> list[Erasure]:
+    """The recorded erasures of a call, oldest first."""
+    db = check_identifier(database)
+    rows = client.query(f"SELECT call_id, erased_by, reason, erased_at, rows, outside FROM {db}.erasures "
+                        "WHERE call_id = {id:String} ORDER BY erased_at", parameters={"id": call_id}).result_rows
+    return [Erasure(r[0], r[1], r[2], r[3], dict(r[4]), r[5]) for r in rows]
+
+
+def returned_calls(client: Client, database: str, limit: int = SWEEP_BATCH) -> list[str]:
+    """Erased calls that have rows again."""
+    db = check_identifier(database)
+    union = " UNION DISTINCT ".join(
+        f"SELECT DISTINCT call_id FROM {db}.{t} WHERE call_id IN (SELECT call_id FROM {db}.erasures)"
+        for t in ERASED_TABLES)
+    return [r[0] for r in client.query(f"SELECT call_id FROM ({union}) ORDER BY call_id LIMIT {int(limit)}").result_rows]
+
+
+def expired_calls(client: Client, database: str, cutoff: datetime, limit: int = SWEEP_BATCH) -> list[str]:
+    """Calls that started before ``cutoff`` (those with no calls row: whose newest segment is older)."""
+    db = check_identifier(database)
+    sql = (f"SELECT call_id FROM (SELECT call_id FROM {db}.calls GROUP BY call_id HAVING min(started_at) < {{cut:DateTime64(3)}} "
+           f"UNION DISTINCT SELECT call_id FROM {db}.segments WHERE call_id NOT IN (SELECT call_id FROM {db}.calls) "
+           f"GROUP BY call_id HAVING max(produced_at) < {{cut:DateTime64(3)}}) ORDER BY call_id LIMIT {int(limit)}")
+    return [r[0] for r in client.query(sql, parameters={"cut": cutoff}).result_rows]
+
+
+def sweep(client: Client, database: str, retention_days_transcripts: float,
+          now: datetime | None = None) -> list[Erasure]:
+    """One pass of the sweeper: erased calls whose rows came back, then calls past retention (0 days: kept)."""
+    now = now or datetime.now(UTC)
+    done = erase_calls(client, database, returned_calls(client, database), "sweeper", "again", now=now)
+    if retention_days_transcripts > 0:
+        cutoff = datetime.fromtimestamp(now.timestamp() - retention_days_transcripts * 86400, UTC)
+        done += erase_calls(client, database, expired_calls(client, database, cutoff), "retention", "retention",
+                            now=now)
+    return done
+
+
+def erase_in_store(client: Client, database: str, call_id: str, erased_by: str, force: bool = False,
+                   outside: str = "") -> dict[str, int]:
+    """The store's part (the worker's API runs this too): refuses a call that has not ended unless ``force``."""
+    db = check_identifier(database)
+    if not call_id.strip():
+        raise EraseError("a call id is needed")
+    if not force:
+        live = client.query(f"SELECT count() FROM {db}.calls_deduped WHERE call_id = {{id:String}} AND ended_at IS NULL",
+                            parameters={"id": call_id}).result_rows[0][0]
+        if live:
+            raise EraseError(f"call {call_id} has not ended: its worker would write it again (erase it once it has "
+                             "ended, or --force)")
+    return erase_calls(client, db, [call_id], erased_by or "unknown", "request", outside)[0].rows

@@ -1,0 +1,66 @@
+"""Erasing calls: every row of the call goes from every table, the rest stays, the erasure is on record; the
+sweeper erases calls past retention and erased calls whose rows came back."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+from clickhouse_connect.driver.client import Client
+
+from pipeline.store.erasure import ERASED_TABLES, erase_calls, erasures_of, rows_of, sweep
+
+
+def _fill(store: Client, insert: Callable[..., None], make_call: Callable[..., dict[str, Any]],
+          make_segment: Callable[..., dict[str, Any]], make_latency: Callable[..., dict[str, Any]],
+          call_id: str, started: Any) -> None:
+    insert(store, "calls", [{**make_call(call_id, ended=True), "started_at": started}])
+    insert(store, "segments", [make_segment(call_id, "customer", 0, f"my date of birth is {call_id} secret",
+                                            produced_at=started),
+                               make_segment(call_id, "agent", 2000, "thank you", produced_at=started)])
+    insert(store, "latency", [make_latency(call_id, 1, 800.0)])
+    for table in ("call_qa", "qa_events", "reviews"):
+        insert(store, table, [{"call_id": call_id}])
+
+
+def test_erase_removes_every_row_of_the_call_and_only_its_rows(store: Client, database: str, insert, make_call,
+                                                                make_segment, make_latency, t0) -> None:
+    for call in ("call-a", "call-b"):
+        _fill(store, insert, make_call, make_segment, make_latency, call, t0)
+    insert(store, "segments", [make_segment("call-a", "customer", 0, "a replayed copy")])  # an unmerged copy
+
+    [erasure] = erase_calls(store, database, ["call-a"], "dpo@example.com")
+
+    assert erasure.rows == {"calls": 1, "segments": 3, "latency": 1, "call_qa": 1, "qa_events": 1, "reviews": 1}
+    assert rows_of(store, database, ["call-a", "call-b"]) == {
+        "call-a": {}, "call-b": {"calls": 1, "segments": 2, "latency": 1, "call_qa": 1, "qa_events": 1, "reviews": 1}}
+    for table in ERASED_TABLES:  # not hidden by a mask: gone from the parts
+        left = store.query(f"SELECT count() FROM {table} WHERE call_id = 'call-a' SETTINGS apply_deleted_mask = 0")
+        assert left.result_rows[0][0] == 0, table
+    assert store.query("SELECT count() FROM segments WHERE text LIKE '%secret%'").result_rows[0][0] == 1  # call-b's
+    [recorded] = erasures_of(store, database, "call-a")
+    assert (recorded.erased_by, recorded.reason, recorded.rows) == ("dpo@example.com", "request", erasure.rows)
+    assert erase_calls(store, database, ["call-a"], "dpo@example.com")[0].rows == {}  # again: nothing left, on record
+    assert len(erasures_of(store, database, "call-a")) == 2
+
+
+def test_sweep_erases_calls_past_retention_and_rows_that_came_back(store: Client, database: str, insert, make_call,
+                                                                   make_segment, make_latency, t0) -> None:
+    now = t0 + timedelta(days=40)
+    _fill(store, insert, make_call, make_segment, make_latency, "old", t0)
+    _fill(store, insert, make_call, make_segment, make_latency, "new", now - timedelta(days=2))
+    insert(store, "segments", [make_segment("open-old", "agent", 0, "never ended", produced_at=t0)])  # no calls row
+    _fill(store, insert, make_call, make_segment, make_latency, "erased", now - timedelta(days=1))
+
+    assert sweep(store, database, 0, now) == []  # retention off, nothing erased yet
+    erase_calls(store, database, ["erased"], "dpo")
+    insert(store, "segments", [make_segment("erased", "agent", 0, "written again by a replay")])
+
+    done = sweep(store, database, 30, now)
+
+    assert sorted((e.call_id, e.reason, e.erased_by) for e in done) == [
+        ("erased", "again", "sweeper"), ("old", "retention", "retention"), ("open-old", "retention", "retention")]
+    left = rows_of(store, database, ["old", "open-old", "erased", "new"])
+    assert left["old"] == left["open-old"] == left["erased"] == {} and left["new"]["segments"] == 2
+    assert sweep(store, database, 30, now) == []  # nothing more to do
