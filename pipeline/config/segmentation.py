@@ -40,8 +40,14 @@ class SegmentationSettings(BaseModel):
         250, description="Segments with less speech than this (ms) are dropped as clicks and noise."
     )
     pre_roll_ms: int = Field(300, description="Audio kept before the detected speech onset (ms).")
+    # Issue 36: the recogniser clipped or misheard first words with only the 300 ms pre-roll (Moonshine base), and a
+    # longer pre-roll moved segment starts, which the talk-over and silence metrics read. The lead is heard, not
+    # timed. bench accuracy, 8 kHz mu-law, one run (bench/results/asr-lead): library legs WER 4.0 -> 3.6 %, digit
+    # sequences 17 -> 20 of 41; asterisk 5.5 and eval 5.1 % unchanged; library-numbers (number spans cut from their
+    # turns with a margin) 25.7 -> 31.0 % (one 16-digit card read short). The running pipeline's library test (7 calls,
+    # 1,152 words): 7.8 % -> 6.6 (100 ms), 5.6 (200), 6.8 (300). With VAD at 8 kHz: 8.7 -> 6.5 % (200).
     asr_lead_ms: int = Field(
-        0, ge=0,
+        200, ge=0,
         description="Audio before a segment's pre-roll that the recogniser hears too, not counted in the segment's "
         "times (ms); it never reaches into the leg's previous segment.",
     )

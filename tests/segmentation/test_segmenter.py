@@ -33,7 +33,7 @@ def test_every_eval_utterance_is_covered_by_its_segments(eval_set, line_noise, s
         for segment in segments:
             assert segment.start_ms < end and segment.end_ms > start, f"{utterance.id}: segment off speech"
             assert segment.audio.dtype == np.float32
-            np.testing.assert_array_equal(segment.audio, audio[segment.start_sample : segment.end_sample])
+            np.testing.assert_array_equal(segment.audio, audio[segment.start_sample - segment.lead_samples : segment.end_sample])
 
 
 def test_silence_and_line_noise_yield_no_segment(line_noise, settings, vad) -> None:

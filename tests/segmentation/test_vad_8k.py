@@ -60,7 +60,7 @@ def test_8k_segments_do_not_depend_on_chunking_and_are_the_upsampled_legs_audio(
             _same(_run(Segmenter(settings, vad, input_rate=8000), leg, chunk), whole, f"chunk {chunk}")
         wide = _upsampled(leg)
         for s in whole:  # what the 16 kHz path would have cut: the leg upsampled whole, bit for bit
-            np.testing.assert_array_equal(s.audio, wide[s.start_sample:s.end_sample])
+            np.testing.assert_array_equal(s.audio, wide[s.start_sample - s.lead_samples:s.end_sample])
 
 
 def test_front_end_scores_an_8k_leg_at_8k_and_other_rates_at_16k() -> None:
@@ -98,13 +98,13 @@ def test_open_segment_audio_is_the_upsampled_leg_so_far(legs_8k, vad: SileroVad)
         audio = segmenter.open_segment_audio()
         if audio is None:
             continue
-        start = segmenter.open_segment_start_ms * 16
+        start = segmenter.open_segment_start_ms * 16 - segmenter.open_segment_lead  # the recogniser's lead too
         assert start + audio.size == segmenter.samples_received
         np.testing.assert_array_equal(audio, wide[start:start + audio.size])
         opened += 1
         key = segmenter.provisional_end()
         if key is not None:
-            np.testing.assert_array_equal(segmenter.provisional_audio(*key), wide[key[0]:key[1]])
+            np.testing.assert_array_equal(segmenter.provisional_audio(*key), wide[start:key[1]])
             provisional += 1
     assert opened > 100 and provisional > 0
 

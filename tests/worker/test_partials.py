@@ -15,9 +15,12 @@ from pipeline.worker.reorder import FrameReorderBuffer
 class FakeSegmenter:
     open_segment_start_ms: int | None = None
     open_ms: int = 0
+    open_segment_lead: int = 200 * 16  # the recogniser's lead before the start: heard, not timed
 
     def open_segment_audio(self) -> np.ndarray | None:
-        return None if self.open_segment_start_ms is None else np.ones(self.open_ms * 16, np.float32)
+        if self.open_segment_start_ms is None:
+            return None
+        return np.ones(self.open_segment_lead + self.open_ms * 16, np.float32)
 
 
 @dataclass
@@ -35,10 +38,11 @@ def test_a_partial_is_due_each_time_the_open_segment_grew_by_the_interval() -> N
     leg, segmenter = _leg()
     assert take_partial(leg, 1000) is None  # no open segment
     segmenter.open_segment_start_ms, segmenter.open_ms = 2000, 999
-    assert take_partial(leg, 1000) is None
+    assert take_partial(leg, 1000) is None  # 1,199 ms of audio with the lead: its growth is counted from the start
     segmenter.open_ms = 1000
     due = take_partial(leg, 1000)
-    assert due is not None and due[0] == 2000 and len(due[1]) == 16_000
+    assert due is not None and due[0] == 2000 and len(due[1]) == 16_000 + 200 * 16  # the lead is heard
+    assert leg.partial_len_ms == 1000  # the partial's end: start + 1000 ms
     segmenter.open_ms = 1500
     assert take_partial(leg, 1000) is None  # one in flight per leg
     leg.partial_inflight = False

@@ -60,6 +60,7 @@ class QuietSegmenter:
     samples_received: int = 60_000 * 16
     open_segment_start_ms: int | None = None
     open_audio: np.ndarray | None = None
+    open_segment_lead: int = 0
 
     def open_segment_audio(self) -> np.ndarray | None:
         return self.open_audio
