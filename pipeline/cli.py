@@ -37,6 +37,8 @@ app.add_typer(topics_app, name="topics")
 app.add_typer(schemas_app, name="schemas")
 app.add_typer(bench_app, name="bench")
 app.add_typer(gateway_app, name="gateway")
+users_app = typer.Typer(no_args_is_help=True, help="Accounts: who may see which tenant's calls through the API.")
+app.add_typer(users_app, name="users")
 
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
@@ -426,6 +428,53 @@ def erase(
         print_table(console, table)
     for line in report.outside:
         console.print(f"- {escape(line)}")
+
+
+@users_app.command("add")
+def users_add(
+    name: Annotated[str, typer.Argument(help="The account's name (letters, digits, . _ @ + -).")],
+    role: Annotated[str, typer.Option("--role", help="admin (its tenant's calls and accounts; erases), supervisor "
+                                                     "(its tenant's calls; reviews) or agent (its own calls).")],
+    tenant: Annotated[str, typer.Option("--tenant", help="The tenant whose calls it sees.")],
+    agent_id: Annotated[str, typer.Option("--agent-id", help="An agent's id: the calls it may see.")] = "",
+) -> None:
+    """Add an account (or replace one of that name); its API token is printed on the last line, once: only its
+    SHA-256 is kept."""
+    from pipeline.access.commands import add_user
+
+    token = add_user(get_settings(), name, role, tenant, agent_id)
+    console.print(f"account {escape(name)}: {role} of tenant {escape(tenant)}"
+                  + (f", agent {escape(agent_id)}" if agent_id else "") + "; its API token (shown once):")
+    print(token)
+
+
+@users_app.command("list")
+def users_list(
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON list on stdout.")] = False,
+) -> None:
+    """The accounts (never their tokens)."""
+    from rich.table import Table
+
+    from pipeline.access.commands import list_users
+    from pipeline.tables import print_json, print_table
+
+    accounts = list_users(get_settings())
+    if as_json:
+        print_json(accounts)
+        return
+    table = Table("name", "role", "tenant", "agent", "created")
+    for a in accounts:
+        table.add_row(escape(a["name"]), a["role"], escape(a["tenant"]), escape(a["agent_id"]), str(a["created_at"]))
+    print_table(console, table)
+
+
+@users_app.command("remove")
+def users_remove(name: Annotated[str, typer.Argument(help="The account to remove.")]) -> None:
+    """Remove an account: its token stops working (on every worker within CALLQA_WEB_LOGOUT_SYNC_S)."""
+    from pipeline.access.commands import remove_user
+
+    remove_user(get_settings(), name)
+    console.print(f"account {escape(name)} removed")
 
 
 @app.command("calibration")

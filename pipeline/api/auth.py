@@ -20,7 +20,9 @@ from urllib.parse import urlencode
 from aiohttp import web as aioweb
 from pydantic import SecretStr
 
+from pipeline.access.users import Principal
 from pipeline.api import sessions
+from pipeline.api.accounts import AccountTokens
 from pipeline.api.refusals import ApiRefusals
 from pipeline.api.token_file import MIN_TOKEN_CHARS, TokenFileError, ensure_token_file, token_path
 from pipeline.config import Settings
@@ -92,6 +94,8 @@ class ApiAuth:
     # One per worker, shared by the middleware and the views: the login sessions logged out.
     revocations: sessions.SessionRevocations = field(default_factory=sessions.SessionRevocations, compare=False)
     refusals: ApiRefusals = field(default_factory=ApiRefusals, compare=False)  # for the worker's /metrics
+    # Accounts' bearer tokens (the store's users table, attached by the API server) beside the operator's.
+    accounts: AccountTokens = field(default_factory=AccountTokens, compare=False)
     # Without a token (auth off, loopback only) forms are still bound to this process: a page of another
     # site can post to 127.0.0.1 but cannot read the form's token.
     _form_secret: bytes = field(default_factory=lambda: secrets.token_bytes(32), repr=False, compare=False)
@@ -105,7 +109,8 @@ class ApiAuth:
         token = settings.api_token.get_secret_value().strip()
         if not token:
             return cls("unconfigured", session_ttl_s=ttl, revocations=revocations)
-        return cls("token", _digest(token), ttl, revocations)
+        # An account removed is refused on every worker within the time a logout takes to reach them.
+        return cls("token", _digest(token), ttl, revocations, accounts=AccountTokens(settings.web_logout_sync_s))
 
     def token_matches(self, presented: str) -> bool:
         """The login form's check: the token, compared as the bearer token is (digests, constant time)."""
@@ -152,6 +157,18 @@ class ApiAuth:
         session = sessions.signed_session(sessions.session_key(self.token_digest), cookie, now_s)
         return None if session is None or self.revocations.is_revoked(session[0]) else session
 
+    async def principal(self, authorization: str | None) -> tuple[Principal | None, tuple[int, str] | None]:
+        """Who a request to /api/* is: the operator (its token, or auth off), an account (its token), or
+        nobody, with the (status, reason) of the refusal."""
+        refused = self.refusal(authorization)
+        if refused is None:
+            return Principal.operator(), None
+        if refused[0] == 401 and refused[1] == "wrong bearer token":
+            account = await self.accounts.principal((authorization or "").strip().partition(" ")[2])
+            if account is not None:
+                return account, None
+        return None, refused
+
     def refusal(self, authorization: str | None) -> tuple[int, str] | None:
         """(status, reason) when a request with this Authorization header may not use /api/*, else None."""
         if self.mode == "off":
@@ -165,6 +182,17 @@ class ApiAuth:
         if not hmac.compare_digest(_digest(presented.strip()), self.token_digest):
             return 401, "wrong bearer token"
         return None
+
+
+PRINCIPAL = aioweb.RequestKey("callqa.principal", Principal)  # who a request is (set by the middleware on /api/*)
+
+
+def principal_of(request: aioweb.Request) -> Principal:
+    """Who an /api/* request is (the middleware set it; a request it did not see is refused)."""
+    principal = request.get(PRINCIPAL)
+    if principal is None:
+        raise PermissionError("no principal on this request")
+    return principal
 
 
 def _digest(token: str) -> bytes:
@@ -184,7 +212,9 @@ def auth_middleware(auth: ApiAuth) -> Callable[[aioweb.Request, Handler], Awaita
         resource = request.match_info.route.resource
         route = resource.canonical if resource is not None else ""
         if _is_api_path(request.path) or _is_api_path(route):
-            refused = auth.refusal(request.headers.get("Authorization"))
+            principal, refused = await auth.principal(request.headers.get("Authorization"))
+            if principal is not None:
+                request[PRINCIPAL] = principal
             if refused is not None:
                 status, reason = refused
                 auth.refusals.count("unauthorized" if status == 401 else "unconfigured")

@@ -15,7 +15,10 @@ from typing import Any
 
 import faust
 
-from pipeline.api.auth import ApiAuth
+from pipeline.access.scope import ScopedClient, scope_settings
+from pipeline.access.users import AccountError, Principal, add_account, list_accounts, remove_account
+from pipeline.api.accounts import stored_lookup
+from pipeline.api.auth import ApiAuth, principal_of
 from pipeline.api.paging import CallPage, PageError, next_link
 from pipeline.api.pool import ApiBusyError, QueryPool, ThreadClients
 from pipeline.api.refusals import ApiRefusals
@@ -53,10 +56,12 @@ def register_api_views(app: faust.App, settings: Settings, pool: QueryPool, auth
                                     create_database=False, fresh=True))
     pool.on_shutdown(readers.close)
     auth.revocations.source = StoredRevocations(settings, pool, readers)
+    auth.accounts.source = stored_lookup(settings.clickhouse_database, pool, readers)
     server = ApiServer(app, settings, pool, readers, auth)
     _register_call_views(server)
     _register_review_view(server)
     _register_erasure_view(server)
+    _register_account_views(server)
     _register_search_view(server)
     _register_query_view(server)
     return server
@@ -78,9 +83,12 @@ def _register_call_views(server: ApiServer) -> None:
             return web.json({"error": str(exc)}, status=400)
         link: list[str] = []
 
+        who = principal_of(request)
+
         def read() -> list[Any]:
             with readers.client() as client:
-                calls = queries.list_calls(client, agent_id=agent, limit=page.limit, after=page.after)
+                calls = queries.list_calls(_scoped(client, who, settings), agent_id=agent, limit=page.limit,
+                                           after=page.after)
             link.extend(filter(None, [next_link(request.path, request.query, page, calls)]))
             return [_jsonable(asdict(r)) for r in calls]
 
@@ -89,8 +97,11 @@ def _register_call_views(server: ApiServer) -> None:
 
     @server.app.page("/api/calls/{call_id}")
     async def call_view(web: Any, request: Any, call_id: str) -> Any:
+        who = principal_of(request)
+
         def read() -> dict[str, Any]:
-            with readers.client() as client:
+            with readers.client() as reader:
+                client = _scoped(reader, who, settings)
                 summary = queries.call_summary(client, call_id)
                 lines = queries.transcript(client, call_id)
             return {"summary": _jsonable(asdict(summary)) if summary else None,
@@ -108,6 +119,9 @@ def _register_review_view(server: ApiServer) -> None:
 
     class ReviewsView(faust.web.View):  # type: ignore[misc]
         async def post(self, request: Any, call_id: str) -> Any:
+            refused = await _refusal(server, principal_of(request), "review", call_id)
+            if refused is not None:
+                return self.json({"error": refused[1]}, status=refused[0])
             try:
                 body = await request.json()
                 fields = {name: str(body.get(name, "")) for name in ("item", "verdict", "reason", "reviewer")}
@@ -139,6 +153,9 @@ def _register_erasure_view(server: ApiServer) -> None:
 
     class ErasureView(faust.web.View):  # type: ignore[misc]
         async def post(self, request: Any, call_id: str) -> Any:
+            refused = await _refusal(server, principal_of(request), "erase", call_id)
+            if refused is not None:
+                return self.json({"error": refused[1]}, status=refused[0])
             try:
                 body = await request.json()
                 erased_by, force, outside = str(body.get("erased_by", "")), bool(body.get("force")), str(
@@ -161,6 +178,74 @@ def _register_erasure_view(server: ApiServer) -> None:
     server.app.page("/api/calls/{call_id}/erasure")(ErasureView)
 
 
+def _register_account_views(server: ApiServer) -> None:
+    """/api/users: GET lists the accounts, POST adds one (JSON ``name``, ``role``, ``tenant``, ``agent_id``; answers
+    its token, shown once), DELETE /api/users/{name} removes one. The operator manages every tenant; an admin its
+    own (a tenant it names is ignored). `callqa users` goes through here while a worker holds the embedded store."""
+    settings = server.settings
+    db = settings.clickhouse_database
+
+    def writer() -> Any:
+        return connect(settings.writer_url, db, create_database=False, fresh=True)
+
+    def managed(who: Principal) -> str | None:
+        return None if who.is_operator else who.tenant
+
+    class UsersView(faust.web.View):  # type: ignore[misc]
+        async def get(self, request: Any) -> Any:
+            who = principal_of(request)
+            if not who.may("manage"):
+                return self.json({"error": f"a {who.role} may not manage accounts"}, status=403)
+
+            def read() -> list[dict[str, Any]]:
+                with server.readers.client() as client:
+                    return [_jsonable(asdict(a)) for a in list_accounts(client, db, managed(who))]
+
+            return await _answer(self, server.pool.run(read), server.auth.refusals)
+
+        async def post(self, request: Any) -> Any:
+            who = principal_of(request)
+            if not who.may("manage"):
+                return self.json({"error": f"a {who.role} may not manage accounts"}, status=403)
+            try:
+                body = await request.json()
+                name, role, agent_id = (str(body.get(k, "")) for k in ("name", "role", "agent_id"))
+                tenant = managed(who) or str(body.get("tenant", ""))
+            except (ValueError, AttributeError):
+                return self.json({"error": "the body must be a JSON object: name, role, tenant, agent_id"}, status=400)
+
+            def add() -> dict[str, Any]:
+                client = writer()
+                try:
+                    token = add_account(client, db, name, role, tenant, agent_id)
+                finally:
+                    client.close()
+                log.info("account %s added (%s of %s) by %s", name, role, tenant, who.name)
+                return {"name": name, "role": role, "tenant": tenant, "agent_id": agent_id, "token": token}
+
+            return await _answer(self, server.pool.run(add), server.auth.refusals)
+
+    class UserView(faust.web.View):  # type: ignore[misc]
+        async def delete(self, request: Any, name: str) -> Any:
+            who = principal_of(request)
+            if not who.may("manage"):
+                return self.json({"error": f"a {who.role} may not manage accounts"}, status=403)
+
+            def remove() -> dict[str, Any]:
+                client = writer()
+                try:
+                    account = remove_account(client, db, name, managed(who))
+                finally:
+                    client.close()
+                log.info("account %s removed by %s", name, who.name)
+                return {"removed": _jsonable(asdict(account))}
+
+            return await _answer(self, server.pool.run(remove), server.auth.refusals)
+
+    server.app.page("/api/users")(UsersView)
+    server.app.page("/api/users/{name}")(UserView)
+
+
 def _register_search_view(server: ApiServer) -> None:
     """/api/search: calls whose redacted turns hold a phrase (``?q=``), with the list's filters (``leg``, ``agent``,
     ``since``, ``until``, ``score_below``, ``failed``, ``category``) and pages (``limit``, ``after``, ``Link``); see
@@ -177,10 +262,11 @@ def _register_search_view(server: ApiServer) -> None:
             server.auth.refusals.count("bad_request")
             return web.json({"error": str(exc)}, status=400)
         link: list[str] = []
+        who = principal_of(request)
 
         def read() -> list[Any]:
             with readers.client() as client:
-                found = search(queries.ClientRows(client, settings.clickhouse_database, limits),
+                found = search(queries.ClientRows(_scoped(client, who, settings), settings.clickhouse_database, limits),
                                settings.clickhouse_database,
                                query)
             link.extend(filter(None, [next_link(request.path, request.query, page, found)]))
@@ -199,16 +285,45 @@ def _register_query_view(server: ApiServer) -> None:
     async def query_view(web: Any, request: Any) -> Any:
         sql = request.query.get("sql", "")
         params = {k[len("param_"):]: v for k, v in request.query.items() if k.startswith("param_")}
+        scope = scope_settings(principal_of(request).scope, settings.clickhouse_database)
 
         def run() -> dict[str, Any]:
             # A client of its own per query (run_readonly_query opens and closes it): an analyst's query
             # may outlast the client's timeout, and an HTTP session it leaves busy must not be reused.
             result = queries.run_readonly_query(sql, params, url=settings.reader_url,
-                                                database=settings.clickhouse_database, limits=limits)
+                                                database=settings.clickhouse_database, limits=limits,
+                                                scope_settings=scope)
             return {"columns": result.columns, "types": result.types, "rows": _jsonable(result.rows),
                     "truncated": result.truncated}
 
         return await _answer(web, server.pool.run(run), server.auth.refusals)
+
+
+def _scoped(client: Any, who: Principal, settings: Settings) -> Any:
+    """``client`` held to what ``who`` may see (every query: pipeline/access/scope.py)."""
+    scope = who.scope
+    return client if scope is None else ScopedClient(client, scope.settings(settings.clickhouse_database))
+
+
+async def _refusal(server: ApiServer, who: Principal, action: str, call_id: str) -> tuple[int, str] | None:
+    """(status, reason) when ``who`` may not ``action`` this call: 403 for its role, 404 for a call outside its
+    scope (as if there were none); None when it may."""
+    if not who.may(action):
+        server.auth.refusals.count("forbidden")
+        return 403, f"a {who.role} may not {action} calls"
+    if who.scope is None:
+        return None
+
+    def visible() -> bool:
+        with server.readers.client() as client:
+            return bool(_scoped(client, who, server.settings).query(
+                "SELECT count() FROM calls WHERE call_id = {call:String}", parameters={"call": call_id}
+            ).result_rows[0][0])
+
+    if not await server.pool.run(visible):
+        server.auth.refusals.count("bad_request")
+        return 404, f"no call {call_id}"
+    return None
 
 
 async def _answer(web: Any, work: Awaitable[Any], refusals: ApiRefusals,
@@ -224,6 +339,9 @@ async def _answer(web: Any, work: Awaitable[Any], refusals: ApiRefusals,
     except ReviewError as exc:
         refusals.count("bad_request")
         return web.json({"error": str(exc)}, status=404 if str(exc).startswith("no scored call") else 400)
+    except AccountError as exc:
+        refusals.count("bad_request")
+        return web.json({"error": str(exc)}, status=404 if str(exc).startswith("no account") else 400)
     except EraseError as exc:  # a call that has not ended: refused, nothing removed
         refusals.count("bad_request")
         return web.json({"error": str(exc)}, status=409)

@@ -312,6 +312,23 @@ ORDER BY (call_id, erased_at)
 SETTINGS concurrent_part_removal_threshold = 1000000
 """
 
+# Issue 39: accounts (pipeline/access/users.py): a token is kept only as its SHA-256; a name added again replaces
+# the account, a removal is a row with removed = 1.
+_USERS = """
+CREATE TABLE IF NOT EXISTS {db}.users (
+    name String,
+    role LowCardinality(String) COMMENT 'admin|supervisor|agent',
+    tenant String,
+    agent_id String COMMENT 'an agent sees only the calls with this agent_id',
+    token_sha256 String COMMENT 'hex SHA-256 of the API token; the token itself is never kept',
+    removed UInt8,
+    created_at DateTime64(3, 'UTC'),
+    updated_at DateTime64(3, 'UTC')
+) ENGINE = ReplacingMergeTree(updated_at)
+ORDER BY name
+SETTINGS concurrent_part_removal_threshold = 1000000
+"""
+
 # Tables the query API reads beside TABLE_KEYS' (and their views); like every table since migration 8 they
 # remove their outdated parts with one thread.
 MORE_TABLES = ("reviews",)
@@ -339,6 +356,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(10, "reviews of a call's scorecard", (_REVIEWS, *_REVIEWED_COLUMNS, _latest_revision_view("call_qa"))),
     Migration(11, "call categories", (_CATEGORIES_COLUMN, _latest_revision_view("calls"))),
     Migration(12, "erasures: who erased which call", (_ERASURES,)),
+    Migration(13, "accounts", (_USERS,)),
 )
 
 

@@ -286,6 +286,7 @@ def run_readonly_query(
     database: str | None = None,
     client: Client | None = None,
     limits: QueryLimits | None = None,
+    scope_settings: dict[str, Any] | None = None,
 ) -> QueryResult:
     """Run one SELECT from an untrusted caller; rows beyond ``limits.max_rows`` are cut off.
 
@@ -294,7 +295,8 @@ def run_readonly_query(
     ``readonly=1`` and the limits of ``limits``, sent with the query; on a server, the read-only
     account's own grants (``clickhouse_readonly_url``). Unless ``client`` is given, the query runs on
     a client of its own opened on ``url``/``database`` (default: the configured store), never on one
-    that also writes.
+    that also writes. ``scope_settings``: the caller's access scope (pipeline/access/scope.py), sent with
+    the query like the limits.
     """
     limits = limits or QueryLimits()
     db = check_identifier(database or get_settings().clickhouse_database)
@@ -303,7 +305,8 @@ def run_readonly_query(
     try:
         checked = check_select(runner, sql, db)
         bound = checked.bind(params)
-        result = runner.query(checked.sql, parameters=bound, settings=limits.clickhouse_settings(runner))
+        result = runner.query(checked.sql, parameters=bound,
+                              settings={**limits.clickhouse_settings(runner), **(scope_settings or {})})
         rows = [tuple(r) for r in result.result_rows]
     except ProgrammingError as exc:
         raise _unusable_account(exc) from None

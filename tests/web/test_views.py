@@ -203,6 +203,66 @@ async def test_api_erasure_removes_an_ended_call_and_refuses_an_open_one(
         assert (await client.post("/api/calls/call-good/erasure", json={})).status == 401
 
 
+async def test_accounts_see_their_tenants_calls_or_their_own_through_every_api_door(
+    serve: Callable[..., Any], filled: FilledStore
+) -> None:
+    """Calls of tenant acme (agent-1: call-good, call-open; agent-2: call-rude). A supervisor of another tenant gets
+    nothing through any door; an agent of acme its own calls only; a supervisor of acme reviews, no one but an admin
+    erases; a removed account's token is refused."""
+    operator = {"Authorization": f"Bearer {TOKEN}"}
+    async for client in serve(web_logout_sync_s=0):
+        tokens = {}
+        for name, role, tenant, agent in (("sam", "supervisor", "other", ""), ("ann", "agent", "acme", "agent-1"),
+                                          ("sue", "supervisor", "acme", ""), ("ada", "admin", "other", "")):
+            added = await client.post("/api/users", json={"name": name, "role": role, "tenant": tenant,
+                                                          "agent_id": agent}, headers=operator)
+            body = await added.json()
+            assert added.status == 200, body
+            tokens[name] = {"Authorization": f"Bearer {body['token']}"}
+
+        async def calls(who: str, client: Client = client, tokens: dict[str, dict[str, str]] = tokens) -> set[str]:
+            answer = await client.get("/api/calls", headers=tokens[who])
+            assert answer.status == 200, await answer.text()
+            return {c["call_id"] for c in await answer.json()}
+
+        async def sql(who: str, text: str, client: Client = client,
+                      tokens: dict[str, dict[str, str]] = tokens) -> list[Any]:
+            answer = await client.get("/api/query", params={"sql": text}, headers=tokens[who])
+            assert answer.status == 200, await answer.text()
+            return list((await answer.json())["rows"])
+
+        assert await calls("sam") == set()
+        assert await (await client.get("/api/calls/call-good", headers=tokens["sam"])).json() == {
+            "summary": None, "transcript": []}
+        found = await client.get("/api/search", params={"q": "card"}, headers=tokens["sam"])
+        assert found.status == 200 and await found.json() == []
+        assert await sql("sam", "SELECT call_id, text FROM segments_deduped UNION ALL "
+                                "SELECT call_id, toString(score_pct) FROM call_qa") == []
+        review = {"item": "greeting", "verdict": "pass", "reason": "x", "reviewer": "sam"}
+        assert (await client.post("/api/calls/call-rude/reviews", json=review, headers=tokens["sam"])).status == 404
+        assert (await client.post("/api/calls/call-rude/erasure", json={}, headers=tokens["ada"])).status == 404
+
+        assert await calls("ann") == {"call-good", "call-open"}
+        assert {r[0] for r in await sql("ann", "SELECT DISTINCT call_id FROM segments")} == {"call-good", "call-open"}
+        assert (await client.post("/api/calls/call-good/reviews", json=review, headers=tokens["ann"])).status == 403
+
+        assert await calls("sue") == {"call-good", "call-rude", "call-open"}
+        reviewed = await client.post("/api/calls/call-good/reviews", json={**review, "reviewer": "sue"},
+                                     headers=tokens["sue"])
+        assert reviewed.status == 200, await reviewed.text()
+        assert (await client.post("/api/calls/call-good/erasure", json={}, headers=tokens["sue"])).status == 403
+        assert (await client.get("/api/users", headers=tokens["sue"])).status == 403
+
+        listed = await (await client.get("/api/users", headers=tokens["ada"])).json()
+        assert {a["name"] for a in listed} == {"sam", "ada"}  # an admin sees its own tenant's accounts
+        assert "token" not in str(listed) and "token_sha256" not in str(listed)
+        assert (await client.delete("/api/users/ann", headers=tokens["ada"])).status == 404  # not its tenant
+        assert (await client.delete("/api/users/sam", headers=tokens["ada"])).status == 200
+        assert (await client.get("/api/calls", headers=tokens["sam"])).status == 401
+        stored = filled.client.query("SELECT token_sha256 FROM users WHERE token_sha256 != ''").result_rows
+        assert len(stored) == 4 and all(len(d) == 64 and set(d) <= set("0123456789abcdef") for (d,) in stored)
+
+
 async def test_the_call_page_reviews_an_item_with_its_session_form_token(serve: Callable[..., Any]) -> None:
     async for client in serve():
         cookie = _session(await _login(client))

@@ -1,0 +1,70 @@
+"""`callqa users add|list|remove`, as the operator: through the running worker's API when one holds the embedded
+store (``/api/users``), else on the store directly."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import asdict
+from typing import Any
+
+from pipeline.access.users import AccountError, add_account, list_accounts, remove_account
+from pipeline.config import Settings
+
+
+def _worker(settings: Settings) -> Any:
+    from pipeline.report import WorkerApiSource, api_token
+
+    worker = WorkerApiSource(f"http://{settings.web_host}:{settings.web_port}", api_token(settings))
+    return worker if worker.available() else None
+
+
+def _call(worker: Any, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+    request = urllib.request.Request(f"{worker.base_url}{path}", method=method,
+                                     data=None if body is None else json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json",
+                                              **({"Authorization": f"Bearer {worker.token}"} if worker.token else {})})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as answer:  # noqa: S310 - our own worker
+            return json.loads(answer.read())
+    except urllib.error.HTTPError as exc:
+        try:
+            why = json.loads(exc.read() or b"{}").get("error") or exc.reason
+        except ValueError:
+            why = exc.reason
+        raise AccountError(f"worker API answered {exc.code}: {why}") from None
+
+
+def _store(settings: Settings) -> Any:
+    from pipeline.store.client import connect
+    from pipeline.store.migrations import migrate
+
+    client = connect(settings.writer_url, settings.clickhouse_database)  # the process's client: left open
+    migrate(client, settings.clickhouse_database)
+    return client
+
+
+def add_user(settings: Settings, name: str, role: str, tenant: str, agent_id: str) -> str:
+    """The new account's token."""
+    worker = _worker(settings)
+    if worker is not None:
+        body = {"name": name, "role": role, "tenant": tenant, "agent_id": agent_id}
+        return str(_call(worker, "POST", "/api/users", body)["token"])
+    return add_account(_store(settings), settings.clickhouse_database, name, role, tenant, agent_id)
+
+
+def list_users(settings: Settings) -> list[dict[str, Any]]:
+    worker = _worker(settings)
+    if worker is not None:
+        return list(_call(worker, "GET", "/api/users"))
+    return [asdict(a) for a in list_accounts(_store(settings), settings.clickhouse_database)]
+
+
+def remove_user(settings: Settings, name: str) -> None:
+    worker = _worker(settings)
+    if worker is not None:
+        _call(worker, "DELETE", f"/api/users/{urllib.parse.quote(name, safe='')}")
+        return
+    remove_account(_store(settings), settings.clickhouse_database, name)

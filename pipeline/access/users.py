@@ -1,0 +1,128 @@
+"""Accounts: a name, a role, a tenant, an agent id for an agent, and an API token kept only as its SHA-256.
+
+Roles: an **agent** sees only its own calls (its tenant's calls with its ``agent_id``); a **supervisor** its
+tenant's calls, and reviews them; an **admin** its tenant's calls, reviews and erases them, and manages its
+tenant's accounts. The operator's local token (``CALLQA_API_TOKEN`` or ``<state_dir>/api-token``) is above
+them: every tenant, every account (``Principal.operator``).
+
+``users`` is a ReplacingMergeTree by name: adding a name again replaces the account (a new token), removing
+it writes a row with ``removed = 1``. Tokens are 32 random bytes (``secrets.token_urlsafe``): a SHA-256 of such a
+token cannot be turned back into it, so a stored digest needs no slow hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from clickhouse_connect.driver.client import Client
+
+from pipeline.access.scope import AccessScope
+from pipeline.store.client import check_identifier
+
+ROLES = ("admin", "supervisor", "agent")
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@+-]{0,63}$")
+
+
+class AccountError(ValueError):
+    """An account request that cannot be done (bad name, role, tenant; unknown account); one line."""
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who a request is: an account, or the operator (its local token: every tenant)."""
+
+    name: str
+    role: str
+    tenant: str = ""
+    agent_id: str = ""
+
+    @classmethod
+    def operator(cls) -> Principal:
+        return cls("operator", "operator")
+
+    @property
+    def is_operator(self) -> bool:
+        return self.role == "operator"
+
+    @property
+    def scope(self) -> AccessScope | None:
+        """The calls it may see; None: all of them."""
+        if self.is_operator:
+            return None
+        return AccessScope(self.tenant, self.agent_id if self.role == "agent" else "")
+
+    def may(self, action: str) -> bool:
+        """``read``, ``review`` (supervisor, admin), ``erase`` and ``manage`` (admin) within its scope."""
+        allowed = {"read": ROLES, "review": ("admin", "supervisor"), "erase": ("admin",), "manage": ("admin",)}
+        return self.is_operator or self.role in allowed.get(action, ())
+
+
+@dataclass(frozen=True)
+class Account:
+    name: str
+    role: str
+    tenant: str
+    agent_id: str
+    created_at: datetime
+
+
+def token_digest(token: str) -> str:
+    return hashlib.sha256(token.strip().encode()).hexdigest()
+
+
+def check_account(name: str, role: str, tenant: str, agent_id: str) -> None:
+    if not NAME_PATTERN.match(name):
+        raise AccountError(f"account name {name!r}: letters, digits and . _ @ + - only, at most 64")
+    if role not in ROLES:
+        raise AccountError(f"role {role!r}: one of {', '.join(ROLES)}")
+    if not tenant.strip():
+        raise AccountError(f"account {name}: a tenant is needed (--tenant)")
+    if role == "agent" and not agent_id.strip():
+        raise AccountError(f"account {name}: an agent needs its agent id (--agent-id), the calls it may see")
+
+
+def add_account(client: Client, database: str, name: str, role: str, tenant: str, agent_id: str = "",
+                now: datetime | None = None) -> str:
+    """Create (or replace) the account; its new API token, which is not kept."""
+    check_account(name, role, tenant, agent_id)
+    token = secrets.token_urlsafe(32)
+    when = now or datetime.now(UTC)
+    client.insert("users", [[name, role, tenant.strip(), agent_id.strip(), token_digest(token), 0, when, when]],
+                  column_names=["name", "role", "tenant", "agent_id", "token_sha256", "removed", "created_at",
+                                "updated_at"], database=check_identifier(database))
+    return token
+
+
+def list_accounts(client: Client, database: str, tenant: str | None = None) -> list[Account]:
+    """The accounts (of ``tenant`` only, when given), by name."""
+    db = check_identifier(database)
+    where = "removed = 0" + (" AND tenant = {tenant:String}" if tenant is not None else "")
+    rows = client.query(f"SELECT name, role, tenant, agent_id, created_at FROM {db}.users FINAL WHERE {where} "
+                        "ORDER BY name", parameters={"tenant": tenant or ""}).result_rows
+    return [Account(*r) for r in rows]
+
+
+def remove_account(client: Client, database: str, name: str, tenant: str | None = None,
+                   now: datetime | None = None) -> Account:
+    """Remove the account (of ``tenant`` only, when given): its token stops working."""
+    found = [a for a in list_accounts(client, database, tenant) if a.name == name]
+    if not found:
+        raise AccountError(f"no account {name!r}" + (f" in tenant {tenant!r}" if tenant is not None else ""))
+    a = found[0]
+    client.insert("users", [[a.name, a.role, a.tenant, a.agent_id, "", 1, a.created_at, now or datetime.now(UTC)]],
+                  column_names=["name", "role", "tenant", "agent_id", "token_sha256", "removed", "created_at",
+                                "updated_at"], database=check_identifier(database))
+    return a
+
+
+def principal_of(client: Client, database: str, digest: str) -> Principal | None:
+    """The account whose token has this SHA-256 (hex), or None."""
+    db = check_identifier(database)
+    rows = client.query(f"SELECT name, role, tenant, agent_id FROM {db}.users FINAL "
+                        "WHERE token_sha256 = {digest:String} AND removed = 0 LIMIT 1",
+                        parameters={"digest": digest}).result_rows
+    return Principal(*rows[0]) if rows else None
