@@ -437,12 +437,15 @@ def users_add(
                                                      "(its tenant's calls; reviews) or agent (its own calls).")],
     tenant: Annotated[str, typer.Option("--tenant", help="The tenant whose calls it sees.")],
     agent_id: Annotated[str, typer.Option("--agent-id", help="An agent's id: the calls it may see.")] = "",
+    password: Annotated[bool, typer.Option("--password", help="Ask for a password for the call pages' login "
+                                                              "(12+ characters; kept as its scrypt hash).")] = False,
 ) -> None:
     """Add an account (or replace one of that name); its API token is printed on the last line, once: only its
     SHA-256 is kept."""
     from pipeline.access.commands import add_user
 
-    token = add_user(get_settings(), name, role, tenant, agent_id)
+    secret = typer.prompt("password", hide_input=True, confirmation_prompt=True) if password else ""
+    token = add_user(get_settings(), name, role, tenant, agent_id, secret)
     console.print(f"account {escape(name)}: {role} of tenant {escape(tenant)}"
                   + (f", agent {escape(agent_id)}" if agent_id else "") + "; its API token (shown once):")
     print(token)

@@ -10,7 +10,14 @@ import urllib.request
 from dataclasses import asdict
 from typing import Any
 
-from pipeline.access.users import AccountError, add_account, list_accounts, remove_account
+from pipeline.access.users import (
+    AccountError,
+    add_account,
+    hash_password,
+    list_accounts,
+    remove_account,
+    set_password,
+)
 from pipeline.config import Settings
 
 
@@ -46,13 +53,19 @@ def _store(settings: Settings) -> Any:
     return client
 
 
-def add_user(settings: Settings, name: str, role: str, tenant: str, agent_id: str) -> str:
-    """The new account's token."""
+def add_user(settings: Settings, name: str, role: str, tenant: str, agent_id: str, password: str = "") -> str:
+    """The new account's token (and, with ``password``, its page login)."""
+    if password:
+        hash_password(password)  # too short: refused before anything is written
     worker = _worker(settings)
     if worker is not None:
-        body = {"name": name, "role": role, "tenant": tenant, "agent_id": agent_id}
+        body = {"name": name, "role": role, "tenant": tenant, "agent_id": agent_id, "password": password}
         return str(_call(worker, "POST", "/api/users", body)["token"])
-    return add_account(_store(settings), settings.clickhouse_database, name, role, tenant, agent_id)
+    client = _store(settings)
+    token = add_account(client, settings.clickhouse_database, name, role, tenant, agent_id)
+    if password:
+        set_password(client, settings.clickhouse_database, name, password)
+    return token
 
 
 def list_users(settings: Settings) -> list[dict[str, Any]]:

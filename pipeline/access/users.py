@@ -13,6 +13,7 @@ token cannot be turned back into it, so a stored digest needs no slow hash.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import re
 import secrets
 from dataclasses import dataclass
@@ -126,3 +127,62 @@ def principal_of(client: Client, database: str, digest: str) -> Principal | None
                         "WHERE token_sha256 = {digest:String} AND removed = 0 LIMIT 1",
                         parameters={"digest": digest}).result_rows
     return Principal(*rows[0]) if rows else None
+
+
+# scrypt (hashlib's, OpenSSL's): 16 MiB and ~50 ms per check, so a stolen table is slow to guess through.
+SCRYPT_N, SCRYPT_R, SCRYPT_P = 2**14, 8, 1
+MIN_PASSWORD_CHARS = 12
+
+
+def hash_password(password: str) -> str:
+    if len(password) < MIN_PASSWORD_CHARS:
+        raise AccountError(f"a password needs at least {MIN_PASSWORD_CHARS} characters")
+    salt = secrets.token_bytes(16)
+    digest = hashlib.scrypt(password.encode(), salt=salt, n=SCRYPT_N, r=SCRYPT_R, p=SCRYPT_P, dklen=32)
+    return f"scrypt${SCRYPT_N}${SCRYPT_R}${SCRYPT_P}${salt.hex()}${digest.hex()}"
+
+
+def password_matches(stored: str, password: str) -> bool:
+    try:
+        kind, n, r, p, salt, digest = stored.split("$")
+        if kind != "scrypt":
+            return False
+        found = hashlib.scrypt(password.encode(), salt=bytes.fromhex(salt), n=int(n), r=int(r), p=int(p),
+                               dklen=len(digest) // 2)
+    except ValueError:
+        return False
+    return hmac.compare_digest(found.hex(), digest)
+
+
+def set_password(client: Client, database: str, name: str, password: str, now: datetime | None = None) -> None:
+    """Give the account a page login password (kept as its scrypt hash)."""
+    db = check_identifier(database)
+    rows = client.query(f"SELECT name, role, tenant, agent_id, token_sha256, created_at FROM {db}.users FINAL "
+                        "WHERE name = {name:String} AND removed = 0", parameters={"name": name}).result_rows
+    if not rows:
+        raise AccountError(f"no account {name!r}")
+    client.insert("users", [[*rows[0][:5], hash_password(password), 0, rows[0][5], now or datetime.now(UTC)]],
+                  column_names=["name", "role", "tenant", "agent_id", "token_sha256", "password_scrypt", "removed",
+                                "created_at", "updated_at"], database=db)
+
+
+def login(client: Client, database: str, name: str, password: str) -> Principal | None:
+    """The account of this name and password, or None (either wrong: the caller cannot tell which)."""
+    db = check_identifier(database)
+    rows = client.query(f"SELECT name, role, tenant, agent_id, password_scrypt FROM {db}.users FINAL "
+                        "WHERE name = {name:String} AND removed = 0", parameters={"name": name}).result_rows
+    if not rows or not rows[0][4]:
+        password_matches(_DUMMY, password)  # the same time for an unknown name
+        return None
+    return Principal(*rows[0][:4]) if password_matches(rows[0][4], password) else None
+
+
+def account_principal(client: Client, database: str, name: str) -> Principal | None:
+    """The account of this name (a page session's), or None once removed."""
+    db = check_identifier(database)
+    rows = client.query(f"SELECT name, role, tenant, agent_id FROM {db}.users FINAL "
+                        "WHERE name = {name:String} AND removed = 0", parameters={"name": name}).result_rows
+    return Principal(*rows[0]) if rows else None
+
+
+_DUMMY = f"scrypt${SCRYPT_N}${SCRYPT_R}${SCRYPT_P}${'00' * 16}${'00' * 32}"

@@ -22,7 +22,7 @@ from pydantic import SecretStr
 
 from pipeline.access.users import Principal
 from pipeline.api import sessions
-from pipeline.api.accounts import AccountTokens
+from pipeline.api.accounts import AccountTokens, LoginThrottle
 from pipeline.api.refusals import ApiRefusals
 from pipeline.api.token_file import MIN_TOKEN_CHARS, TokenFileError, ensure_token_file, token_path
 from pipeline.config import Settings
@@ -96,6 +96,7 @@ class ApiAuth:
     refusals: ApiRefusals = field(default_factory=ApiRefusals, compare=False)  # for the worker's /metrics
     # Accounts' bearer tokens (the store's users table, attached by the API server) beside the operator's.
     accounts: AccountTokens = field(default_factory=AccountTokens, compare=False)
+    logins: LoginThrottle = field(default_factory=LoginThrottle, compare=False)  # failed page logins
     # Without a token (auth off, loopback only) forms are still bound to this process: a page of another
     # site can post to 127.0.0.1 but cannot read the form's token.
     _form_secret: bytes = field(default_factory=lambda: secrets.token_bytes(32), repr=False, compare=False)
@@ -117,9 +118,19 @@ class ApiAuth:
         presented = presented.strip()
         return self.mode == "token" and bool(presented) and hmac.compare_digest(_digest(presented), self.token_digest)
 
-    def new_session(self, now_s: float) -> str:
-        """A session cookie value for a browser that just logged in."""
-        return sessions.new_session(sessions.session_key(self.token_digest), now_s, self.session_ttl_s)
+    def new_session(self, now_s: float, account: str = "") -> str:
+        """A session cookie value for a browser that just logged in (as ``account``, or with the token)."""
+        return sessions.new_session(sessions.session_key(self.token_digest), now_s, self.session_ttl_s, account)
+
+    async def page_principal(self, cookie: str | None, authorization: str | None, now_s: float) -> Principal | None:
+        """Who may see the call pages on this request (``page_allowed``'s rule), or None: a session of an account
+        is that account while it exists."""
+        if not self.page_allowed(cookie, authorization, now_s):
+            return None
+        if self.mode != "token" or self._live_session(cookie, now_s) is None:
+            return Principal.operator()  # auth off, or the bearer token
+        account = sessions.session_account(cookie or "")
+        return Principal.operator() if not account else await self.accounts.of_name(account)
 
     def form_token(self, cookie: str | None) -> str:
         """The CSRF token a page's form carries: a MAC of the session cookie under a key for forms only, so it
@@ -224,7 +235,10 @@ def auth_middleware(auth: ApiAuth) -> Callable[[aioweb.Request, Handler], Awaita
             cookie = request.cookies.get(sessions.SESSION_COOKIE)
             if cookie and auth.mode == "token":  # sessions logged out on other workers
                 await auth.revocations.sync(time.time(), time.monotonic())
-            if not auth.page_allowed(cookie, request.headers.get("Authorization"), time.time()):
+            who = await auth.page_principal(cookie, request.headers.get("Authorization"), time.time())
+            if who is not None:
+                request[PRINCIPAL] = who
+            else:
                 auth.refusals.count("login_required")
                 login = f"/login?{urlencode({'next': request.path_qs})}"
                 return aioweb.Response(status=303, headers={"Location": login, "Cache-Control": "no-store"})

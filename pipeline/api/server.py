@@ -16,7 +16,14 @@ from typing import Any
 import faust
 
 from pipeline.access.scope import ScopedClient, scope_settings
-from pipeline.access.users import AccountError, Principal, add_account, list_accounts, remove_account
+from pipeline.access.users import (
+    AccountError,
+    Principal,
+    add_account,
+    list_accounts,
+    remove_account,
+    set_password,
+)
 from pipeline.api.accounts import stored_lookup
 from pipeline.api.auth import ApiAuth, principal_of
 from pipeline.api.paging import CallPage, PageError, next_link
@@ -57,6 +64,7 @@ def register_api_views(app: faust.App, settings: Settings, pool: QueryPool, auth
     pool.on_shutdown(readers.close)
     auth.revocations.source = StoredRevocations(settings, pool, readers)
     auth.accounts.source = stored_lookup(settings.clickhouse_database, pool, readers)
+    auth.accounts.named = stored_lookup(settings.clickhouse_database, pool, readers, by_name=True)
     server = ApiServer(app, settings, pool, readers, auth)
     _register_call_views(server)
     _register_review_view(server)
@@ -87,7 +95,7 @@ def _register_call_views(server: ApiServer) -> None:
 
         def read() -> list[Any]:
             with readers.client() as client:
-                calls = queries.list_calls(_scoped(client, who, settings), agent_id=agent, limit=page.limit,
+                calls = queries.list_calls(scoped_client(client, who, settings), agent_id=agent, limit=page.limit,
                                            after=page.after)
             link.extend(filter(None, [next_link(request.path, request.query, page, calls)]))
             return [_jsonable(asdict(r)) for r in calls]
@@ -101,7 +109,7 @@ def _register_call_views(server: ApiServer) -> None:
 
         def read() -> dict[str, Any]:
             with readers.client() as reader:
-                client = _scoped(reader, who, settings)
+                client = scoped_client(reader, who, settings)
                 summary = queries.call_summary(client, call_id)
                 lines = queries.transcript(client, call_id)
             return {"summary": _jsonable(asdict(summary)) if summary else None,
@@ -119,7 +127,7 @@ def _register_review_view(server: ApiServer) -> None:
 
     class ReviewsView(faust.web.View):  # type: ignore[misc]
         async def post(self, request: Any, call_id: str) -> Any:
-            refused = await _refusal(server, principal_of(request), "review", call_id)
+            refused = await action_refusal(server, principal_of(request), "review", call_id)
             if refused is not None:
                 return self.json({"error": refused[1]}, status=refused[0])
             try:
@@ -153,7 +161,7 @@ def _register_erasure_view(server: ApiServer) -> None:
 
     class ErasureView(faust.web.View):  # type: ignore[misc]
         async def post(self, request: Any, call_id: str) -> Any:
-            refused = await _refusal(server, principal_of(request), "erase", call_id)
+            refused = await action_refusal(server, principal_of(request), "erase", call_id)
             if refused is not None:
                 return self.json({"error": refused[1]}, status=refused[0])
             try:
@@ -179,7 +187,8 @@ def _register_erasure_view(server: ApiServer) -> None:
 
 
 def _register_account_views(server: ApiServer) -> None:
-    """/api/users: GET lists the accounts, POST adds one (JSON ``name``, ``role``, ``tenant``, ``agent_id``; answers
+    """/api/users: GET lists the accounts, POST adds one (JSON ``name``, ``role``, ``tenant``, ``agent_id``, and a
+    ``password`` for the pages' login; answers
     its token, shown once), DELETE /api/users/{name} removes one. The operator manages every tenant; an admin its
     own (a tenant it names is ignored). `callqa users` goes through here while a worker holds the embedded store."""
     settings = server.settings
@@ -209,7 +218,8 @@ def _register_account_views(server: ApiServer) -> None:
                 return self.json({"error": f"a {who.role} may not manage accounts"}, status=403)
             try:
                 body = await request.json()
-                name, role, agent_id = (str(body.get(k, "")) for k in ("name", "role", "agent_id"))
+                name, role, agent_id, password = (str(body.get(k, "")) for k in ("name", "role", "agent_id",
+                                                                                   "password"))
                 tenant = managed(who) or str(body.get("tenant", ""))
             except (ValueError, AttributeError):
                 return self.json({"error": "the body must be a JSON object: name, role, tenant, agent_id"}, status=400)
@@ -218,6 +228,8 @@ def _register_account_views(server: ApiServer) -> None:
                 client = writer()
                 try:
                     token = add_account(client, db, name, role, tenant, agent_id)
+                    if password:
+                        set_password(client, db, name, password)
                 finally:
                     client.close()
                 log.info("account %s added (%s of %s) by %s", name, role, tenant, who.name)
@@ -266,7 +278,7 @@ def _register_search_view(server: ApiServer) -> None:
 
         def read() -> list[Any]:
             with readers.client() as client:
-                found = search(queries.ClientRows(_scoped(client, who, settings), settings.clickhouse_database, limits),
+                found = search(queries.ClientRows(scoped_client(client, who, settings), settings.clickhouse_database, limits),
                                settings.clickhouse_database,
                                query)
             link.extend(filter(None, [next_link(request.path, request.query, page, found)]))
@@ -299,13 +311,13 @@ def _register_query_view(server: ApiServer) -> None:
         return await _answer(web, server.pool.run(run), server.auth.refusals)
 
 
-def _scoped(client: Any, who: Principal, settings: Settings) -> Any:
+def scoped_client(client: Any, who: Principal, settings: Settings) -> Any:
     """``client`` held to what ``who`` may see (every query: pipeline/access/scope.py)."""
     scope = who.scope
     return client if scope is None else ScopedClient(client, scope.settings(settings.clickhouse_database))
 
 
-async def _refusal(server: ApiServer, who: Principal, action: str, call_id: str) -> tuple[int, str] | None:
+async def action_refusal(server: ApiServer, who: Principal, action: str, call_id: str) -> tuple[int, str] | None:
     """(status, reason) when ``who`` may not ``action`` this call: 403 for its role, 404 for a call outside its
     scope (as if there were none); None when it may."""
     if not who.may(action):
@@ -316,7 +328,7 @@ async def _refusal(server: ApiServer, who: Principal, action: str, call_id: str)
 
     def visible() -> bool:
         with server.readers.client() as client:
-            return bool(_scoped(client, who, server.settings).query(
+            return bool(scoped_client(client, who, server.settings).query(
                 "SELECT count() FROM calls WHERE call_id = {call:String}", parameters={"call": call_id}
             ).result_rows[0][0])
 

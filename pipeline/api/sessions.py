@@ -44,10 +44,20 @@ def _mac(key: bytes, payload: str) -> str:
     return base64.urlsafe_b64encode(digest).decode().rstrip("=")
 
 
-def new_session(key: bytes, now_s: float, ttl_s: float) -> str:
-    """A cookie value valid until ``now_s + ttl_s``."""
+def new_session(key: bytes, now_s: float, ttl_s: float, account: str = "") -> str:
+    """A cookie value valid until ``now_s + ttl_s``; of ``account`` (an account's login), else the operator's."""
     payload = f"{int(now_s + ttl_s)}.{secrets.token_urlsafe(16)}"
+    if account:
+        payload += "." + base64.urlsafe_b64encode(account.encode()).decode().rstrip("=")
     return f"{payload}.{_mac(key, payload)}"
+
+
+def session_account(value: str) -> str:
+    """The account a signed session value is of ("" for the operator's); only after ``signed_session``."""
+    parts = value.split(".")
+    if len(parts) != 4:
+        return ""
+    return base64.urlsafe_b64decode(parts[2] + "=" * (-len(parts[2]) % 4)).decode(errors="replace")
 
 
 def session_valid(key: bytes, value: str | None, now_s: float) -> bool:
@@ -57,11 +67,12 @@ def session_valid(key: bytes, value: str | None, now_s: float) -> bool:
 
 def signed_session(key: bytes, value: str | None, now_s: float) -> tuple[str, int] | None:
     """(nonce, expiry in unix seconds) of a value ``new_session`` made with ``key`` that has not expired."""
-    if not value or value.count(".") != 2:
+    if not value or value.count(".") not in (2, 3):
         return None
-    expires, nonce, mac = value.split(".")
+    payload, _, mac = value.rpartition(".")
+    expires, nonce = payload.split(".")[:2]
     # The MAC first, in constant time; only a value we signed has its expiry read.
-    if not hmac.compare_digest(_mac(key, f"{expires}.{nonce}").encode(), mac.encode()):
+    if not hmac.compare_digest(_mac(key, payload).encode(), mac.encode()):
         return None
     if not expires.isdigit() or int(expires) <= now_s:
         return None

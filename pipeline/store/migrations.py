@@ -321,6 +321,7 @@ CREATE TABLE IF NOT EXISTS {db}.users (
     tenant String,
     agent_id String COMMENT 'an agent sees only the calls with this agent_id',
     token_sha256 String COMMENT 'hex SHA-256 of the API token; the token itself is never kept',
+    password_scrypt String DEFAULT '' COMMENT 'scrypt hash of the page login password; empty: no page login',
     removed UInt8,
     created_at DateTime64(3, 'UTC'),
     updated_at DateTime64(3, 'UTC')

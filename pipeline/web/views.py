@@ -23,9 +23,10 @@ from typing import Any
 import faust
 from aiohttp import web as aioweb
 
-from pipeline.api.auth import is_page_path
+from pipeline.access.users import Principal, login
+from pipeline.api.auth import is_page_path, principal_of
 from pipeline.api.pool import ApiBusyError
-from pipeline.api.server import ApiServer
+from pipeline.api.server import ApiServer, action_refusal, scoped_client
 from pipeline.api.sessions import SESSION_COOKIE
 from pipeline.desk.calibration import read_calibration
 from pipeline.desk.review import ReviewError, submit_review
@@ -101,10 +102,12 @@ def register_web_views(server: ApiServer) -> None:
     scorecard = QaConfig.from_settings(settings).scorecard
     scorecard_items = tuple((q.id, q.question) for q in scorecard.questions)
 
-    async def on_pool(render: Callable[[ClientRows], aioweb.Response]) -> aioweb.Response:
+    async def on_pool(request: Any, render: Callable[[ClientRows], aioweb.Response]) -> aioweb.Response:
+        who = principal_of(request)  # an account's pages read only what its scope holds
+
         def work() -> aioweb.Response:
             with readers.client() as client:
-                return render(ClientRows(client, db, limits))
+                return render(ClientRows(scoped_client(client, who, settings), db, limits))
 
         try:
             return await pool.run(work)
@@ -114,6 +117,10 @@ def register_web_views(server: ApiServer) -> None:
             # The type only: a message could quote a transcript.
             log.warning("call page failed: %s", type(exc).__name__)
             return html(render_message("Page failed", type(exc).__name__, context.links, context.logged_in), 500)
+
+    def _login(name: str, password: str) -> Principal | None:
+        with readers.client() as client:
+            return login(client, db, name, password)
 
     class LoginView(faust.web.View):
         async def get(self, request: Any) -> aioweb.Response:
@@ -127,12 +134,30 @@ def register_web_views(server: ApiServer) -> None:
             next_path = safe_next(str(form.get("next", "")))
             if auth.mode == "off":
                 return redirect(next_path)
-            if not auth.token_matches(str(form.get("token", ""))):
-                return html(render_login(next_path, error="wrong token", unconfigured=auth.mode == "unconfigured"),
+            name, unconfigured = str(form.get("name", "")).strip(), auth.mode == "unconfigured"
+            keys = (f"address:{request.remote}", f"name:{name}") if name else (f"address:{request.remote}",)
+            wait = auth.logins.wait_s(*keys)
+            if wait > 0:
+                auth.refusals.count("login_throttled")
+                return html(render_login(next_path, error=f"too many failed logins: try again in {wait:.0f} s",
+                                         unconfigured=unconfigured), 429)
+            account = ""
+            if name:
+                password = str(form.get("password", ""))
+                who = await pool.run(lambda: _login(name, password))
+                if who is None:
+                    auth.logins.failed(*keys)
+                    return html(render_login(next_path, error="wrong name or password", unconfigured=unconfigured),
+                                401 if auth.mode == "token" else 503)
+                account = who.name
+            elif not auth.token_matches(str(form.get("token", ""))):
+                auth.logins.failed(*keys)
+                return html(render_login(next_path, error="wrong token", unconfigured=unconfigured),
                             401 if auth.mode == "token" else 503)
             response = redirect(next_path)
-            response.set_cookie(SESSION_COOKIE, auth.new_session(time.time()), max_age=int(auth.session_ttl_s),
-                                path="/", httponly=True, samesite="Strict", secure=came_over_tls(request))
+            response.set_cookie(SESSION_COOKIE, auth.new_session(time.time(), account),
+                                max_age=int(auth.session_ttl_s), path="/", httponly=True, samesite="Strict",
+                                secure=came_over_tls(request))
             return response
 
     class LogoutView(faust.web.View):
@@ -161,7 +186,7 @@ def register_web_views(server: ApiServer) -> None:
             options = read_filter_options(source, db)
             return html(render_call_list(calls, context, filters, options, page_size=settings.web_page_size))
 
-        return await on_pool(render)
+        return await on_pool(request, render)
 
     @app.page("/calibration")
     async def calibration_page(web: Any, request: Any) -> Any:
@@ -169,7 +194,7 @@ def register_web_views(server: ApiServer) -> None:
             questions = {item: question for item, question in scorecard_items}
             return html(render_calibration(read_calibration(source, db), questions, context))
 
-        return await on_pool(render)
+        return await on_pool(request, render)
 
     @app.page("/agents/{agent_id}")
     async def agent_page(web: Any, request: Any, agent_id: str) -> Any:
@@ -180,7 +205,7 @@ def register_web_views(server: ApiServer) -> None:
                                            context.links, context.logged_in), 404)
             return html(render_agent_page(trend, context))
 
-        return await on_pool(render)
+        return await on_pool(request, render)
 
     @app.page("/calls/{call_id}")
     async def call_page(web: Any, request: Any, call_id: str) -> Any:
@@ -194,7 +219,7 @@ def register_web_views(server: ApiServer) -> None:
                                            context.logged_in), 404)
             return html(render_call_page(page, context, threshold, form))
 
-        return await on_pool(render)
+        return await on_pool(request, render)
 
     class CallReviewsView(faust.web.View):  # type: ignore[misc]
         async def post(self, request: Any, call_id: str) -> aioweb.Response:
@@ -204,6 +229,10 @@ def register_web_views(server: ApiServer) -> None:
                 auth.refusals.count("bad_request")
                 return html(render_message("Form expired", "Open the call page again and review from there.",
                                            context.links, context.logged_in), 403)
+            refused = await action_refusal(server, principal_of(request), "review", call_id)
+            if refused is not None:
+                return html(render_message("Review not taken", refused[1], context.links, context.logged_in),
+                            refused[0])
             item, verdict, reason, reviewer = (str(form.get(name, "")) for name in ("item", "verdict", "reason",
                                                                                       "reviewer"))
 

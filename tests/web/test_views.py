@@ -263,6 +263,52 @@ async def test_accounts_see_their_tenants_calls_or_their_own_through_every_api_d
         assert len(stored) == 4 and all(len(d) == 64 and set(d) <= set("0123456789abcdef") for (d,) in stored)
 
 
+async def test_an_account_logs_into_the_pages_with_its_password_and_sees_its_scope_only(
+    serve: Callable[..., Any], filled: FilledStore
+) -> None:
+    operator = {"Authorization": f"Bearer {TOKEN}"}
+    async for client in serve(web_logout_sync_s=0):
+        for name, role, tenant, agent in (("ann", "agent", "acme", "agent-1"), ("sam", "supervisor", "other", "")):
+            added = await client.post("/api/users", json={"name": name, "role": role, "tenant": tenant,
+                                                          "agent_id": agent, "password": f"{name} long password"},
+                                      headers=operator)
+            assert added.status == 200, await added.text()
+
+        async def log_in(name: str, password: str, client: Client = client) -> Any:
+            return await client.post("/login", data={"name": name, "password": password, "next": "/calls"},
+                                     allow_redirects=False)
+
+        answer = await log_in("ann", "ann long password")
+        assert answer.status == 303
+        ann = {"Cookie": f"{SESSION_COOKIE}={_session(answer)}"}
+        listing = await (await client.get("/calls", headers=ann)).text()
+        assert 'href="/calls/call-good"' in listing and 'href="/calls/call-rude"' not in listing  # agent-1's only
+        assert (await client.get("/calls/call-rude", headers=ann)).status == 404  # as if there were none
+        assert (await client.get("/calls/call-good", headers=ann)).status == 200
+        assert (await client.get("/agents/agent-2", headers=ann)).status == 404
+        page = await (await client.get("/calls/call-good", headers=ann)).text()
+        csrf = re.search(r'name="csrf" value="([^"]+)"', page)
+        assert csrf is not None
+        review = {"item": "greeting", "verdict": "pass", "reason": "x", "reviewer": "ann", "csrf": csrf.group(1)}
+        refused = await client.post("/calls/call-good/reviews", data=review, headers=ann, allow_redirects=False)
+        assert refused.status == 403  # an agent reads; it does not review
+
+        sam = {"Cookie": f"{SESSION_COOKIE}={_session(await log_in('sam', 'sam long password'))}"}
+        other = await (await client.get("/calls", headers=sam)).text()
+        assert "call-good" not in other and "call-rude" not in other and "call-open" not in other
+
+        wrong = await log_in("ann", "not the password")
+        assert wrong.status == 401 and "wrong name or password" in await wrong.text()
+        for _ in range(9):
+            await log_in("ann", "still not it")
+        throttled = await log_in("ann", "ann long password")  # the right one, after 10 failures: wait
+        assert throttled.status == 429 and "too many failed logins" in await throttled.text()
+
+        assert (await client.delete("/api/users/ann", headers=operator)).status == 200
+        gone = await client.get("/calls", headers=ann, allow_redirects=False)
+        assert gone.status == 303 and gone.headers["Location"].startswith("/login")  # its session ends with it
+
+
 async def test_the_call_page_reviews_an_item_with_its_session_form_token(serve: Callable[..., Any]) -> None:
     async for client in serve():
         cookie = _session(await _login(client))
