@@ -175,6 +175,7 @@ def replay(
     frame_ms: Annotated[int, typer.Option(
         help="Audio per message in ms (0: CALLQA_AUDIO_MESSAGE_MS).", min=0, max=1000)] = 0,
     encoding: Annotated[str, typer.Option(help="Telephony encoding: mulaw, alaw or pcm16.")] = "mulaw",
+    tenant: Annotated[str, typer.Option(help="The calls' tenant (default: the worker's CALLQA_DEFAULT_TENANT).")] = "",
 ) -> None:
     """Play recordings into Kafka as telephony calls: start event, per-leg frames, end event."""
     from pipeline.broker.producer import ContractProducer
@@ -186,7 +187,8 @@ def replay(
         raise typer.BadParameter(f"unknown encoding {encoding!r}: use mulaw, alaw or pcm16")
     settings = get_settings()
     frame_ms = frame_ms or settings.audio_message_ms
-    options = ReplayOptions(frame_ms=frame_ms, encoding=encoding, realtime=realtime, calls=calls)  # type: ignore[arg-type]
+    options = ReplayOptions(frame_ms=frame_ms, encoding=encoding, realtime=realtime, calls=calls,  # type: ignore[arg-type]
+                            tenant=tenant)
     recordings = _load_recordings(paths, options)
     ensure_topics(settings)
     producer = ContractProducer.from_settings(settings, Serde.from_settings(settings.schema_registry_url))

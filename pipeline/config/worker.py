@@ -235,6 +235,12 @@ class WorkerSettings(BaseModel):
     web_session_hours: float = Field(
         12.0, gt=0, description="How long a login to the call pages (/calls) lasts (hours).",
     )
+    # Issue 39: every call carries a tenant (accounts see their tenant's calls); a call's start event names it
+    # (Twilio's custom parameter, AudioHook's organization, the SIPREC digest user, `callqa replay --tenant`).
+    default_tenant: str = Field(
+        "default", min_length=1,
+        description="The tenant of a call whose start event names none (its rows are stored with this one).",
+    )
     # CALLQA_WEB_LOGOUT_SYNC_S, default 5: one small read of revoked_sessions per interval, only while
     # pages are asked for.
     web_logout_sync_s: float = Field(

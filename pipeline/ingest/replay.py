@@ -36,7 +36,7 @@ class ReplayOptions:
     calls: int = 0  # 0: one call per input file
     mono_leg: Leg = "agent"
     call_id_prefix: str = "call"
-    tenant: str = "demo"
+    tenant: str = ""  # "": the worker's CALLQA_DEFAULT_TENANT
     queue: str = "support"
 
 

@@ -8,6 +8,7 @@ and rows hold is built in outputs.py; this stage decides what a call publishes w
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 from pipeline.config import Settings
 from pipeline.contracts.messages import DeadLetter, Message, now_ms
@@ -97,6 +98,8 @@ class CallOutputs:
         start = call.start or call.end
         ended_ms = now_ms()
         qa = call_qa_message(call.call_id, result, start, call.hold_intervals(audio_ms))
+        if not qa.tenant:  # its gateway or producer named none: the default tenant's accounts see it
+            qa = replace(qa, tenant=self.settings.default_tenant)
         async with self.publishing:
             if QA_OUTPUT not in call.published:
                 await self.publish(call, self.settings.topic_qa, qa)

@@ -102,3 +102,12 @@ async def test_a_calls_result_is_its_qa_message_and_rows() -> None:
     assert [t for t, _ in ports.rows] == ["calls", "call_qa", "qa_events"]
     assert ports.rows[0][1]["audio_ms"] == 42_000 and ports.rows[0][1]["end_reason"] == "end"
     assert metrics.registry.get_sample_value("callqa_calls_finished_total", {"how": "end"}) == 1
+
+
+async def test_a_call_whose_start_names_no_tenant_is_stored_in_the_default_tenant() -> None:
+    stage, ports, _ = _stage()
+    call = CallState("c1", start=CallEvent("c1", "start"), segments_done=1)
+    await stage.call_result(call, CallQaResult("c1", 80.0, False, [], {}, [], "default"), "end", 1_000)
+    [qa] = ports.messages
+    assert isinstance(qa, CallQA) and qa.tenant == SETTINGS.default_tenant == "default"
+    assert ports.rows[0][1]["tenant"] == "default" and ports.rows[1][1]["tenant"] == "default"
