@@ -5,6 +5,7 @@ removed account's token stops working on every worker within that time."""
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
 from collections.abc import Awaitable, Callable
 
@@ -12,6 +13,7 @@ from pipeline.access.users import Principal, account_principal, principal_of
 from pipeline.api.pool import QueryPool, ThreadClients
 
 Lookup = Callable[[str], Awaitable[Principal | None]]
+log = logging.getLogger("callqa.worker.api")
 
 
 class AccountTokens:
@@ -39,7 +41,11 @@ class AccountTokens:
         known = self._known.get((kind, key))
         if known is not None and now - known[1] < self.ttl_s:
             return known[0]
-        principal = await lookup(key)
+        try:
+            principal = await lookup(key)
+        except Exception as exc:  # noqa: BLE001 - the store away: nobody is let in (not cached, tried again)
+            log.warning("could not look an account up: %s", str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            return None
         if len(self._known) > 10_000:  # wrong tokens are cached too: keep it bounded
             self._known.clear()
         self._known[(kind, key)] = (principal, now)
