@@ -260,8 +260,8 @@ class Faults:
         began = time.monotonic()
         entry: dict[str, Any] = {"at_s": at, "kind": kind}
         if kind in ("kill9", "sigterm"):
+            self.workers.poll_all()  # chosen on fresh metrics: on the last poll's, a kill hit a worker gone idle
             slot = self.workers.busiest(turn)
-            self.workers.poll(slot)
             worker = self.workers.slots[slot]
             entry.update(worker=slot, active_calls=self.workers.life(slot).metrics.get(ACTIVE_CALLS, 0.0))
             if kind == "kill9":
