@@ -383,17 +383,22 @@ def review(
     """Overturn (or confirm) one scorecard item of a call: the review is kept beside the automatic verdict and
     the call is re-scored (through the running worker when one holds the embedded store)."""
     import getpass
+    from urllib.parse import quote
 
-    from pipeline.desk.review import post_review, submit_review
+    from pipeline.desk.review import ReviewError, submit_review
     from pipeline.qa.call import QaConfig
-    from pipeline.report import WorkerApiSource, api_token
+    from pipeline.report import WorkerApiError, running_worker
     from pipeline.store.client import connect
 
     settings = get_settings()
     who = reviewer or getpass.getuser()
-    worker = WorkerApiSource(f"http://{settings.web_host}:{settings.web_port}", api_token(settings))
-    if worker.available():
-        answer = post_review(worker.base_url, worker.token, call_id, item, verdict, reason, who)
+    worker = running_worker(settings)
+    if worker is not None:
+        body = {"item": item, "verdict": verdict, "reason": reason, "reviewer": who}
+        try:  # the worker holds the embedded store: the review goes through its API
+            answer = worker.send("POST", f"/api/calls/{quote(call_id, safe='')}/reviews", body)
+        except WorkerApiError as exc:
+            raise ReviewError(str(exc)) from None
         score, automatic = answer["score_pct"], answer["automatic_score_pct"]
     else:
         client = connect(settings.writer_url, settings.clickhouse_database)  # the process's client: left open

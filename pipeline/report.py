@@ -38,6 +38,10 @@ class TruncatedRowsError(RuntimeError):
                          "(CALLQA_API_QUERY_MAX_ROWS): narrow it (--call, --agent, --since) or raise the limit")
 
 
+class WorkerApiError(RuntimeError):
+    """The worker's API refused a request: ``worker API answered <status>: <its one line>``."""
+
+
 class RowSource(Protocol):
     def rows(self, sql: str, params: dict[str, Any]) -> list[dict[str, Any]]: ...
 
@@ -64,6 +68,19 @@ class WorkerApiSource:
         if body.get("truncated"):
             raise TruncatedRowsError(len(body["rows"]))
         return [dict(zip(body["columns"], r, strict=True)) for r in body["rows"]]
+
+    def send(self, method: str, path: str, body: dict[str, Any] | None = None, timeout_s: float = 60) -> Any:
+        """A JSON request to the worker's API (``path`` quoted by the caller) with the token; its JSON answer,
+        or a WorkerApiError with the worker's one line."""
+        request = urllib.request.Request(
+            f"{self.base_url}{path}", method=method, data=None if body is None else json.dumps(body).encode(),
+            headers={"Content-Type": "application/json",
+                     **({"Authorization": f"Bearer {self.token}"} if self.token else {})})
+        try:
+            with urllib.request.urlopen(request, timeout=timeout_s) as answer:  # noqa: S310 - our own worker
+                return json.loads(answer.read())
+        except urllib.error.HTTPError as exc:
+            raise WorkerApiError(_error_body(exc)["error"]) from None
 
     def available(self) -> bool:
         try:
@@ -108,9 +125,15 @@ def api_token(settings: Settings) -> str:
     return settings.api_token.get_secret_value().strip() or read_token_file(token_path(settings.state_dir)) or ""
 
 
-def source_for(settings: Settings) -> RowSource:
+def running_worker(settings: Settings) -> WorkerApiSource | None:
+    """The local worker's API (with the operator's token) when a worker answers there, else None: a command
+    that writes then goes through it, as the worker holds the embedded store."""
     api = WorkerApiSource(f"http://{settings.web_host}:{settings.web_port}", api_token(settings))
-    return api if api.available() else StoreSource(settings)
+    return api if api.available() else None
+
+
+def source_for(settings: Settings) -> RowSource:
+    return running_worker(settings) or StoreSource(settings)
 
 
 def write_html(source: RowSource, settings: Settings, out_dir: Path, *, call_id: str | None = None,

@@ -3,10 +3,7 @@ store (``/api/users``), else on the store directly."""
 
 from __future__ import annotations
 
-import json
-import urllib.error
 import urllib.parse
-import urllib.request
 from dataclasses import asdict
 from typing import Any
 
@@ -19,29 +16,14 @@ from pipeline.access.users import (
     set_password,
 )
 from pipeline.config import Settings
-
-
-def _worker(settings: Settings) -> Any:
-    from pipeline.report import WorkerApiSource, api_token
-
-    worker = WorkerApiSource(f"http://{settings.web_host}:{settings.web_port}", api_token(settings))
-    return worker if worker.available() else None
+from pipeline.report import WorkerApiError, running_worker
 
 
 def _call(worker: Any, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-    request = urllib.request.Request(f"{worker.base_url}{path}", method=method,
-                                     data=None if body is None else json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json",
-                                              **({"Authorization": f"Bearer {worker.token}"} if worker.token else {})})
     try:
-        with urllib.request.urlopen(request, timeout=60) as answer:  # noqa: S310 - our own worker
-            return json.loads(answer.read())
-    except urllib.error.HTTPError as exc:
-        try:
-            why = json.loads(exc.read() or b"{}").get("error") or exc.reason
-        except ValueError:
-            why = exc.reason
-        raise AccountError(f"worker API answered {exc.code}: {why}") from None
+        return worker.send(method, path, body)
+    except WorkerApiError as exc:
+        raise AccountError(str(exc)) from None
 
 
 def _store(settings: Settings) -> Any:
@@ -57,7 +39,7 @@ def add_user(settings: Settings, name: str, role: str, tenant: str, agent_id: st
     """The new account's token (and, with ``password``, its page login)."""
     if password:
         hash_password(password)  # too short: refused before anything is written
-    worker = _worker(settings)
+    worker = running_worker(settings)
     if worker is not None:
         body = {"name": name, "role": role, "tenant": tenant, "agent_id": agent_id, "password": password}
         return str(_call(worker, "POST", "/api/users", body)["token"])
@@ -69,14 +51,14 @@ def add_user(settings: Settings, name: str, role: str, tenant: str, agent_id: st
 
 
 def list_users(settings: Settings) -> list[dict[str, Any]]:
-    worker = _worker(settings)
+    worker = running_worker(settings)
     if worker is not None:
         return list(_call(worker, "GET", "/api/users"))
     return [asdict(a) for a in list_accounts(_store(settings), settings.clickhouse_database)]
 
 
 def remove_user(settings: Settings, name: str) -> None:
-    worker = _worker(settings)
+    worker = running_worker(settings)
     if worker is not None:
         _call(worker, "DELETE", f"/api/users/{urllib.parse.quote(name, safe='')}")
         return

@@ -4,12 +4,11 @@ removed account's token stops working on every worker within that time."""
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from pipeline.access.users import Principal, account_principal, principal_of
+from pipeline.access.users import Principal, account_principal, principal_of, token_digest
 from pipeline.api.pool import QueryPool, ThreadClients
 
 Lookup = Callable[[str], Awaitable[Principal | None]]
@@ -29,7 +28,7 @@ class AccountTokens:
     async def principal(self, token: str) -> Principal | None:
         if not token.strip():
             return None
-        return await self._cached("token", hashlib.sha256(token.strip().encode()).hexdigest(), self.source)
+        return await self._cached("token", token_digest(token), self.source)
 
     async def of_name(self, name: str) -> Principal | None:
         return await self._cached("name", name, self.named) if name else None

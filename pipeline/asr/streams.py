@@ -36,8 +36,6 @@ from pipeline.asr.results import AudioSegment, SegmentAudio, TranscriptResult
 from pipeline.segmentation import SpeechSegment
 from pipeline.segmentation.segmenter import Segmenter
 
-SAMPLES_PER_MS = 16
-
 
 class FrontEnd(Protocol):
     """A leg's audio path to closed segments (``engine.LegFrontEnd``)."""
@@ -95,12 +93,9 @@ class LegStream:
         """(start, length) in ms of the open segment when it has grown by ``interval_ms`` since its last
         partial; None when no partial is due (none open, partials off, or not grown enough)."""
         segmenter = self.front_end.segmenter
-        start = segmenter.open_segment_start_ms
-        if interval_ms <= 0 or start is None:
+        start, length = segmenter.open_segment_start_ms, segmenter.open_segment_ms
+        if interval_ms <= 0 or start is None or length is None:
             return None
-        audio = segmenter.open_segment_audio()
-        assert audio is not None
-        length = (audio.size - segmenter.open_segment_lead) // SAMPLES_PER_MS
         before = self.partial_of[1] if self.partial_of[0] == start else 0
         return (start, length) if length - before >= interval_ms else None
 

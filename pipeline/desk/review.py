@@ -136,28 +136,3 @@ def _reviews(rows: Any) -> list[Review]:
                           r["reason"], r["reviewer"], int(r["revision"]), at if at.tzinfo else at.replace(tzinfo=UTC)))
     return out
 
-
-def post_review(base_url: str, token: str, call_id: str, item: str, verdict: str, reason: str, reviewer: str
-                ) -> dict[str, Any]:
-    """The review through a running worker's ``POST /api/calls/{call_id}/reviews`` (it holds the embedded
-    store); its answer, or a ReviewError with the worker's one line."""
-    import json
-    import urllib.error
-    import urllib.parse
-    import urllib.request
-
-    body = json.dumps({"item": item, "verdict": verdict, "reason": reason, "reviewer": reviewer}).encode()
-    request = urllib.request.Request(f"{base_url}/api/calls/{urllib.parse.quote(call_id, safe='')}/reviews",
-                                     data=body, method="POST", headers={"Content-Type": "application/json",
-                                                                        **({"Authorization": f"Bearer {token}"}
-                                                                           if token else {})})
-    try:
-        with urllib.request.urlopen(request, timeout=60) as answer:  # noqa: S310 - our own worker
-            return dict(json.loads(answer.read()))
-    except urllib.error.HTTPError as exc:
-        try:
-            why = json.loads(exc.read() or b"{}").get("error") or exc.reason
-        except ValueError:
-            why = exc.reason
-        raise ReviewError(f"worker API answered {exc.code}: {why}") from None
-

@@ -13,13 +13,9 @@ A call that has not ended is refused (its worker would write it again); ``force`
 
 from __future__ import annotations
 
-import json
-import urllib.error
 import urllib.parse
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from pipeline.config import Settings
 from pipeline.store.erasure import EraseError, erase_in_store
@@ -78,34 +74,20 @@ def topics_left(settings: Settings) -> list[str]:
             for topic, ms, what in kept]
 
 
-def post_erasure(base_url: str, token: str, call_id: str, erased_by: str, force: bool, outside: str) -> dict[str, Any]:
-    """The store's part through a running worker's ``POST /api/calls/{id}/erasure``; its answer."""
-    body = json.dumps({"erased_by": erased_by, "force": force, "outside": outside}).encode()
-    request = urllib.request.Request(f"{base_url}/api/calls/{urllib.parse.quote(call_id, safe='')}/erasure",
-                                     data=body, method="POST", headers={
-                                         "Content-Type": "application/json",
-                                         **({"Authorization": f"Bearer {token}"} if token else {})})
-    try:
-        with urllib.request.urlopen(request, timeout=120) as answer:  # noqa: S310 - our own worker
-            return dict(json.loads(answer.read()))
-    except urllib.error.HTTPError as exc:
-        try:
-            why = json.loads(exc.read() or b"{}").get("error") or exc.reason
-        except ValueError:
-            why = exc.reason
-        raise EraseError(f"worker API answered {exc.code}: {why}") from None
-
-
 def erase_call(settings: Settings, call_id: str, erased_by: str, force: bool = False) -> ErasureReport:
     """Erase the call everywhere callqa keeps it (see the module's doc)."""
-    from pipeline.report import WorkerApiSource, api_token
+    from pipeline.report import WorkerApiError, running_worker
     from pipeline.store.client import connect
 
     # The store first: it refuses a live call, whose checkpoints must then stay.
     note = f"then a tombstone on {settings.topic_checkpoints} and the call's static pages removed"
-    worker = WorkerApiSource(f"http://{settings.web_host}:{settings.web_port}", api_token(settings))
-    if worker.available():
-        rows = post_erasure(worker.base_url, worker.token, call_id, erased_by, force, note)["rows"]
+    worker = running_worker(settings)
+    if worker is not None:
+        body = {"erased_by": erased_by, "force": force, "outside": note}
+        try:
+            rows = worker.send("POST", f"/api/calls/{urllib.parse.quote(call_id, safe='')}/erasure", body, 120)["rows"]
+        except WorkerApiError as exc:
+            raise EraseError(str(exc)) from None
     else:
         client = connect(settings.writer_url, settings.clickhouse_database)  # the process's client: left open
         rows = erase_in_store(client, settings.clickhouse_database, call_id, erased_by, force, note)

@@ -171,6 +171,14 @@ class Segmenter:
         return None if self._open is None else self._open.start // SAMPLES_PER_MS
 
     @property
+    def open_segment_ms(self) -> int | None:
+        """How long the open segment is so far, from its start (the lead not counted), without copying its audio;
+        None when none is open."""
+        if self._open is None:
+            return None
+        return ((self._audio.end if self._ratio == 1 else self._wide.end) - self._open.start) // SAMPLES_PER_MS
+
+    @property
     def open_segment_lead(self) -> int:
         """Samples of the open segment's audio before its start (``asr_lead_ms``): 0 when none is open."""
         return 0 if self._open is None else self._open.start - self._open.audio_from

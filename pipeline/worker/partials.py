@@ -32,16 +32,16 @@ def take_partial(leg: LegState, interval_ms: int) -> tuple[int, np.ndarray] | No
     """The open segment's start and a copy of its audio when a partial of it is due, marking it in flight
     (one at a time per leg, so partials never pile up in the batcher); None when none is due."""
     segmenter = leg.front_end.segmenter
-    start = segmenter.open_segment_start_ms
-    audio = segmenter.open_segment_audio()
-    if start is None or audio is None or leg.partial_inflight:
+    start, length_ms = segmenter.open_segment_start_ms, segmenter.open_segment_ms  # the lead is not timed
+    if start is None or length_ms is None or leg.partial_inflight:
         return None
-    length_ms = (len(audio) - segmenter.open_segment_lead) // 16  # from its start: the lead is not timed
     grown = length_ms - (leg.partial_len_ms if leg.partial_start_ms == start else 0)
     if grown < interval_ms:
         return None
+    audio = segmenter.open_segment_audio()  # a copy, taken only when a partial is due
+    assert audio is not None
     leg.partial_start_ms, leg.partial_len_ms, leg.partial_inflight = start, length_ms, True
-    return start, audio.copy()
+    return start, audio
 
 
 class PartialTranscripts:

@@ -21,7 +21,7 @@ from pipeline.api.server import register_api_views
 from pipeline.api.sessions import SESSION_COOKIE
 from pipeline.config import Settings
 from pipeline.desk.search import SearchQuery, search
-from pipeline.report import WorkerApiSource
+from pipeline.report import WorkerApiError, WorkerApiSource
 from pipeline.store.erasure import erasures_of, rows_of
 from pipeline.web.views import register_web_views, safe_next
 
@@ -465,6 +465,22 @@ async def test_search_through_the_query_api_as_the_cli_asks_a_running_worker(
         found = await asyncio.to_thread(search, source, filled.database, SearchQuery("acme", leg="agent"))
         assert [c.call_id for c in found] == ["call-open", "call-good"]
         assert [h.start_ms for h in found[1].hits] == [0] and found[1].hits[0].text.startswith("Good morning")
+
+
+async def test_the_clis_worker_path_sends_json_with_the_token_and_says_a_refusal_in_one_line(
+    serve: Callable[..., Any], filled: FilledStore
+) -> None:
+    """`callqa review`, `erase` and `users` while a worker holds the store: WorkerApiSource.send."""
+    async for client in serve():
+        worker = WorkerApiSource(str(client.make_url("")).rstrip("/"), TOKEN)
+        review = {"item": "prohibited_language", "verdict": "pass", "reason": "a quote", "reviewer": "li"}
+        answer = await asyncio.to_thread(worker.send, "POST", "/api/calls/call-rude/reviews", review)
+        assert answer["review"]["verdict"] == "pass"
+        with pytest.raises(WorkerApiError, match=r"^worker API answered 404: "):
+            await asyncio.to_thread(worker.send, "POST", "/api/calls/no-such/reviews", review)
+        stranger = WorkerApiSource(worker.base_url, "w" * 40)
+        with pytest.raises(WorkerApiError, match="worker API answered 401: wrong bearer token"):
+            await asyncio.to_thread(stranger.send, "GET", "/api/users")
 
 
 async def test_the_list_sorts_by_score_or_age_a_page_at_a_time(serve: Callable[..., Any], filled: FilledStore) -> None:

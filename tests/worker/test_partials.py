@@ -17,6 +17,10 @@ class FakeSegmenter:
     open_ms: int = 0
     open_segment_lead: int = 200 * 16  # the recogniser's lead before the start: heard, not timed
 
+    @property
+    def open_segment_ms(self) -> int | None:
+        return None if self.open_segment_start_ms is None else self.open_ms
+
     def open_segment_audio(self) -> np.ndarray | None:
         if self.open_segment_start_ms is None:
             return None

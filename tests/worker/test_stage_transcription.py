@@ -62,6 +62,10 @@ class QuietSegmenter:
     open_audio: np.ndarray | None = None
     open_segment_lead: int = 0
 
+    @property
+    def open_segment_ms(self) -> int | None:
+        return None if self.open_audio is None else (self.open_audio.size - self.open_segment_lead) // 16
+
     def open_segment_audio(self) -> np.ndarray | None:
         return self.open_audio
 
