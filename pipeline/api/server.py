@@ -34,6 +34,7 @@ from pipeline.config import Settings
 from pipeline.desk.review import ReviewError, submit_review
 from pipeline.desk.search import SearchError, SearchQuery, search
 from pipeline.qa.call import QaConfig
+from pipeline.recordings.storage import RecordingStore
 from pipeline.store import queries
 from pipeline.store.client import StoreConnectionError, StoreError, connect
 from pipeline.store.erasure import EraseError, erase_in_store
@@ -175,7 +176,8 @@ def _register_erasure_view(server: ApiServer) -> None:
             def erase() -> dict[str, Any]:
                 client = connect(settings.writer_url, settings.clickhouse_database, create_database=False, fresh=True)
                 try:
-                    rows = erase_in_store(client, settings.clickhouse_database, call_id, erased_by, force, outside)
+                    rows = erase_in_store(client, settings.clickhouse_database, call_id, erased_by, force, outside,
+                                          remove_recording=RecordingStore(settings.recordings_location).delete)
                 finally:
                     client.close()
                 log.info("call %s erased by %s: %d rows", call_id, erased_by, sum(rows.values()))

@@ -27,6 +27,7 @@ from pipeline.config.broker import BrokerSettings
 from pipeline.config.gateway import GatewaySettings
 from pipeline.config.postcall import PostCallSettings
 from pipeline.config.qa import QaSettings
+from pipeline.config.recordings import RecordingSettings
 from pipeline.config.segmentation import SegmentationSettings
 from pipeline.config.siprec import SiprecSettings
 from pipeline.config.store import StoreSettings
@@ -47,6 +48,7 @@ class Settings(
     GatewaySettings,
     SiprecSettings,
     PostCallSettings,
+    RecordingSettings,
     BaseSettings,
 ):
     model_config = SettingsConfigDict(
@@ -74,6 +76,11 @@ class Settings(
             dotenv_settings,
             TomlConfigSettingsSource(settings_cls, toml_file=toml_path),
         )
+
+    @property
+    def recordings_location(self) -> str:
+        """Where recordings are kept: ``recordings_url``, or ``<state_dir>/recordings``."""
+        return self.recordings_url or str(self.state_dir / "recordings")
 
     def describe(self) -> list[tuple[str, str, str, str]]:
         """(env var, current value, default, description) for every setting."""

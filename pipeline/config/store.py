@@ -57,8 +57,13 @@ class StoreSettings(BaseModel):
         0, ge=0, description="A call's rows (transcript, QA, latency, reviews) are erased from the store this many "
         "days after the call started; 0: kept.",
     )
+    retention_days_audio: float = Field(
+        0, ge=0, description="A call's recording is deleted this many days after the call started (its transcript "
+        "stays, per retention_days_transcripts); 0: kept as long as the transcript.",
+    )
     retention_sweep_interval_s: float = Field(
-        3600, gt=0, description="How often a worker sweeps: erases the calls past retention_days_transcripts, and "
+        3600, gt=0, description="How often a worker sweeps: erases the calls past retention_days_transcripts, "
+        "deletes the recordings past retention_days_audio, and "
         "again the rows of erased calls that came back (a post-call job or a replay written after the erase) (s).",
     )
 

@@ -323,6 +323,24 @@ class JobHold:
 
 
 @dataclass
+class JobCut:
+    start_ms: int
+    end_ms: int
+    kind: str  # the marker the transcript put there: PAN, CVV, DOB, ...
+
+
+@dataclass
+class JobRedaction:
+    """A final whose audio holds what its text redacts (pipeline/qa/redaction.py ``RedactedTurn``)."""
+
+    leg: str
+    start_ms: int
+    end_ms: int
+    digits_kept: int
+    cuts: list[JobCut] = field(default_factory=list)
+
+
+@dataclass
 class PostCallJob(Message):
     """A finished call for the post-call pass (see schemas/PostCallJob.avsc): where its audio is on the
     audio topic, and what its revision rows keep from the live pass."""
@@ -348,11 +366,14 @@ class PostCallJob(Message):
     live_score_pct: float = 0.0
     live_auto_failed: bool = False
     requested_at_ms: int = field(default_factory=now_ms)
+    redacted: list[JobRedaction] = field(default_factory=list)
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> PostCallJob:
         record = dict(record)
         record["holds"] = [JobHold(**h) for h in record.get("holds", [])]
+        record["redacted"] = [JobRedaction(**{**r, "cuts": [JobCut(**c) for c in r.get("cuts", [])]})
+                              for r in record.get("redacted", [])]
         return super().from_record(record)
 
     def hold_intervals(self) -> list[tuple[int, int]]:

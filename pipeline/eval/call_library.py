@@ -219,13 +219,14 @@ NUMBER_MARGIN_MS = 300
 
 
 def number_utterances(folder: Path = LIBRARY_DIR) -> list[EvalUtterance]:
-    """Every spoken number of the library (cards, dates, codes, phones; not e-mail names) as an
+    """Every spoken number of the library (cards, expiry dates, codes, phones) as an
     EvalUtterance: the span cut from its leg with NUMBER_MARGIN_MS either side, through G.711 μ-law as a
     gateway sends it, at 16 kHz; its reference is the span's spoken words."""
     utterances = []
     for call in load_manifest(folder)["calls"]:
         audio = load_audio(folder / call["file"])
-        for i, span in enumerate(s for s in call["pii"] if s["kind"] != "EMAIL"):
+        # Numbers said as numbers: not e-mail names, nor dates of birth and addresses (words around a number).
+        for i, span in enumerate(s for s in call["pii"] if s["kind"] not in ("EMAIL", "DOB", "ADDRESS")):
             leg = audio.samples[call["channel_legs"].index(span["leg"])]
             per_ms = audio.sample_rate // 1000
             clip = leg[max(0, (span["start_ms"] - NUMBER_MARGIN_MS) * per_ms):

@@ -1,10 +1,13 @@
-"""PostCallRunner: the worker's post-call pass, beside its live work, at low priority.
+"""PostCallRunner: the finished calls' jobs, beside the worker's live work, at low priority: each call's redacted
+recording (pipeline/recordings, with ``recordings`` on) and the post-call pass (with a post-call model).
 
 Jobs come from ``topic_postcall`` (written by the worker that finished each call, see
 ``worker/call_outputs.py``) through a consumer group of their own (``<worker_id>.postcall``), so the
 workers of one group share them and a job of a worker that died is taken by another. One job at a time:
 
 1. read the call's audio back from the audio topic (``audio.py``);
+1a. write its redacted recording: cuts checked by the live model through the live batcher (a few segments a
+    call, the ones whose text was redacted), the file put where recordings are kept, its row written below;
 2. decode its segments with the accurate model on an inference thread of the pass's own, at the OS nice
    value ``final_pass_nice``, a chunk at a time and only while the live batcher has at most
    ``final_pass_live_queue_max`` segments queued: live finals go first, and under load the jobs queue
@@ -32,6 +35,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
@@ -44,9 +48,10 @@ from pipeline.config import Settings
 from pipeline.contracts.messages import Message as ContractMessage
 from pipeline.contracts.messages import PostCallJob, now_ms
 from pipeline.contracts.serde import ContractError, Serde
-from pipeline.postcall.audio import CallAudioError, read_call_audio
+from pipeline.postcall.audio import CallAudio, CallAudioError, read_call_audio
 from pipeline.postcall.final_pass import PassOutcome, timed, transcribe_call
 from pipeline.qa.call import QaConfig
+from pipeline.recordings.writer import CallRecorder, RecordedCall, cut_seconds
 from pipeline.segmentation import SpeechSegment
 from pipeline.store.base import RowSink
 from pipeline.worker.dead_letters import describe_error
@@ -59,12 +64,19 @@ LIVE_CHECK_S = 0.05  # how often a waiting pass looks at the live queue again
 BACKLOG_EVERY_S = 5.0
 
 
+@dataclass(frozen=True)
+class JobOutcome:
+    revision: PassOutcome | None  # the post-call pass's, when the job got one
+    recording: RecordedCall | None  # None: recordings off, or this one failed (logged)
+
+
 class PostCallRunner:
-    def __init__(self, settings: Settings, final: Engine, front_end: Engine, live_queued: Callable[[], int],
+    def __init__(self, settings: Settings, final: Engine | None, front_end: Engine, live_queued: Callable[[], int],
                  publish: Publish, sink: RowSink, metrics: WorkerMetrics, config: QaConfig,
-                 serde: Serde) -> None:
+                 serde: Serde, recorder: CallRecorder | None = None) -> None:
         self.settings = settings
         self.final = final
+        self.recorder = recorder
         self.front_end = front_end
         self.live_queued = live_queued
         self.publish = publish
@@ -146,20 +158,29 @@ class PostCallRunner:
         except Exception as exc:  # noqa: BLE001 - one job's failure is that job's: the live revision stays
             # A job that cannot be done (audio expired, a segment the model fails on, a job that makes no
             # sense) is skipped, not retried: retrying one that crashes would stop every worker in turn.
-            log.warning("post-call pass of call %s skipped (%s): %s", job.call_id, where, describe_error(exc))
-            self.metrics.postcall_calls.labels("no_audio" if isinstance(exc, CallAudioError) else "failed").inc()
+            log.warning("post-call job of call %s skipped (%s): %s", job.call_id, where, describe_error(exc))
+            what = "no_audio" if isinstance(exc, CallAudioError) else "failed"
+            if self._passes(job):
+                self.metrics.postcall_calls.labels(what).inc()
+            if self.recorder is not None:
+                self.metrics.recordings.labels(what).inc()
         else:
             if self._stopping:
                 return  # shutting down: not stored, not committed; the partition's next owner redoes it
             # Storing is not skipped on failure: a store that refuses fails the worker, and the job is redone.
             await self._store(job, outcome)
-            if self._transactions is not None:
-                await self._publish_and_commit(job, outcome, consumer, message, where)
-                self._backlog_at = 0.0
-                return
-            await self._publish(job, outcome)
+            if outcome.revision is not None:
+                if self._transactions is not None:
+                    await self._publish_and_commit(job, outcome.revision, consumer, message, where)
+                    self._backlog_at = 0.0
+                    return
+                await self._publish(job, outcome.revision)
         await self._commit(consumer, message, where)
         self._backlog_at = 0.0
+
+    def _passes(self, job: PostCallJob) -> bool:
+        """Whether this job gets a post-call pass here: it names a model, and this worker has one."""
+        return self.final is not None and bool(job.model)
 
     @staticmethod
     async def _commit(consumer: Consumer, message: Message, where: str) -> None:
@@ -168,18 +189,34 @@ class PostCallRunner:
         except KafkaException as exc:  # the partition moved meanwhile: its next owner redoes the job (same rows)
             log.info("post-call job %s not committed: %s", where, exc)
 
-    async def run_job(self, job: PostCallJob) -> PassOutcome:
-        """The call's next revision (CallAudioError when the topic no longer holds its frames)."""
+    async def run_job(self, job: PostCallJob) -> JobOutcome:
+        """The call's recording and its next revision (CallAudioError when the topic no longer holds its
+        frames). A recording that fails is logged and counted, and the pass goes on."""
         audio, read_cpu_s = await asyncio.to_thread(timed, read_call_audio, self._kafka, self.serde, job)
         self.metrics.postcall_read_bytes.labels("call").inc(audio.call_bytes)
         self.metrics.postcall_read_bytes.labels("other").inc(audio.other_bytes)
+        self.metrics.postcall_cpu_seconds.inc(read_cpu_s)
         if not audio.legs:
             raise CallAudioError(f"call {job.call_id}: no frame of it on {job.audio_topic}[{job.audio_partition}]")
+        recording = await self._record(job, audio)
+        if not self._passes(job):
+            return JobOutcome(None, recording)
+        assert self.final is not None
         outcome = await transcribe_call(job, audio, self.front_end, self.final.model_label, self._decode,
                                         self.config, self.settings.final_pass_max_batch)
         self.metrics.postcall_audio_seconds.inc(sum(a.samples.size / a.sample_rate for a in audio.legs.values()))
-        self.metrics.postcall_cpu_seconds.inc(read_cpu_s + outcome.segmenting_cpu_s)
-        return outcome
+        self.metrics.postcall_cpu_seconds.inc(outcome.segmenting_cpu_s)
+        return JobOutcome(outcome, recording)
+
+    async def _record(self, job: PostCallJob, audio: CallAudio) -> RecordedCall | None:
+        if self.recorder is None:
+            return None
+        try:
+            return await self.recorder.record(job, audio)
+        except Exception as exc:  # noqa: BLE001 - a recording that fails leaves the call's transcript as it is
+            log.warning("recording of call %s not written: %s", job.call_id, describe_error(exc))
+            self.metrics.recordings.labels("failed").inc()
+            return None
 
     async def _decode(self, segments: Sequence[SpeechSegment]) -> list[TranscriptResult | Exception]:
         """A chunk of the call's segments, once live work leaves room, on the pass's own niced thread."""
@@ -191,6 +228,7 @@ class PostCallRunner:
         return results
 
     def _recognize(self, segments: list[SpeechSegment]) -> tuple[list[TranscriptResult | Exception], float]:
+        assert self.final is not None
         started = time.thread_time()
         results = self.final.recognizer.recognize(segments)
         return results, time.thread_time() - started
@@ -202,18 +240,32 @@ class PostCallRunner:
         with contextlib.suppress(OSError, AttributeError):
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.settings.final_pass_nice)
 
-    async def _store(self, job: PostCallJob, outcome: PassOutcome) -> None:
-        rows = outcome.rows
-        for table, table_rows in rows.in_write_order():
-            if table_rows:
-                await self.sink.write(table, table_rows)
+    async def _store(self, job: PostCallJob, outcome: JobOutcome) -> None:
+        recording, revision = outcome.recording, outcome.revision
+        if recording is not None:
+            await self.sink.write("recordings", [recording.row(job)])
+        if revision is not None:
+            for table, table_rows in revision.rows.in_write_order():
+                if table_rows:
+                    await self.sink.write(table, table_rows)
         await self.sink.flush()
+        if recording is not None:
+            self.metrics.recordings.labels("written").inc()
+            self.metrics.recording_bytes.inc(recording.size)
+            for cut in recording.cuts:
+                self.metrics.recording_cuts.labels(cut.how).inc()
+            log.info("call %s: recording written (%d bytes, %d cuts, %.1f s silenced)", job.call_id, recording.size,
+                     len(recording.cuts), cut_seconds(recording.cuts))
+        if revision is None:
+            return
+        rows = revision.rows
         self.metrics.postcall_calls.labels("written").inc()
         self.metrics.postcall_delay.observe(max(0, now_ms() - job.requested_at_ms) / 1000)
         if rows.qa.score_pct != job.live_score_pct:
             self.metrics.postcall_changes.labels("score").inc()
         if rows.qa.auto_failed != job.live_auto_failed:
             self.metrics.postcall_changes.labels("auto_fail").inc()
+        assert self.final is not None
         log.info("call %s: revision %d written by %s (score %.1f, live %.1f)", job.call_id, job.revision,
                  self.final.model_label, rows.qa.score_pct, job.live_score_pct)
 

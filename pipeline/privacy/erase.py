@@ -1,5 +1,6 @@
 """`callqa erase CALL_ID`: remove one call everywhere callqa keeps it, and say what was removed and what is left.
 
+- Its redacted recording (pipeline/recordings), under ``recordings_location``, before its rows.
 - The store: every row of the call, every table (pipeline/store/erasure.py), recorded in ``erasures``. Through the
   running worker's API when one holds the embedded store (``POST /api/calls/{id}/erasure``), else directly.
 - The checkpoint topic (compacted): a tombstone for the call's key, so compaction drops its checkpoints (they hold
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.config import Settings
+from pipeline.recordings.storage import RecordingStore
 from pipeline.store.erasure import EraseError, erase_in_store
 
 
@@ -90,6 +92,7 @@ def erase_call(settings: Settings, call_id: str, erased_by: str, force: bool = F
             raise EraseError(str(exc)) from None
     else:
         client = connect(settings.writer_url, settings.clickhouse_database)  # the process's client: left open
-        rows = erase_in_store(client, settings.clickhouse_database, call_id, erased_by, force, note)
+        rows = erase_in_store(client, settings.clickhouse_database, call_id, erased_by, force, note,
+                              remove_recording=RecordingStore(settings.recordings_location).delete)
     outside = [tombstone_checkpoints(settings, call_id), *remove_page_files(settings, call_id)]
     return ErasureReport(call_id, {k: int(v) for k, v in rows.items()}, (*outside, *topics_left(settings)))

@@ -26,7 +26,7 @@ from pathlib import Path
 from pipeline.config.qa import QaSettings
 from pipeline.qa.categories import Category, categorize, load_categories
 from pipeline.qa.metrics import compute_metrics
-from pipeline.qa.redaction import CallRedactor, RedactedText
+from pipeline.qa.redaction import CallRedactor, RedactedText, RedactedTurn, redacted_turn
 from pipeline.qa.rules import QaEvent, RuleEngine, RuleSet, load_rules
 from pipeline.qa.scorecard import CallQaResult, Scorecard, load_scorecard, score_call
 from pipeline.qa.segment import Segment
@@ -86,6 +86,7 @@ class CallAnalyzer:
     segments: list[Segment] = field(default_factory=list)
     redaction_counts: dict[str, int] = field(default_factory=dict)
     sentiments: dict[str, float] = field(default_factory=dict)  # segment id -> score of its redacted text
+    redacted_turns: list[RedactedTurn] = field(default_factory=list)  # what the call's recording cuts
     _redactor: CallRedactor = field(init=False)
     _rules: RuleEngine = field(init=False)
     _expected: list[_Expected] = field(default_factory=list)  # submitted, not yet released; time order
@@ -176,6 +177,9 @@ class CallAnalyzer:
         for marker, count in redacted.counts.items():
             self.redaction_counts[marker] = self.redaction_counts.get(marker, 0) + count
         self.segments.append(redacted.segment)
+        turn = redacted_turn(segment, redacted) if self.config.redaction_enabled else None
+        if turn is not None:
+            self.redacted_turns.append(turn)
         score = self.sentiments[segment.segment_id] = score_text(redacted.segment.text)
         return AnalyzedSegment(redacted, self._rules.on_segment(redacted.segment, score), score)
 

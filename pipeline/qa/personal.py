@@ -32,7 +32,8 @@ MONTHS = (
 
 # Context words (lower-cased text) that make what follows, in the next few segments, personal data.
 CONTEXT_KEYWORDS: dict[str, re.Pattern[str]] = {
-    "DOB": re.compile(r"\b(date of birth|birth ?date|d\.?o\.?b|birthday|born)\b"),
+    # "data birth", "date a birth": how ASR often hears "date of birth" on a phone line.
+    "DOB": re.compile(r"\b((date|data) (of |a )?birth|birth ?date|d\.?o\.?b|birthday|born)\b"),
     # "email address" is EMAIL's, not a place.
     "ADDRESS": re.compile(r"\b((?<!email )(?<!e-mail )address|zip( code)?|post ?code|postal code)\b"),
     "BANK": re.compile(r"\b(bank account|account number|checking|savings|iban)\b"),
@@ -73,13 +74,29 @@ class PersonalSpan:
     marker: str
 
 
-def address_spans(text: str) -> list[PersonalSpan]:
+# Just after an address was asked for or given: a house number and a name ASR did not hear as a street ("22 May
+# Post-Reet" for "22 Maple Street"), up to the next pause in the text. The name must start with a capital, which
+# keeps "22 boxes" out.
+_HOUSE_IN_CONTEXT = re.compile(rf"\b(?P<house>{_NUMBER})\s+(?P<name>[A-Z][\w'-]*(?:[ \t]+[A-Za-z][\w'-]*){{0,2}})",
+                               re.IGNORECASE)
+
+
+def address_spans(text: str, context: set[str] | frozenset[str] = frozenset()) -> list[PersonalSpan]:
+    """Street addresses (a number, a name, a street word); in ADDRESS context also a number and a capitalised name."""
     spans = []
     for m in _ADDRESS.finditer(text):
         name = m.group("name").lower().split()
         if any(word in _NOT_A_NAME for word in name):
             continue
         spans.append(PersonalSpan(m.start(), m.end(), "ADDRESS"))
+    if "ADDRESS" in context:
+        for m in _HOUSE_IN_CONTEXT.finditer(text):
+            name = m.group("name")
+            words = name.lower().split()
+            if (not name[0].isupper() or words[0] in _NOT_A_NAME or words[0] in _NUMBER_WORDS
+                    or any(a.start < m.end() and m.start() < a.end for a in spans)):
+                continue
+            spans.append(PersonalSpan(m.start(), m.end(), "ADDRESS"))
     return spans
 
 

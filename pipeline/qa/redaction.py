@@ -38,7 +38,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
-from pipeline.qa.numbers import DigitRun, NumberItem, Token, digit_runs, luhn_valid
+from pipeline.qa.numbers import DigitRun, NumberItem, Token, digit_runs, luhn_valid, tokenize
 from pipeline.qa.personal import (
     CONTEXT_KEYWORDS,
     MONTHS,
@@ -101,10 +101,15 @@ _NOT_A_MAILBOX = {
 
 @dataclass(frozen=True)
 class RedactedText:
-    """A segment with its PII replaced by markers, same timing, and how many of each were replaced."""
+    """A segment with its PII replaced by markers, same timing, and how many of each were replaced.
+
+    ``spans``: where the replaced PII was in the text as decoded (character offsets and marker), and
+    ``source_chars`` that text's length: what places the PII in the segment's audio (``time_spans``)."""
 
     segment: Segment
     counts: dict[str, int]
+    spans: tuple[tuple[int, int, str], ...] = ()
+    source_chars: int = 0
 
     @property
     def text(self) -> str:
@@ -113,6 +118,40 @@ class RedactedText:
     @property
     def total(self) -> int:
         return sum(self.counts.values())
+
+    def time_spans(self, start_ms: int, end_ms: int) -> list[tuple[int, int, str]]:
+        """Each replaced span's place in ``[start_ms, end_ms)`` (the audio its text was decoded from), by
+        its share of the characters: an estimate the recording's cut widens and checks (pipeline/recordings)."""
+        n = max(1, self.source_chars)
+        per_char = (end_ms - start_ms) / n
+        return [(start_ms + int(a * per_char), start_ms + round(b * per_char), marker) for a, b, marker in self.spans]
+
+
+@dataclass(frozen=True)
+class RedactedTurn:
+    """A final whose audio holds what its text redacts: the spans' estimated times in the leg's audio
+    (``RedactedText.time_spans``) and how many digits its redacted text kept, which the recording's cut
+    is checked against (pipeline/recordings/cuts.py)."""
+
+    leg: str
+    start_ms: int
+    end_ms: int
+    cuts: tuple[tuple[int, int, str], ...]
+    digits_kept: int
+
+
+def redacted_turn(segment: Segment, redacted: RedactedText) -> RedactedTurn | None:
+    """The turn to cut from the recording, or None when the segment said nothing redacted. A segment whose
+    text came redacted already (a call resumed from its stored finals) has no times for its markers: the
+    whole segment is cut."""
+    if redacted.spans:
+        cuts = tuple(redacted.time_spans(segment.start_ms, segment.end_ms))
+    else:
+        cuts = tuple((segment.start_ms, segment.end_ms, m) for m in dict.fromkeys(_MARKER_IN_TEXT.findall(segment.text)))
+    if not cuts:
+        return None
+    kept = sum(len(run.digits) for run in digit_runs(redacted.text)[1])
+    return RedactedTurn(segment.leg, segment.start_ms, segment.end_ms, cuts, kept)
 
 
 @dataclass(frozen=True)
@@ -277,23 +316,28 @@ class CallRedactor:
         text = segment.text
         spans = _email_spans(text)
         spans += [s for s in _address_and_names(text, context, self.names) if not _overlaps(s, spans)]
-        spans += [s for s in self._number_spans(text, context) if not _overlaps(s, spans)]
         # Dates last: a card number read out while a date of birth is still in context is a [PAN], whatever
-        # the date finder would make of a run of numbers.
-        spans += [s for s in _dates_of_birth(text, context) if not _overlaps(s, spans)]
+        # the date finder would make of a run of numbers. But a year inside a date with its month ("the second of
+        # July, 1990") is the date's, though a card is in context too.
+        dates = _dates_of_birth(text, context)
+        with_month = [d for d in dates if any(t.lower in MONTHS for t in tokenize(text[d.start:d.end]))]
+        spans += [s for s in self._number_spans(text, context)
+                  if not _overlaps(s, spans) and not any(d.start <= s.start and s.end <= d.end for d in with_month)]
+        spans += [s for s in dates if not _overlaps(s, spans)]
         counts = Counter(s.marker for s in spans)
+        found = tuple(sorted((s.start, s.end, s.marker) for s in spans))
         for span in sorted(spans, key=lambda s: s.start, reverse=True):
             text = f"{text[: span.start]}[{span.marker}]{text[span.end :]}"
         if remember:
             # What the text held redacted already counts too: a call resumed from its stored finals must
             # keep the card open after "[PAN]" as after the digits, or the expiry or code after it leaks.
             self._remember(segment, mentioned, counts + Counter(_MARKER_IN_TEXT.findall(segment.text)))
-        return RedactedText(segment.with_text(text), dict(counts))
+        return RedactedText(segment.with_text(text), dict(counts), found, len(segment.text))
 
 
 def _address_and_names(text: str, context: set[str], names: bool) -> list[_Span]:
     """Street addresses always; names when asked to (personal.py)."""
-    found = address_spans(text)
+    found = address_spans(text, context)
     if names:
         found += [n for n in name_spans(digit_runs(text)[0], context)
                   if not any(n.start < a.end and a.start < n.end for a in found)]

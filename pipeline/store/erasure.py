@@ -12,11 +12,16 @@ a crash, writes the call again. The sweeper (``sweep``) looks for erased calls w
 
 Retention (``retention_days_transcripts``): a call whose start is older than that many days is erased whole
 (reason ``retention``, by ``retention``); a call with no ``calls`` row (it never ended) by its newest segment.
+Recordings (``retention_days_audio``) may go sooner: the file and its ``recordings`` row, the transcript kept.
+
+Recording files live outside the store (pipeline/recordings/storage.py); the caller passes how to remove one
+(``RemoveRecording``), which an erase calls for every call before its rows go, so a file whose row was never
+written goes too, and a file that could not be removed leaves its row for the next sweep to find.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -25,9 +30,11 @@ from clickhouse_connect.driver.client import Client
 from pipeline.store.client import check_identifier
 
 # Every table that holds rows of a call, keyed by call_id (migrations.py).
-ERASED_TABLES = ("calls", "segments", "latency", "call_qa", "qa_events", "reviews")
+ERASED_TABLES = ("calls", "segments", "latency", "call_qa", "qa_events", "reviews", "recordings")
 # Calls a sweep erases at most (a larger backlog goes on at the next sweep): one mutation per table each time.
 SWEEP_BATCH = 1000
+# Removes a call's recording file (pipeline/recordings/storage.py RecordingStore.delete): whether there was one.
+RemoveRecording = Callable[[str], bool]
 
 
 class EraseError(RuntimeError):
@@ -65,14 +72,19 @@ def rows_of(client: Client, database: str, call_ids: Sequence[str]) -> dict[str,
 
 
 def erase_calls(client: Client, database: str, call_ids: Sequence[str], erased_by: str, reason: str = "request",
-                outside: str = "", now: datetime | None = None) -> list[Erasure]:
+                outside: str = "", now: datetime | None = None,
+                remove_recording: RemoveRecording | None = None) -> list[Erasure]:
     """Remove every row of these calls from the store, waiting for the rewrite, and record each erasure (also of
-    a call with no rows: the request is on record)."""
+    a call with no rows: the request is on record); their recording files first (``recording_files`` in rows)."""
     db = check_identifier(database)
     ids = list(dict.fromkeys(call_ids))
     if not ids:
         return []
     counts = rows_of(client, db, ids)
+    if remove_recording is not None:
+        for c in ids:
+            if remove_recording(c):
+                counts[c]["recording_files"] = 1
     for table in ERASED_TABLES:
         if any(counts[c].get(table) for c in ids):
             client.command(f"ALTER TABLE {db}.{table} DELETE WHERE call_id IN {{ids:Array(String)}}",
@@ -110,20 +122,51 @@ def expired_calls(client: Client, database: str, cutoff: datetime, limit: int = 
     return [r[0] for r in client.query(sql, parameters={"cut": cutoff}).result_rows]
 
 
-def sweep(client: Client, database: str, retention_days_transcripts: float,
-          now: datetime | None = None) -> list[Erasure]:
-    """One pass of the sweeper: erased calls whose rows came back, then calls past retention (0 days: kept)."""
+def expired_recordings(client: Client, database: str, cutoff: datetime, limit: int = SWEEP_BATCH) -> list[str]:
+    """Calls with a recording whose call started before ``cutoff``."""
+    db = check_identifier(database)
+    sql = (f"SELECT call_id FROM {db}.recordings GROUP BY call_id HAVING min(started_at) < {{cut:DateTime64(3)}} "
+           f"ORDER BY call_id LIMIT {int(limit)}")
+    return [r[0] for r in client.query(sql, parameters={"cut": cutoff}).result_rows]
+
+
+def drop_recordings(client: Client, database: str, call_ids: Sequence[str], remove_recording: RemoveRecording) -> int:
+    """Delete these calls' recordings (files, then rows), their transcripts kept; how many files there were."""
+    db = check_identifier(database)
+    ids = list(dict.fromkeys(call_ids))
+    removed = sum(remove_recording(c) for c in ids)
+    if ids:
+        client.command(f"ALTER TABLE {db}.recordings DELETE WHERE call_id IN {{ids:Array(String)}}",
+                       parameters={"ids": ids}, settings={"mutations_sync": 2})
+    return removed
+
+
+@dataclass(frozen=True)
+class Sweep:
+    erased: list[Erasure]
+    recordings_dropped: int = 0  # recordings past retention_days_audio
+
+
+def sweep(client: Client, database: str, retention_days_transcripts: float, now: datetime | None = None,
+          retention_days_audio: float = 0, remove_recording: RemoveRecording | None = None) -> Sweep:
+    """One pass of the sweeper: erased calls whose rows came back, then calls past retention, then recordings past
+    theirs (0 days: kept)."""
     now = now or datetime.now(UTC)
-    done = erase_calls(client, database, returned_calls(client, database), "sweeper", "again", now=now)
+    done = erase_calls(client, database, returned_calls(client, database), "sweeper", "again", now=now,
+                       remove_recording=remove_recording)
     if retention_days_transcripts > 0:
         cutoff = datetime.fromtimestamp(now.timestamp() - retention_days_transcripts * 86400, UTC)
         done += erase_calls(client, database, expired_calls(client, database, cutoff), "retention", "retention",
-                            now=now)
-    return done
+                            now=now, remove_recording=remove_recording)
+    dropped = 0
+    if retention_days_audio > 0 and remove_recording is not None:
+        cutoff = datetime.fromtimestamp(now.timestamp() - retention_days_audio * 86400, UTC)
+        dropped = drop_recordings(client, database, expired_recordings(client, database, cutoff), remove_recording)
+    return Sweep(done, dropped)
 
 
 def erase_in_store(client: Client, database: str, call_id: str, erased_by: str, force: bool = False,
-                   outside: str = "") -> dict[str, int]:
+                   outside: str = "", remove_recording: RemoveRecording | None = None) -> dict[str, int]:
     """The store's part (the worker's API runs this too): refuses a call that has not ended unless ``force``."""
     db = check_identifier(database)
     if not call_id.strip():
@@ -134,4 +177,5 @@ def erase_in_store(client: Client, database: str, call_id: str, erased_by: str, 
         if live:
             raise EraseError(f"call {call_id} has not ended: its worker would write it again (erase it once it has "
                              "ended, or --force)")
-    return erase_calls(client, db, [call_id], erased_by or "unknown", "request", outside)[0].rows
+    return erase_calls(client, db, [call_id], erased_by or "unknown", "request", outside,
+                       remove_recording=remove_recording)[0].rows

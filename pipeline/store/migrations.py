@@ -330,9 +330,29 @@ ORDER BY name
 SETTINGS concurrent_part_removal_threshold = 1000000
 """
 
+# Issue 39: each finished call's redacted recording (pipeline/recordings): where it is kept and what was cut
+# from it. It holds no audio and no text; a job redone writes an equal row (times from the job).
+_RECORDINGS = """
+CREATE TABLE IF NOT EXISTS {db}.recordings (
+    call_id String,
+    tenant String,
+    url String COMMENT 'where the Ogg/Opus file is kept (a file:// path or an fsspec URL)',
+    media_type LowCardinality(String),
+    bytes UInt64,
+    duration_ms UInt32,
+    channels Array(LowCardinality(String)) COMMENT 'the leg of each channel, left first',
+    cuts Array(Tuple(leg LowCardinality(String), start_ms UInt32, end_ms UInt32, kind String,
+                     how LowCardinality(String))) COMMENT 'stretches silenced: what they hide, which step held',
+    started_at DateTime64(3, 'UTC'),
+    written_at DateTime64(3, 'UTC')
+) ENGINE = ReplacingMergeTree(written_at)
+ORDER BY call_id
+SETTINGS concurrent_part_removal_threshold = 1000000
+"""
+
 # Tables the query API reads beside TABLE_KEYS' (and their views); like every table since migration 8 they
 # remove their outdated parts with one thread.
-MORE_TABLES = ("reviews",)
+MORE_TABLES = ("reviews", "recordings")
 
 
 MIGRATIONS: tuple[Migration, ...] = (
@@ -358,6 +378,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(11, "call categories", (_CATEGORIES_COLUMN, _latest_revision_view("calls"))),
     Migration(12, "erasures: who erased which call", (_ERASURES,)),
     Migration(13, "accounts", (_USERS,)),
+    Migration(14, "recordings", (_RECORDINGS,)),
 )
 
 

@@ -21,7 +21,7 @@ import contextlib
 import logging
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +35,7 @@ from pipeline.api.limits import SourceLimit, request_size_middleware, source_lim
 from pipeline.api.pool import QueryPool
 from pipeline.api.server import register_api_views
 from pipeline.asr.engine import Engine
+from pipeline.asr.results import AudioSegment, TranscriptResult
 from pipeline.broker.consumer import GroupCoordination, static_member_url, use_worker_consumer
 from pipeline.broker.peers import LivenessListener, PeerWatch
 from pipeline.broker.security import faust_credentials
@@ -43,6 +44,7 @@ from pipeline.config import Settings
 from pipeline.contracts import AudioFrame, CallEvent, Serde
 from pipeline.postcall.runner import PostCallRunner
 from pipeline.qa.call import QaConfig
+from pipeline.recordings.writer import CallRecorder
 from pipeline.store.client import connect
 from pipeline.store.migrations import migrate
 from pipeline.store.sink import ClickHouseSink, SinkClosedError
@@ -441,15 +443,24 @@ def build_worker(settings: Settings, wait_turn: Callable[[], None] = lambda: Non
 
 def post_call_runner(settings: Settings, transcriber: BatcherTranscriber, output: FaustOutput, sink: ClickHouseSink,
                      metrics: WorkerMetrics, serde: Serde) -> PostCallRunner | None:
-    """The post-call pass (``final_model`` set): the accurate model, loaded (and checked) at start."""
+    """The finished calls' jobs: recordings (``recordings`` on) and the post-call pass (``final_model`` set: the
+    accurate model, loaded and checked at start)."""
     if settings.final_model and not settings.post_call_model:
         log.warning("CALLQA_FINAL_MODEL is the live model (%s): a post-call pass would decode the same text again; "
                     "no pass", settings.model)
-    if not settings.post_call_model:
+    if not settings.post_call_model and not settings.recordings:
         return None
-    final = Engine.load(settings.post_call_model, settings=settings)
+    final = Engine.load(settings.post_call_model, settings=settings) if settings.post_call_model else None
+
+    async def decode_checks(segments: Sequence[AudioSegment]) -> list[TranscriptResult | BaseException]:
+        """A recording's cut checks by the live model, through the live batcher once live work leaves room."""
+        while transcriber.batcher.queued > settings.final_pass_live_queue_max:
+            await asyncio.sleep(0.05)
+        return await asyncio.gather(*(transcriber.batcher.submit(s) for s in segments), return_exceptions=True)
+
+    recorder = CallRecorder(settings, decode_checks) if settings.recordings else None
     return PostCallRunner(settings, final, transcriber.engine, lambda: transcriber.batcher.queued, output.publish,
-                          sink, metrics, QaConfig.from_settings(settings), serde)
+                          sink, metrics, QaConfig.from_settings(settings), serde, recorder)
 
 
 # Their debug lines print whole message keys and values (send: ... v=..., Sending (key=... value=...),

@@ -91,10 +91,10 @@ class CallOutputs:
 
     async def call_result(self, call: CallState, result: CallQaResult, how: str, audio_ms: int,
                           audio_end_offset: int | None = None) -> None:
-        """The call's QA (message, call row, QA rows), once all its segments are out; with a post-call
-        model set, the call's post-call job too (one of its messages: durable before its input is
-        released, so a finished call's pass is never lost; a replay may write it twice, which the pass
-        takes as one, its rows being keyed by call and revision)."""
+        """The call's QA (message, call row, QA rows), once all its segments are out; with recordings on or a
+        post-call model set, the call's job too (one of its messages: durable before its input is released,
+        so a finished call's recording and pass are never lost; a replay may write it twice, which is taken
+        as one, its rows being keyed by call and revision)."""
         start = call.start or call.end
         ended_ms = now_ms()
         qa = call_qa_message(call.call_id, result, start, call.hold_intervals(audio_ms))
@@ -103,7 +103,8 @@ class CallOutputs:
         async with self.publishing:
             if QA_OUTPUT not in call.published:
                 await self.publish(call, self.settings.topic_qa, qa)
-                if self.settings.post_call_model and call.audio_tp is not None and audio_end_offset is not None:
+                wanted = self.settings.post_call_model or self.settings.recordings
+                if wanted and call.audio_tp is not None and audio_end_offset is not None:
                     job = post_call_job(call, qa, start, how, audio_ms, ended_ms, self.settings.post_call_model,
                                         audio_end_offset, self.settings.final_pass_read_margin_s)
                     await self.publish(call, self.settings.topic_postcall, job)

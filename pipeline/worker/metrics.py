@@ -156,6 +156,21 @@ class WorkerMetrics:
             "Audio topic bytes read back for the post-call pass, by whose (call: the call's frames; other).",
             ["whose"], registry=r,
         )
+        # Redacted recordings (pipeline/recordings), written by the same job's taker.
+        self.recordings = Counter(
+            "callqa_recordings_total", "Recordings of finished calls, by outcome (written, no_audio, failed).",
+            ["outcome"], registry=r,
+        )
+        for outcome in POSTCALL_OUTCOMES:
+            self.recordings.labels(outcome)
+        self.recording_bytes = Counter("callqa_recording_bytes_total", "Bytes of recordings written.", registry=r)
+        self.recording_cuts = Counter(
+            "callqa_recording_cuts_total",
+            "Stretches silenced in recordings, by the step whose check held (estimate, widened, segment).",
+            ["how"], registry=r,
+        )
+        for how in ("estimate", "widened", "segment"):
+            self.recording_cuts.labels(how)
         self.postcall_changes = Counter(
             "callqa_postcall_changes_total", "Finished calls whose final result differs from the live one, by what.",
             ["what"], registry=r,

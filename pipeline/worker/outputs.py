@@ -10,7 +10,9 @@ from pipeline.contracts.messages import (
     CallEvent,
     CallHold,
     CallQA,
+    JobCut,
     JobHold,
+    JobRedaction,
     LatencyMetric,
     PostCallJob,
     QaAlert,
@@ -104,7 +106,8 @@ def call_qa_message(call_id: str, result: CallQaResult, start: CallEvent | None,
 
 def post_call_job(call: CallState, qa: CallQA, start: CallEvent | None, how: str, audio_ms: int, ended_ms: int,
                   model: str, audio_end_offset: int, read_margin_s: float) -> PostCallJob:
-    """The finished call's job for the post-call pass: where its audio is, and its calls row's fields."""
+    """The finished call's job (its recording, and the post-call pass with ``model``): where its audio is, what
+    its recording cuts, and its calls row's fields."""
     assert call.audio_tp is not None
     # Its first frame seen here; a call resumed from a checkpoint knows only its start event's time.
     first_ms = min((t for t in (call.first_frame_produced_ms, call.started_at_ms) if t > 0), default=0)
@@ -117,6 +120,9 @@ def post_call_job(call: CallState, qa: CallQA, start: CallEvent | None, how: str
         direction=start.direction if start else "inbound", started_at_ms=call.started_at_ms, ended_at_ms=ended_ms,
         end_reason=how, audio_ms=audio_ms, holds=[JobHold(h.start_ms, h.end_ms) for h in qa.holds],
         live_score_pct=qa.score_pct, live_auto_failed=qa.auto_failed, requested_at_ms=ended_ms,
+        redacted=[] if call.analyzer is None else [
+            JobRedaction(t.leg, t.start_ms, t.end_ms, t.digits_kept, [JobCut(a, b, kind) for a, b, kind in t.cuts])
+            for t in call.analyzer.redacted_turns],
     )
 
 

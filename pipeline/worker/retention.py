@@ -1,6 +1,6 @@
-"""The worker's store sweeper: calls past ``retention_days_transcripts`` erased, and erased calls whose rows came
-back erased again (pipeline/store/erasure.py). Every worker sweeps; the erase is idempotent, so two at once only
-repeat a mutation that finds nothing."""
+"""The worker's store sweeper: calls past ``retention_days_transcripts`` erased, recordings past
+``retention_days_audio`` deleted, and erased calls whose rows came back erased again (pipeline/store/erasure.py).
+Every worker sweeps; the erase is idempotent, so two at once only repeat a mutation that finds nothing."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import logging
 from collections import Counter
 
 from pipeline.config import Settings
+from pipeline.recordings.storage import RecordingStore
 from pipeline.store.client import connect
 from pipeline.store.erasure import Erasure, sweep
 
@@ -19,9 +20,15 @@ def sweep_store(settings: Settings) -> list[Erasure]:
     """One sweep on a client of its own (the sink's stays the sink's)."""
     client = connect(settings.writer_url, settings.clickhouse_database, create_database=False, fresh=True)
     try:
-        return sweep(client, settings.clickhouse_database, settings.retention_days_transcripts)
+        done = sweep(client, settings.clickhouse_database, settings.retention_days_transcripts,
+                     retention_days_audio=settings.retention_days_audio,
+                     remove_recording=RecordingStore(settings.recordings_location).delete)
     finally:
         client.close()
+    if done.recordings_dropped:
+        log.info("store sweep deleted %d recordings past %g days", done.recordings_dropped,
+                 settings.retention_days_audio)
+    return done.erased
 
 
 async def sweep_now(settings: Settings) -> list[Erasure]:

@@ -111,7 +111,7 @@ def test_every_committed_script_loads_and_states_its_pii() -> None:
     scripts = [build.load_script(p) for p in sorted((REPO / "samples/calls/library/scripts").glob("*.yaml"))]
     assert len(scripts) >= 20
     kinds = {p["kind"] for s in scripts for t in s.events if not isinstance(t, tuple) for p in t.pii}
-    assert kinds == {"PAN", "EXPIRY", "CVV", "SSN", "PHONE", "EMAIL"}
+    assert kinds == {"PAN", "EXPIRY", "CVV", "SSN", "PHONE", "EMAIL", "DOB", "ADDRESS"}
 
 
 def test_pipeline_numbers_in_rationales_and_records_are_not_leaks() -> None:

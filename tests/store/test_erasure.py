@@ -9,6 +9,7 @@ from typing import Any
 
 from clickhouse_connect.driver.client import Client
 
+from pipeline.recordings.storage import RecordingStore
 from pipeline.store.erasure import ERASED_TABLES, erase_calls, erasures_of, rows_of, sweep
 
 
@@ -22,6 +23,7 @@ def _fill(store: Client, insert: Callable[..., None], make_call: Callable[..., d
     insert(store, "latency", [make_latency(call_id, 1, 800.0)])
     for table in ("call_qa", "qa_events", "reviews"):
         insert(store, table, [{"call_id": call_id}])
+    insert(store, "recordings", [{"call_id": call_id, "url": f"memory:///rec/{call_id}.ogg", "started_at": started}])
 
 
 def test_erase_removes_every_row_of_the_call_and_only_its_rows(store: Client, database: str, insert, make_call,
@@ -32,9 +34,11 @@ def test_erase_removes_every_row_of_the_call_and_only_its_rows(store: Client, da
 
     [erasure] = erase_calls(store, database, ["call-a"], "dpo@example.com")
 
-    assert erasure.rows == {"calls": 1, "segments": 3, "latency": 1, "call_qa": 1, "qa_events": 1, "reviews": 1}
+    assert erasure.rows == {"calls": 1, "segments": 3, "latency": 1, "call_qa": 1, "qa_events": 1, "reviews": 1,
+                            "recordings": 1}
     assert rows_of(store, database, ["call-a", "call-b"]) == {
-        "call-a": {}, "call-b": {"calls": 1, "segments": 2, "latency": 1, "call_qa": 1, "qa_events": 1, "reviews": 1}}
+        "call-a": {}, "call-b": {"calls": 1, "segments": 2, "latency": 1, "call_qa": 1, "qa_events": 1, "reviews": 1,
+                                 "recordings": 1}}
     for table in ERASED_TABLES:  # not hidden by a mask: gone from the parts
         left = store.query(f"SELECT count() FROM {table} WHERE call_id = 'call-a' SETTINGS apply_deleted_mask = 0")
         assert left.result_rows[0][0] == 0, table
@@ -53,14 +57,37 @@ def test_sweep_erases_calls_past_retention_and_rows_that_came_back(store: Client
     insert(store, "segments", [make_segment("open-old", "agent", 0, "never ended", produced_at=t0)])  # no calls row
     _fill(store, insert, make_call, make_segment, make_latency, "erased", now - timedelta(days=1))
 
-    assert sweep(store, database, 0, now) == []  # retention off, nothing erased yet
+    assert sweep(store, database, 0, now).erased == []  # retention off, nothing erased yet
     erase_calls(store, database, ["erased"], "dpo")
     insert(store, "segments", [make_segment("erased", "agent", 0, "written again by a replay")])
 
-    done = sweep(store, database, 30, now)
+    done = sweep(store, database, 30, now).erased
 
     assert sorted((e.call_id, e.reason, e.erased_by) for e in done) == [
         ("erased", "again", "sweeper"), ("old", "retention", "retention"), ("open-old", "retention", "retention")]
     left = rows_of(store, database, ["old", "open-old", "erased", "new"])
     assert left["old"] == left["open-old"] == left["erased"] == {} and left["new"]["segments"] == 2
-    assert sweep(store, database, 30, now) == []  # nothing more to do
+    assert sweep(store, database, 30, now).erased == []  # nothing more to do
+
+
+def test_erase_and_audio_retention_remove_recording_files(store: Client, database: str, insert, make_call,
+                                                          make_segment, make_latency, t0, tmp_path) -> None:
+    files = RecordingStore(str(tmp_path / "recordings"))
+    now = t0 + timedelta(days=10)
+    for call, started in (("old", t0), ("new", now - timedelta(days=1)), ("gone", now)):
+        _fill(store, insert, make_call, make_segment, make_latency, call, started)
+        files.put(call, b"OggS" + call.encode())
+    files.put("no-row", b"OggS")  # written, its row not yet (a worker killed in between)
+
+    [erasure] = erase_calls(store, database, ["gone"], "dpo", remove_recording=files.delete)
+    erase_calls(store, database, ["no-row"], "dpo", remove_recording=files.delete)
+    assert erasure.rows["recording_files"] == 1 and erasure.rows["recordings"] == 1
+    assert not files.exists("gone") and not files.exists("no-row")
+
+    done = sweep(store, database, 0, now, retention_days_audio=7, remove_recording=files.delete)
+
+    assert (done.erased, done.recordings_dropped) == ([], 1)
+    assert not files.exists("old") and files.exists("new")
+    left = rows_of(store, database, ["old", "new"])
+    assert "recordings" not in left["old"] and left["old"]["segments"] == 2  # the transcript stays
+    assert left["new"]["recordings"] == 1

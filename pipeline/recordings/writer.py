@@ -1,0 +1,69 @@
+"""A finished call's redacted recording: its legs read back (pipeline/postcall/audio.py), its redacted turns
+cut (cuts.py), encoded (encode.py), put where recordings are kept (storage.py), and described by a row of
+the ``recordings`` table, which is how pages, the API and erasure find it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+
+from pipeline.config import Settings
+from pipeline.contracts.messages import PostCallJob
+from pipeline.postcall.audio import CallAudio
+from pipeline.recordings.cuts import Cut, Decode, place_cuts, silenced
+from pipeline.recordings.encode import CHANNELS, MEDIA_TYPE, RecordingError, encode_call
+from pipeline.recordings.storage import RecordingStore
+
+
+@dataclass(frozen=True)
+class RecordedCall:
+    call_id: str
+    url: str
+    size: int  # bytes
+    duration_ms: int
+    cuts: tuple[Cut, ...]
+
+    def row(self, job: PostCallJob) -> dict[str, Any]:
+        """Its ``recordings`` row; times from the job, so a job done twice writes an equal row."""
+        return {
+            "call_id": self.call_id, "tenant": job.tenant, "url": self.url, "media_type": MEDIA_TYPE,
+            "bytes": self.size, "duration_ms": self.duration_ms, "channels": list(CHANNELS),
+            "cuts": [(c.leg, c.start_ms, c.end_ms, c.kind, c.how) for c in self.cuts],
+            "started_at": _at(job.started_at_ms), "written_at": _at(job.requested_at_ms),
+        }
+
+
+class CallRecorder:
+    """Writes finished calls' recordings (``record``); the decoding that checks the cuts is the caller's."""
+
+    def __init__(self, settings: Settings, decode: Decode, store: RecordingStore | None = None) -> None:
+        self.settings = settings
+        self.decode = decode
+        self.store = store or RecordingStore(settings.recordings_location)
+
+    async def record(self, job: PostCallJob, audio: CallAudio) -> RecordedCall:
+        legs: dict[str, tuple[np.ndarray, int]] = {leg: (a.samples, a.sample_rate) for leg, a in audio.legs.items()}
+        rates = {rate for _, rate in legs.values()}
+        if len(rates) != 1:
+            raise RecordingError(f"call {job.call_id}: its legs' rates differ ({sorted(rates)} Hz)")
+        [rate] = rates
+        cuts = await place_cuts(job.redacted, legs, self.decode, self.settings.recordings_cut_margin_ms,
+                                self.settings.asr_lead_ms)
+        kept: dict[str, np.ndarray] = {leg: silenced(samples, rate, [(c.start_ms, c.end_ms, c.kind) for c in cuts if c.leg == leg])
+                for leg, (samples, _) in legs.items()}
+        data = encode_call(kept, rate, self.settings.recordings_compression)
+        url = self.store.put(job.call_id, data)
+        n = max((len(x) for x in kept.values()), default=0)
+        return RecordedCall(job.call_id, url, len(data), n * 1000 // rate, tuple(cuts))
+
+
+def cut_seconds(cuts: Sequence[Cut]) -> float:
+    return sum(c.end_ms - c.start_ms for c in cuts) / 1000
+
+
+def _at(ms: int) -> datetime:
+    return datetime.fromtimestamp(max(0, ms) / 1000, UTC)
