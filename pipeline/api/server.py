@@ -28,6 +28,7 @@ from pipeline.api.accounts import stored_lookup
 from pipeline.api.auth import ApiAuth, principal_of
 from pipeline.api.paging import CallPage, PageError, next_link
 from pipeline.api.pool import ApiBusyError, QueryPool, ThreadClients
+from pipeline.api.ranges import RangeNotSatisfiable, byte_range
 from pipeline.api.refusals import ApiRefusals
 from pipeline.api.revocations import StoredRevocations
 from pipeline.config import Settings
@@ -69,6 +70,7 @@ def register_api_views(app: faust.App, settings: Settings, pool: QueryPool, auth
     server = ApiServer(app, settings, pool, readers, auth)
     _register_call_views(server)
     _register_review_view(server)
+    _register_recording_view(server)
     _register_erasure_view(server)
     _register_account_views(server)
     _register_search_view(server)
@@ -117,6 +119,50 @@ def _register_call_views(server: ApiServer) -> None:
                     "transcript": [_jsonable(asdict(line)) for line in lines]}
 
         return await _answer(web, pool.run(read), server.auth.refusals)
+
+
+def _register_recording_view(server: ApiServer) -> None:
+    """/api/calls/{call_id}/audio (the bearer token) and /calls/{call_id}/audio (the call page's player, on its
+    session cookie): the call's redacted recording (Ogg/Opus), with byte ranges, to whoever may see the call (its
+    row is read in the principal's scope: a call of another tenant is a 404, as one with none)."""
+    settings, readers, pool = server.settings, server.readers, server.pool
+
+    async def audio_view(web: Any, request: Any, call_id: str) -> Any:
+        who = principal_of(request)
+        store = RecordingStore(settings.recordings_location)
+
+        def read() -> tuple[int, bytes, dict[str, str]]:
+            with readers.client() as reader:
+                found = scoped_client(reader, who, settings).query(
+                    "SELECT media_type FROM recordings FINAL WHERE call_id = {call:String}",
+                    parameters={"call": call_id}).result_rows
+            if not found or not store.exists(call_id):
+                return 404, b"", {}
+            size = store.size(call_id)
+            headers = {"Accept-Ranges": "bytes", "Content-Type": found[0][0], "Cache-Control": "private, no-store"}
+            try:
+                wanted = byte_range(request.headers.get("Range"), size)
+            except RangeNotSatisfiable as exc:
+                return 416, b"", {**headers, "Content-Range": str(exc)}
+            if wanted is None:
+                return 200, store.read(call_id), headers
+            return 206, store.read(call_id, wanted.start, wanted.end), {**headers, "Content-Range": wanted.content_range}
+
+        try:
+            status, body, headers = await pool.run(read)
+        except Exception as exc:  # noqa: BLE001 - answered as every view answers its failures
+            return await _answer(web, _raise(exc), server.auth.refusals)
+        if status == 404:
+            server.auth.refusals.count("bad_request")
+            return web.json({"error": f"no recording of call {call_id}"}, status=404)
+        return web.bytes(body, content_type=headers.pop("Content-Type", None), status=status, headers=headers)
+
+    server.app.page("/api/calls/{call_id}/audio")(audio_view)
+    server.app.page("/calls/{call_id}/audio")(audio_view)
+
+
+async def _raise(exc: BaseException) -> Any:
+    raise exc
 
 
 def _register_review_view(server: ApiServer) -> None:

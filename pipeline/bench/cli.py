@@ -165,6 +165,16 @@ def bench_moonshine(
     _wrote(paths)
 
 
+@bench_app.command("recordings")
+def bench_recordings(out: Out = None) -> None:
+    """The call library's PII calls as redacted recordings: where the cuts land, leaks heard again, WER, size."""
+    from pipeline.bench.recordings import RecordingsOptions, run_recordings
+    from pipeline.bench.results import RESULTS
+
+    _, paths = run_recordings(RecordingsOptions(out=out or RESULTS), console)
+    _wrote(paths)
+
+
 @bench_app.command("consumer")
 def bench_consumer(
     audio_s: Annotated[float, typer.Option(help="The backlog's leg audio per message span (s): 6000 s are 300,000 "

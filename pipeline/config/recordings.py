@@ -20,10 +20,12 @@ class RecordingSettings(BaseModel):
     recordings_url: str = Field(
         "", description="Where recordings are kept: a folder or an fsspec URL; empty: <state_dir>/recordings.",
     )
-    # libsndfile's Opus compression level: 1.0 is its lowest bitrate (about 12 kbit/s for a stereo 8 kHz
-    # call), which `callqa bench recordings` measures against 0.9 for size and the re-transcribed WER.
+    # libsndfile's Opus compression level (it sets the bitrate). At 1.0, its lowest, Opus folds the two channels
+    # into one and each leg holds the other's speech too (crosstalk 0 dB); 0.99 keeps them apart (-33 to -47 dB)
+    # at about 16 kbit/s, 122 kB a minute of call (`callqa bench recordings` measures both, and 0.95).
+    # CALLQA_RECORDINGS_COMPRESSION, default 0.99.
     recordings_compression: float = Field(
-        1.0, ge=0, le=1, description="Opus compression level of recordings (0: largest, 1: smallest).",
+        0.99, ge=0, le=1, description="Opus compression level of recordings (0: largest, 1: smallest; 1 mixes the legs).",
     )
     # The transcript places a redacted span in its segment by its share of the characters; the cut starts
     # this much wider on each side, and is checked: the cut audio is decoded again and widened (to the whole

@@ -43,3 +43,17 @@ def decode_call(data: bytes) -> tuple[dict[str, np.ndarray], int]:
     except (sf.LibsndfileError, RuntimeError) as exc:
         raise RecordingError(f"not an Ogg/Opus recording: {exc}") from exc
     return {leg: np.ascontiguousarray(samples[:, i]) for i, leg in enumerate(CHANNELS) if i < samples.shape[1]}, rate
+
+
+def crosstalk_db(source: dict[str, np.ndarray], heard: dict[str, np.ndarray], rate: int) -> float:
+    """How loud a leg's channel is, where only the other leg spoke, against the other channel (the worse leg):
+    about -40 dB when the channels are apart, 0 when the codec mixed them."""
+    worst = -120.0
+    for leg, other in (("agent", "customer"), ("customer", "agent")):
+        n = min(len(heard[leg]), len(source[leg]), len(source[other]))
+        only_other = (np.abs(source[leg][:n]) < 1e-3) & (np.abs(source[other][:n]) > 1e-2)
+        if only_other.sum() < rate // 10:
+            continue
+        ratio = np.sum(heard[leg][:n][only_other] ** 2) / max(1e-12, float(np.sum(heard[other][:n][only_other] ** 2)))
+        worst = max(worst, 10 * float(np.log10(max(ratio, 1e-12))))
+    return round(worst, 1)

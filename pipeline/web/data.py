@@ -308,6 +308,8 @@ class CallPage:
     reviewed_by: str = ""
     reviews: tuple[Review, ...] = ()  # oldest first (pipeline/desk/review.py)
     categories: tuple[str, ...] = ()
+    recording_ms: int | None = None  # its redacted recording's length; None: no recording kept
+    recording_cuts: int = 0  # stretches silenced in it (what the transcript redacted)
 
     @property
     def alerts(self) -> tuple[Finding, ...]:
@@ -409,7 +411,16 @@ def read_call_page(source: RowSource, db: str, call_id: str) -> CallPage | None:
         reviewed_by=(q or {}).get("reviewed_by") or "",
         reviews=tuple(read_reviews(source, db, call_id)) if q and "reviewed_by" in q else (),
         categories=tuple(call.get("categories") or ()),
+        **_recording(source, db, call_id),
     )
+
+
+RECORDING_SQL = "SELECT duration_ms, length(cuts) AS cuts FROM {db}.recordings FINAL WHERE call_id = {{call:String}}"
+
+
+def _recording(source: RowSource, db: str, call_id: str) -> dict[str, Any]:
+    rows = source.rows(RECORDING_SQL.format(db=db), {"call": call_id})
+    return {"recording_ms": int(rows[0]["duration_ms"]), "recording_cuts": int(rows[0]["cuts"])} if rows else {}
 
 
 # --- rows to dataclasses -----------------------------------------------------------------------------

@@ -8,6 +8,7 @@ SVG inline and names no other origin, so it works offline, from a file, under a 
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import re
 import urllib.parse
@@ -38,7 +39,14 @@ TEMPLATES = Path(__file__).resolve().parent / "templates"
 # What the pages may load: nothing but their own inline styles (no script at all) and data: icons. The
 # pages carry it in a <meta> (static files have no headers), where frame-ancestors is not allowed; the
 # worker also sends it as a header, with frame-ancestors.
-CSP_META = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; form-action 'self'; base-uri 'none'"
+# The call page's one script: a click on a turn's time seeks the recording's player there (without it, the link
+# opens the recording at that time: a media fragment). It is allowed by its hash, and nothing else runs.
+SEEK_SCRIPT = ("for(const a of document.querySelectorAll('a[data-seek]'))a.addEventListener('click',e=>{"
+               "const p=document.getElementById('player');if(!p)return;e.preventDefault();p.currentTime=+a.dataset.seek;"
+               "p.play()})")
+SEEK_SCRIPT_HASH = "sha256-" + base64.b64encode(hashlib.sha256(SEEK_SCRIPT.encode()).digest()).decode()
+CSP_META = ("default-src 'none'; style-src 'unsafe-inline'; img-src data:; media-src 'self'; "
+            f"script-src '{SEEK_SCRIPT_HASH}'; form-action 'self'; base-uri 'none'")
 CSP = f"{CSP_META}; frame-ancestors 'none'"
 
 # Metrics shown on the call page, in this order, with their labels and units (others follow as named).
@@ -89,6 +97,9 @@ class ServerLinks:
     def agent(self, agent_id: str) -> str | None:
         return "/agents/" + urllib.parse.quote(agent_id, safe="")
 
+    def audio(self, call_id: str) -> str | None:
+        return "/calls/" + urllib.parse.quote(call_id, safe="") + "/audio"
+
 
 @dataclass(frozen=True)
 class StaticLinks:
@@ -106,6 +117,9 @@ class StaticLinks:
 
     def agent(self, agent_id: str) -> str | None:
         return None  # the static files hold no agent pages
+
+    def audio(self, call_id: str) -> str | None:
+        return None  # nor recordings: the worker serves them to who may hear them
 
 
 Links = ServerLinks | StaticLinks
@@ -161,7 +175,7 @@ def environment() -> Environment:
                       trim_blocks=True, lstrip_blocks=True)
     env.filters.update(clock=timeline.clock, sentiment_class=sentiment_class, signed=_signed, metric=_metric,
                        when=_when, marked=marked)
-    env.globals.update(csp=CSP_META, pass_pct=PASS_PCT)
+    env.globals.update(csp=CSP_META, pass_pct=PASS_PCT, seek_script=SEEK_SCRIPT)
     return env
 
 

@@ -18,7 +18,7 @@ from pipeline.contracts.messages import JobCut, JobRedaction
 from pipeline.qa.call import CallAnalyzer, QaConfig
 from pipeline.qa.segment import Segment
 from pipeline.recordings.cuts import Cut, is_clean, merged, place_cuts, silenced
-from pipeline.recordings.encode import decode_call, encode_call
+from pipeline.recordings.encode import crosstalk_db, decode_call, encode_call
 from tests.recordings.conftest import KEPT, RATE, leaks
 
 pytestmark = pytest.mark.slow
@@ -91,3 +91,12 @@ def test_clean_text_and_merging() -> None:
     b = Cut("customer", 400, 900, "EXPIRY", "widened")
     c = Cut("agent", 450, 600, "DOB", "estimate")
     assert merged([b, c, a]) == [c, Cut("customer", 100, 900, "PAN,EXPIRY", "widened")]
+
+
+def test_the_recording_keeps_each_leg_on_its_own_channel(hidden_call) -> None:
+    """At the default compression the two legs stay apart (at 1.0 Opus folds them into one: both legs everywhere)."""
+    legs = {leg: codecs.decode(data, "mulaw")[: 30 * RATE] for leg, data in hidden_call.encoded.items()}
+    level = get_settings().recordings_compression
+    heard, rate = decode_call(encode_call(legs, RATE, level))
+    assert crosstalk_db(legs, heard, rate) < -25
+    assert crosstalk_db(legs, *decode_call(encode_call(legs, RATE, 1.0))) > -10  # the fold this guards against

@@ -11,6 +11,7 @@ from http.cookies import SimpleCookie
 from typing import Any
 
 import faust
+import numpy as np
 import pytest
 from aiohttp import DummyCookieJar
 from aiohttp.test_utils import TestClient, TestServer
@@ -21,8 +22,11 @@ from pipeline.api.server import register_api_views
 from pipeline.api.sessions import SESSION_COOKIE
 from pipeline.config import Settings
 from pipeline.desk.search import SearchQuery, search
+from pipeline.recordings.encode import decode_call, encode_call
+from pipeline.recordings.storage import RecordingStore
 from pipeline.report import WorkerApiError, WorkerApiSource
 from pipeline.store.erasure import erasures_of, rows_of
+from pipeline.web.render import SEEK_SCRIPT_HASH
 from pipeline.web.views import register_web_views, safe_next
 
 from .conftest import CARD, FilledStore
@@ -566,3 +570,53 @@ async def test_pages_open_with_auth_off_and_say_what_is_missing_without_a_token(
         login = await client.get(refused.headers["Location"])
         assert login.status == 503 and "no API token configured" in await login.text()
         assert (await _login(client, "")).status == 503
+
+
+async def test_the_recording_is_served_in_ranges_to_who_may_see_the_call_and_played_on_its_page(
+    serve: Callable[..., Any], filled: FilledStore, tmp_path: Any
+) -> None:
+    """call-rude (tenant acme) has a recording: the operator gets it whole and in ranges, a supervisor of another
+    tenant a 404 as for a call with none, the page a player whose turn times seek; an erase removes the file."""
+    legs = {"agent": np.sin(np.arange(16000) / 5).astype(np.float32) * 0.3, "customer": np.zeros(8000, np.float32)}
+    data = encode_call(legs, 8000, 1.0)
+    files = RecordingStore(str(tmp_path / "recordings"))
+    files.put("call-rude", data)
+    filled.client.insert("recordings", [["call-rude", "acme", files.url_for("call-rude"), "audio/ogg", len(data), 2000,
+                                         ["agent", "customer"], [("customer", 100, 900, "PAN", "estimate")],
+                                         filled.started["call-rude"], filled.started["call-rude"]]],
+                         column_names=["call_id", "tenant", "url", "media_type", "bytes", "duration_ms", "channels",
+                                       "cuts", "started_at", "written_at"], database=filled.database)
+    operator = {"Authorization": f"Bearer {TOKEN}"}
+    async for client in serve(recordings_url=str(tmp_path / "recordings"), web_logout_sync_s=0):
+        whole = await client.get("/api/calls/call-rude/audio", headers=operator)
+        assert (whole.status, whole.headers["Content-Type"], whole.headers["Accept-Ranges"]) == (200, "audio/ogg", "bytes")
+        assert await whole.read() == data and decode_call(data)[1] == 8000
+        part = await client.get("/api/calls/call-rude/audio", headers={**operator, "Range": "bytes=10-99"})
+        assert (part.status, part.headers["Content-Range"], await part.read()) == (
+            206, f"bytes 10-99/{len(data)}", data[10:100])
+        tail = await client.get("/api/calls/call-rude/audio", headers={**operator, "Range": "bytes=-16"})
+        assert tail.status == 206 and await tail.read() == data[-16:]
+        past = await client.get("/api/calls/call-rude/audio", headers={**operator, "Range": f"bytes={len(data)}-"})
+        assert (past.status, past.headers["Content-Range"]) == (416, f"bytes */{len(data)}")
+        assert (await client.get("/api/calls/call-good/audio", headers=operator)).status == 404  # none kept
+        assert (await client.get("/api/calls/call-rude/audio")).status == 401
+
+        added = await client.post("/api/users", json={"name": "sam", "role": "supervisor", "tenant": "other"},
+                                  headers=operator)
+        stranger = {"Authorization": f"Bearer {(await added.json())['token']}"}
+        refused = await client.get("/api/calls/call-rude/audio", headers=stranger)
+        assert refused.status == 404 and b"OggS" not in await refused.read()
+
+        cookie = {"Cookie": f"{SESSION_COOKIE}={_session(await _login(client))}"}
+        page = await (await client.get("/calls/call-rude", headers=cookie)).text()
+        assert 'id="player"' in page and 'src="/calls/call-rude/audio"' in page and "1 stretch silenced" in page
+        assert re.search(r'href="/calls/call-rude/audio#t=\d+\.\d\d" data-seek="\d+\.\d\d"', page)
+        assert SEEK_SCRIPT_HASH in page  # the CSP allows the seek script by its hash, and nothing else
+        heard = await client.get("/calls/call-rude/audio", headers={**cookie, "Range": "bytes=0-3"})
+        assert (heard.status, await heard.read()) == (206, b"OggS")
+        assert 'id="player"' not in await (await client.get("/calls/call-good", headers=cookie)).text()
+
+        erased = await client.post("/api/calls/call-rude/erasure", json={"erased_by": "dpo"}, headers=operator)
+        assert erased.status == 200 and (await erased.json())["rows"]["recording_files"] == 1
+        assert not files.exists("call-rude")
+        assert (await client.get("/api/calls/call-rude/audio", headers=operator)).status == 404

@@ -29,6 +29,7 @@ def start_worker(kafka_settings: Settings, tmp_path: Path) -> Iterator[Callable[
         "topic_postcall": kafka_settings.topic_postcall,
         "worker_id": kafka_settings.worker_id,
         "clickhouse_url": f"chdb://{(tmp_path / 'chdb').resolve()}",
+        "recordings_url": str((tmp_path / "recordings").resolve()),
         "commit_interval_s": "1.0",
         "model_watch_interval_s": "0",
     }
