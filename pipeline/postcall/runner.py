@@ -212,7 +212,7 @@ class PostCallRunner:
         if self.recorder is None:
             return None
         try:
-            return await self.recorder.record(job, audio)
+            return await self.recorder.record(job, audio, self._executor)
         except Exception as exc:  # noqa: BLE001 - a recording that fails leaves the call's transcript as it is
             log.warning("recording of call %s not written: %s", job.call_id, describe_error(exc))
             self.metrics.recordings.labels("failed").inc()

@@ -98,8 +98,9 @@ def _check_audio(turn: JobRedaction, leg: tuple[np.ndarray, int], spans: list[tu
     """The turn's audio as the live model heard it (from ``lead_ms`` before its start), cuts silenced."""
     samples, rate = leg
     first = max(0, turn.start_ms - lead_ms)
-    cut = silenced(samples, rate, spans)[first * rate // 1000: turn.end_ms * rate // 1000]
-    return AudioSegment(first, turn.end_ms, resample(cut, rate, ASR_RATE))
+    part = silenced(samples[first * rate // 1000: turn.end_ms * rate // 1000], rate,
+                    [(a - first, b - first, kind) for a, b, kind in spans])
+    return AudioSegment(first, turn.end_ms, resample(part, rate, ASR_RATE))
 
 
 def merged(cuts: Sequence[Cut]) -> list[Cut]:

@@ -4,7 +4,9 @@ the ``recordings`` table, which is how pages, the API and erasure find it."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -45,7 +47,9 @@ class CallRecorder:
         self.decode = decode
         self.store = store or RecordingStore(settings.recordings_location)
 
-    async def record(self, job: PostCallJob, audio: CallAudio) -> RecordedCall:
+    async def record(self, job: PostCallJob, audio: CallAudio, executor: Executor | None = None) -> RecordedCall:
+        """The call's recording, written; the encoding and the write run on ``executor`` (the post-call pass's
+        niced thread), off the event loop the live work shares."""
         legs: dict[str, tuple[np.ndarray, int]] = {leg: (a.samples, a.sample_rate) for leg, a in audio.legs.items()}
         rates = {rate for _, rate in legs.values()}
         if len(rates) != 1:
@@ -53,12 +57,17 @@ class CallRecorder:
         [rate] = rates
         cuts = await place_cuts(job.redacted, legs, self.decode, self.settings.recordings_cut_margin_ms,
                                 self.settings.asr_lead_ms)
-        kept: dict[str, np.ndarray] = {leg: silenced(samples, rate, [(c.start_ms, c.end_ms, c.kind) for c in cuts if c.leg == leg])
+        url, size, n = await asyncio.get_running_loop().run_in_executor(
+            executor, self._write, job.call_id, legs, rate, cuts)
+        return RecordedCall(job.call_id, url, size, n * 1000 // rate, tuple(cuts))
+
+    def _write(self, call_id: str, legs: dict[str, tuple[np.ndarray, int]], rate: int,
+               cuts: list[Cut]) -> tuple[str, int, int]:
+        """Silence, encode and put the recording: (its URL, bytes, samples per leg)."""
+        kept = {leg: silenced(samples, rate, [(c.start_ms, c.end_ms, c.kind) for c in cuts if c.leg == leg])
                 for leg, (samples, _) in legs.items()}
         data = encode_call(kept, rate, self.settings.recordings_compression)
-        url = self.store.put(job.call_id, data)
-        n = max((len(x) for x in kept.values()), default=0)
-        return RecordedCall(job.call_id, url, len(data), n * 1000 // rate, tuple(cuts))
+        return self.store.put(call_id, data), len(data), max((len(x) for x in kept.values()), default=0)
 
 
 def cut_seconds(cuts: Sequence[Cut]) -> float:
