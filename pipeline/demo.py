@@ -86,6 +86,26 @@ def show_revisions(worker: WorkerProcess, call_ids: list[str], timeout_s: float 
     print_table(console, table)
 
 
+RECORDINGS_SQL = """
+SELECT call_id, bytes, duration_ms, cuts FROM recordings FINAL WHERE has(splitByChar(',', {ids:String}), call_id) ORDER BY call_id
+"""
+
+
+def show_recordings(worker: WorkerProcess, call_ids: list[str], settings: Settings, timeout_s: float = 60.0) -> None:
+    """Wait for the calls' redacted recordings and list them: size, length, what was silenced."""
+    deadline = time.monotonic() + timeout_s
+    rows: list[dict[str, Any]] = []
+    while time.monotonic() < deadline and len(rows) < len(call_ids):
+        rows = worker.query(RECORDINGS_SQL, ids=",".join(call_ids))
+        time.sleep(1.0)
+    table = Table("call", "length", "size", "silenced", title=f"redacted recordings in {settings.recordings_location}")
+    for r in rows:
+        kinds = " ".join(c["kind"] for c in r["cuts"])
+        table.add_row(r["call_id"], f"{r['duration_ms'] / 1000:.0f} s", f"{r['bytes'] / 1024:.0f} kB",
+                      f"{len(r['cuts'])} stretches ({kinds})" if r["cuts"] else "nothing")
+    print_table(console, table)
+
+
 def _score(row: dict[str, Any] | None) -> str:
     if row is None:
         return "-"
@@ -164,6 +184,9 @@ def main() -> int:
         if settings.post_call_model:
             with console.status("post-call pass: the calls transcribed again by the accurate model..."):
                 show_revisions(worker, report.call_ids)
+        if settings.recordings:
+            with console.status("the calls' redacted recordings..."):
+                show_recordings(worker, report.call_ids, settings)
         stop.set()
         tail.join(timeout=5)
         for call_id in report.call_ids:

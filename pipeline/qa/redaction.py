@@ -345,9 +345,18 @@ def _address_and_names(text: str, context: set[str], names: bool) -> list[_Span]
 
 
 def _dates_of_birth(text: str, context: set[str]) -> list[_Span]:
+    """Dates said while a date of birth is asked for; not an amount ("one hundred and twenty dollars")."""
     if "DOB" not in context:
         return []
-    return [_Span(p.start, p.end, p.marker) for p in date_spans(digit_runs(text)[0])]
+    tokens = digit_runs(text)[0]
+    spans = []
+    for p in date_spans(tokens):
+        after = [t.lower for t in tokens if t.start >= p.end][:1]
+        before = [t.text for t in tokens if t.end <= p.start][-1:]
+        if (after and after[0] in _MONEY_AFTER) or (before and before[0] in _MONEY_BEFORE):
+            continue
+        spans.append(_Span(p.start, p.end, p.marker))
+    return spans
 
 
 def _personal_marker(digits: str, groups: list[int], context: set[str]) -> str | None:
