@@ -29,6 +29,10 @@ def start_worker(kafka_settings: Settings, tmp_path: Path) -> Iterator[Callable[
         "topic_postcall": kafka_settings.topic_postcall,
         "worker_id": kafka_settings.worker_id,
         "clickhouse_url": f"chdb://{(tmp_path / 'chdb').resolve()}",
+        # Off here: these tests' subject is the live path, and a recording per finished call (its audio read back,
+        # its cuts decoded again, Opus) costs every churn test CPU. Recordings are tested with the default on in
+        # test_recordings.py (and run on in test_browser and the gateway's end-to-end test, which use defaults).
+        "recordings": "false",
         "recordings_url": str((tmp_path / "recordings").resolve()),
         "commit_interval_s": "1.0",
         "model_watch_interval_s": "0",

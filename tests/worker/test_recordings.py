@@ -49,7 +49,7 @@ def _wait_recording(worker: WorkerProcess, timeout_s: float = 180.0) -> None:
 
 def test_the_recording_of_the_hidden_digit_call_says_none_of_its_pii_and_the_rest_of_it(
         kafka_settings: Settings, start_worker: Callable[..., WorkerProcess], tmp_path: Path) -> None:
-    worker = start_worker()  # recordings on by default, kept under the test's folder (conftest)
+    worker = start_worker(recordings="true")  # the default (conftest turns it off for the others)
     player = TelephonyReplay(ContractProducer(kafka_settings.bootstrap, Serde.from_settings()),
                              kafka_settings.topic_audio, kafka_settings.topic_call_events)
     (call_id,) = player.run([hidden_digit_call()], ReplayOptions(encoding="mulaw")).call_ids
