@@ -1,6 +1,6 @@
-"""The recording's cuts on real speech, without Kafka: the live model's transcript redacts, its spans are placed by
-character share, checked by decoding the cut audio again and widened where they leak; the Ogg/Opus recording,
-transcribed again, holds none of the hidden-digit call's PII and still holds the rest of it."""
+"""The recording's cuts without Kafka: a check that still hears digits widens the cut to the whole turn, what counts
+as clean, how cuts merge, and the two legs kept apart by the codec. The hidden-digit call on real speech is
+tests/worker/test_recordings.py (through a worker) and `callqa bench recordings` (the library's PII calls)."""
 
 from __future__ import annotations
 
@@ -8,62 +8,14 @@ import asyncio
 from collections.abc import Sequence
 
 import numpy as np
-import pytest
 
-from pipeline.asr.engine import Engine
 from pipeline.asr.results import AudioSegment, TranscriptResult
 from pipeline.audio import codecs
 from pipeline.config import get_settings
 from pipeline.contracts.messages import JobCut, JobRedaction
-from pipeline.qa.call import CallAnalyzer, QaConfig
-from pipeline.qa.segment import Segment
 from pipeline.recordings.cuts import Cut, is_clean, merged, place_cuts, silenced
 from pipeline.recordings.encode import crosstalk_db, decode_call, encode_call
-from tests.recordings.conftest import KEPT, RATE, leaks
-
-pytestmark = pytest.mark.slow
-
-
-def _transcript(engine: Engine, legs: dict[str, np.ndarray]) -> list[tuple[str, int, int, str]]:
-    """(leg, start_ms, end_ms, text) of every segment of both legs, in time order."""
-    out = []
-    for leg, samples in legs.items():
-        segments = engine.leg_segments(samples, RATE)
-        out += [(leg, s.start_ms, s.end_ms, r.text) for s, r in zip(segments, engine.transcribe_segments(
-            segments, keep_silence=True), strict=True)]
-    return sorted(out, key=lambda t: (t[1], t[0] != "agent"))
-
-
-def test_recording_of_the_hidden_digit_call_holds_no_pii_and_the_rest(hidden_call) -> None:
-    engine = Engine.load(settings=get_settings())
-    legs = {leg: codecs.decode(data, "mulaw") for leg, data in hidden_call.encoded.items()}  # as the worker hears
-    analyzer = CallAnalyzer("hidden", QaConfig.from_settings(get_settings()))
-    spoken = _transcript(engine, legs)
-    stored = [analyzer.process(Segment("hidden", leg, f"{leg}-{a}", a, b, text)).redacted.text  # type: ignore[arg-type]
-              for leg, a, b, text in spoken]
-    assert not leaks(" ".join(stored)), stored  # the transcript first: what it redacts is what is cut
-    turns = [JobRedaction(t.leg, t.start_ms, t.end_ms, t.digits_kept, [JobCut(*c) for c in t.cuts])
-             for t in analyzer.redacted_turns]
-    assert {c.kind for t in turns for c in t.cuts} >= {"PAN", "CVV", "DOB", "ADDRESS"}  # the expiry: a PAN chunk
-
-    async def decode(segments: Sequence[AudioSegment]) -> list[TranscriptResult | Exception]:
-        return engine.recognizer.recognize(segments)
-
-    settings = get_settings()
-    cuts = asyncio.run(place_cuts(turns, {leg: (x, RATE) for leg, x in legs.items()}, decode,
-                                  settings.recordings_cut_margin_ms, settings.asr_lead_ms))
-    kept = {leg: silenced(x, RATE, [(c.start_ms, c.end_ms, c.kind) for c in cuts if c.leg == leg])
-            for leg, x in legs.items()}
-    heard, rate = decode_call(encode_call(kept, RATE, settings.recordings_compression))
-    assert rate == RATE and set(heard) == {"agent", "customer"}
-    again = " ".join(text for *_, text in _transcript(engine, heard)).lower()
-    assert leaks(again) == [], again
-    assert [k for k in KEPT if k not in again] == [], again
-    # Each cut lies on a turn whose text was redacted, and silences less than that turn's audio plus its lead.
-    by_leg = {(t.leg, t.start_ms): t for t in turns}
-    assert all(any(t.leg == c.leg and t.start_ms - 400 <= c.start_ms and c.end_ms <= t.end_ms for t in turns)
-               for c in cuts), (cuts, by_leg)
-    print("\ncuts:", [(c.leg, c.start_ms, c.end_ms, c.kind, c.how) for c in cuts])
+from tests.recordings.conftest import RATE
 
 
 def test_a_check_that_hears_digits_widens_the_cut_to_the_whole_turn() -> None:
