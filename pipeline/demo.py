@@ -102,7 +102,7 @@ def show_recordings(worker: WorkerProcess, call_ids: list[str], settings: Settin
     for r in rows:
         kinds = " ".join(c["kind"] for c in r["cuts"])
         table.add_row(r["call_id"], f"{r['duration_ms'] / 1000:.0f} s", f"{r['bytes'] / 1024:.0f} kB",
-                      f"{len(r['cuts'])} stretches ({kinds})" if r["cuts"] else "nothing")
+                      f"{len(r['cuts'])} ({kinds})" if r["cuts"] else "nothing")
     print_table(console, table)
 
 
