@@ -212,6 +212,7 @@ class PostCallRunner:
         if self.recorder is None:
             return None
         try:
+            await self._live_room()  # its checks go through the live batcher: after the live work queued
             return await self.recorder.record(job, audio, self._executor)
         except Exception as exc:  # noqa: BLE001 - a recording that fails leaves the call's transcript as it is
             log.warning("recording of call %s not written: %s", job.call_id, describe_error(exc))
@@ -220,12 +221,16 @@ class PostCallRunner:
 
     async def _decode(self, segments: Sequence[SpeechSegment]) -> list[TranscriptResult | Exception]:
         """A chunk of the call's segments, once live work leaves room, on the pass's own niced thread."""
-        while self.live_queued() > self.settings.final_pass_live_queue_max and not self._stopping:
-            await asyncio.sleep(LIVE_CHECK_S)
+        await self._live_room()
         loop = asyncio.get_running_loop()
         results, cpu_s = await loop.run_in_executor(self._executor, self._recognize, list(segments))
         self.metrics.postcall_cpu_seconds.inc(cpu_s)
         return results
+
+    async def _live_room(self) -> None:
+        """Until the live batcher has at most ``final_pass_live_queue_max`` segments queued (or the runner stops)."""
+        while self.live_queued() > self.settings.final_pass_live_queue_max and not self._stopping:
+            await asyncio.sleep(LIVE_CHECK_S)
 
     def _recognize(self, segments: list[SpeechSegment]) -> tuple[list[TranscriptResult | Exception], float]:
         assert self.final is not None

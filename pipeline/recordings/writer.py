@@ -8,7 +8,6 @@ import asyncio
 from collections.abc import Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
@@ -19,6 +18,7 @@ from pipeline.postcall.audio import CallAudio
 from pipeline.recordings.cuts import Cut, Decode, place_cuts, silenced
 from pipeline.recordings.encode import CHANNELS, MEDIA_TYPE, RecordingError, encode_call
 from pipeline.recordings.storage import RecordingStore
+from pipeline.worker.outputs import to_datetime
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ class RecordedCall:
             "call_id": self.call_id, "tenant": job.tenant, "url": self.url, "media_type": MEDIA_TYPE,
             "bytes": self.size, "duration_ms": self.duration_ms, "channels": list(CHANNELS),
             "cuts": [(c.leg, c.start_ms, c.end_ms, c.kind, c.how) for c in self.cuts],
-            "started_at": _at(job.started_at_ms), "written_at": _at(job.requested_at_ms),
+            "started_at": to_datetime(job.started_at_ms), "written_at": to_datetime(job.requested_at_ms),
         }
 
 
@@ -72,7 +72,3 @@ class CallRecorder:
 
 def cut_seconds(cuts: Sequence[Cut]) -> float:
     return sum(c.end_ms - c.start_ms for c in cuts) / 1000
-
-
-def _at(ms: int) -> datetime:
-    return datetime.fromtimestamp(max(0, ms) / 1000, UTC)

@@ -472,9 +472,7 @@ def post_call_runner(settings: Settings, transcriber: BatcherTranscriber, output
     final = Engine.load(settings.post_call_model, settings=settings) if settings.post_call_model else None
 
     async def decode_checks(segments: Sequence[AudioSegment]) -> list[TranscriptResult | BaseException]:
-        """A recording's cut checks by the live model, through the live batcher once live work leaves room."""
-        while transcriber.batcher.queued > settings.final_pass_live_queue_max:
-            await asyncio.sleep(0.05)
+        """A recording's cut checks by the live model, through the live batcher (the runner waits for room)."""
         return await asyncio.gather(*(transcriber.batcher.submit(s) for s in segments), return_exceptions=True)
 
     recorder = CallRecorder(settings, decode_checks) if settings.recordings else None
