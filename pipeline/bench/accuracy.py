@@ -14,13 +14,11 @@ from typing import Any
 
 from rich.console import Console
 from rich.progress import Progress
-from rich.table import Table
 
 from pipeline.bench.results import RESULTS, record, settings_that_matter, write_result
 from pipeline.bench.variants import changed_settings, settings_variant
 from pipeline.config import Settings, get_settings
 from pipeline.eval.accuracy import AccuracyRow
-from pipeline.tables import print_figures
 
 SETS = ("eval", "asterisk", "library-numbers")
 CONDITIONS = ("16k", "8k", "8k-mulaw", "8k-alaw")
@@ -46,7 +44,7 @@ def run_accuracy(options: AccuracyOptions, console: Console) -> tuple[dict[str, 
     """Every system on every set under every condition; a bad variant raises BadVariant before any loading."""
     from pipeline.asr.engine import Engine
     from pipeline.asr.moonshine_graphs import is_moonshine
-    from pipeline.eval.accuracy import comparison, evaluate, load_sets, markdown
+    from pipeline.eval.accuracy import comparison, evaluate, load_sets
     from pipeline.eval.systems import FasterWhisper, Ours
 
     settings = options.settings.model_copy(update={"intra_op_threads": options.threads})
@@ -72,8 +70,6 @@ def run_accuracy(options: AccuracyOptions, console: Console) -> tuple[dict[str, 
             started[0] += 1
 
         rows: list[AccuracyRow] = evaluate(systems, chosen, list(options.conditions), step)
-    print_rows(rows, console)
-    console.print(markdown(rows))
     doc = record("accuracy", settings_that_matter(settings), {
         "variants": {f"ours {label}": changed_settings(settings, v) for label, v in variants},
         "reference_beams": list(options.reference_beams) if options.reference else [],
@@ -84,11 +80,3 @@ def run_accuracy(options: AccuracyOptions, console: Console) -> tuple[dict[str, 
     })
     return doc, write_result("accuracy", doc, options.out)
 
-
-def print_rows(rows: list[AccuracyRow], console: Console) -> None:
-    table = Table("set", "condition", "system", "utt", "words", "WER %", "digits exact", "audio s/s")
-    for r in rows:
-        exact = "-" if r.digits_exact_rate is None else f"{r.digit_sequences_exact}/{r.digit_sequences}"
-        table.add_row(r.set, r.condition, r.system, str(r.utterances), str(r.reference_words), f"{100 * r.wer:.1f}",
-                      exact, f"{r.audio_s / r.wall_s:.1f}" if r.wall_s else "-")
-    print_figures(console, table)

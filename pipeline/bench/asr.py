@@ -27,7 +27,6 @@ from typing import Any
 
 import numpy as np
 from rich.console import Console
-from rich.table import Table
 
 from pipeline.asr.batcher import SegmentBatcher
 from pipeline.asr.build import build_model
@@ -40,7 +39,6 @@ from pipeline.config import Settings
 from pipeline.eval.conditions import conditioned
 from pipeline.eval.dataset import EvalUtterance, load_eval_set
 from pipeline.eval.wer import word_error_rate
-from pipeline.tables import print_figures
 
 # The decoding options the accuracy table compares, each against the default on the same segments.
 OPTIONS: dict[str, dict[str, Any]] = {
@@ -161,7 +159,6 @@ def run_speed(options: AsrOptions, console: Console) -> tuple[dict[str, Any], li
         raise RuntimeError(f"quantization {settings.quantization!r} is neither int8 nor fp32 for Whisper")
     ratios = speed_ratios(rows, settings.graphs_for("whisper"))
     rss = {"ours": ours_rss, "with_faster_whisper": peak_rss_mb()}
-    print_speed(rows, batcher, rss, ratios, settings, len(segments), console)
     doc = record("asr", settings_that_matter(settings), {
         "segments": len(segments), "repeat": options.repeat, "rows": [r.as_json() for r in rows],
         "batcher": batcher, "ratios": ratios, "peak_rss_mb": rss,
@@ -231,24 +228,6 @@ def speed_ratios(rows: list[SpeedRow], quantization: str) -> dict[str, float]:
     }
 
 
-def print_speed(rows: list[SpeedRow], batcher: dict[str, float], rss: dict[str, float], ratios: dict[str, float],
-                settings: Settings, n: int, console: Console) -> None:
-    table = Table("system", "batch", "audio s / wall s", "audio s / CPU s", "WER %", title=f"ASR throughput, {n} segments")
-    for r in rows:
-        table.add_row(r.system, str(r.batch), f"{r.audio_s_per_s:.1f}", f"{r.audio_s_per_cpu_s:.1f}",
-                      f"{100 * r.wer:.1f}")
-    print_figures(console, table)
-    console.print(
-        f"batcher at {batcher['offered_audio_s_per_s']:g} audio s/s offered (mean batch "
-        f"{batcher['mean_batch_size']:.1f}; max_batch {settings.max_batch}, max_wait {settings.max_wait_ms} ms): "
-        f"latency p50 {batcher['latency_p50_ms']:.0f} ms, p90 {batcher['latency_p90_ms']:.0f}, "
-        f"p99 {batcher['latency_p99_ms']:.0f}; peak RSS ours {rss['ours']:.0f} MB, with faster-whisper loaded "
-        f"{rss['with_faster_whisper']:.0f} MB"
-    )
-    console.print(", ".join(f"{k} {v:.2f}x" for k, v in ratios.items()))
-
-
-# ---- the decoding options -----------------------------------------------------------------------------
 def run_options(options: AsrOptions, console: Console) -> tuple[dict[str, Any], list[Path]]:
     """Batch-16 throughput and WER of each decoding option, and its speed as a ratio to the default.
     With context, segment i is decoded after segment i-1's default text, as one leg's turns would be
@@ -274,12 +253,6 @@ def run_options(options: AsrOptions, console: Console) -> tuple[dict[str, Any], 
                      "wer": word_error_rate(references, timed.texts), "speed_vs_default": speed / default_speed})
         console.print(f"{name}: {speed:.1f} audio s / s")
         del recognizer
-    table = Table("option", "audio s / wall s", "audio s / CPU s", "WER %", "speed vs default",
-                  title=f"decoding options, batch 16, {len(segments)} segments")
-    for row in rows:
-        table.add_row(row["option"], f"{row['audio_s_per_s']:.1f}", f"{row['audio_s_per_cpu_s']:.1f}",
-                      f"{100 * row['wer']:.1f}", f"{row['speed_vs_default']:.2f}x")
-    print_figures(console, table)
     doc = record("asr-options", settings_that_matter(settings), {"segments": len(segments), "rows": rows})
     return doc, write_result("asr-options", doc, options.out)
 
@@ -291,8 +264,6 @@ def run_windows(options: AsrOptions, console: Console) -> tuple[dict[str, Any], 
     folder = model_folder(settings)
     base = load_eval_set()
     sets = {c: conditioned(base, c) for c in ("16k", "8k", "8k-mulaw")}
-    table = Table("quant", "window bucket s", "WER 16k", "WER 8k", "WER 8k μ-law", "audio s / wall s",
-                  "audio s / CPU s")
     rows: list[dict[str, Any]] = []
     for quantization in ("int8", "fp32"):
         for bucket in WINDOW_BUCKETS_S:
@@ -306,9 +277,6 @@ def run_windows(options: AsrOptions, console: Console) -> tuple[dict[str, Any], 
                 row[f"wer_{condition}"] = word_error_rate([u.reference for u in utterances], timed.texts)
             row |= {"audio_s_per_s": audio / wall, "audio_s_per_cpu_s": audio / cpu}
             rows.append(row)
-            table.add_row(quantization, "30 (full)" if bucket == 0 else f"{bucket:g}",
-                          *(f"{100 * row[f'wer_{c}']:.1f}" for c in sets), f"{audio / wall:.1f}", f"{audio / cpu:.1f}")
             console.print(f"{quantization}, window bucket {bucket:g} s: {audio / wall:.1f} audio s / s")
-    print_figures(console, table)
     doc = record("asr-windows", settings_that_matter(settings), {"rows": rows})
     return doc, write_result("asr-windows", doc, options.out)

@@ -757,26 +757,3 @@ def run_bench_chaos(options: BenchChaosOptions, say: Callable[[str], None] = pri
     }, started=stamp)
     return doc, write_result("chaos", doc, options.out)
 
-
-def summary_lines(figures: dict[str, Any]) -> list[str]:
-    """The figures the closing note asks for, one line each."""
-    stall, cp = figures["stall"], figures["checkpoint_topic"]
-    return [
-        f"calls {figures['calls']}; kills {figures['kills']}, SIGTERMs {figures['sigterms']}, restarts "
-        f"{figures['restarts']} ({figures['unplanned_exits']} unplanned), broker restarts {figures['broker_restarts']}, "
-        f"store outages {figures['outages']}",
-        f"finished exactly once {figures['finished_exactly_once_pct']} %; finals equal to the offline analysis "
-        f"{figures['finals_equal_offline_pct']} %; verdicts equal {figures['verdicts_equal_offline_pct']} %",
-        f"re-decoded {figures['redecoded_s']} s of leg audio ({figures['redecoded_per_worker_fault_s']} s per worker "
-        f"fault; worker metric: {figures['redecoded_by_worker_metric_s'] or 'none exported'})",
-        f"longest stall of live finals {stall.get('max_s')} s (P50 {stall.get('p50_s')} s, P99 {stall.get('p99_s')} s, "
-        f"latency topic max {stall.get('latency_topic_max_end_to_end_s')} s)",
-        f"checkpoint topic: {cp['records']} records, {cp['bytes']} bytes, {cp['tombstones']} tombstones; live keys "
-        f"{cp['live_keys']} ({cp['live_bytes']} bytes) against {figures['open_calls_at_end']} open calls",
-        f"take-over after each kill -9: {figures.get('takeover_s')} s (None: the group was not whole again in 120 s); "
-        f"peers evicted by a survivor: {figures.get('peer_evictions_logged')}",
-        f"PII leaks {figures['pii_leaks']} (scanned {figures['pii_scanned']}); problems {len(figures['problems'])}",
-        *(f"QA result published {len(d['qa_results_at_s'])} times: {d['call']} at {d['qa_results_at_s']} s (its end "
-          f"event at {d['call_end_s']} s; faults within 30 s: {', '.join(d['faults_near']) or 'none'})"
-          for d in figures["qa_result_more_than_once"]),
-    ]

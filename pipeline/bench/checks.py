@@ -17,12 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
 from pipeline.bench.results import RESULTS, record, settings_that_matter, write_result
 from pipeline.config import get_settings
 from pipeline.eval.guards import GuardResult, Limit
-from pipeline.tables import print_figures
 
 
 @dataclass
@@ -169,15 +167,7 @@ def run_checks(options: CheckOptions, console: Console) -> tuple[dict[str, Any],
         entries.append(entry)
         console.print(f"{name}: {'met' if entry['met'] else '[red]not met[/red]'} ({entry['seconds']:.0f} s)"
                       + "".join(f"\n  {line}" for line in entry["misses"]))
-    print_checks(entries, console)
     doc = record("check", settings_that_matter(get_settings()),
                  {"met": all(e["met"] for e in entries), "checks": entries})
     return doc, write_result("check", doc, options.out)
 
-
-def print_checks(entries: list[dict[str, Any]], console: Console) -> None:
-    table = Table("check", "verdict", "figures", "limits", "s")
-    for e in entries:
-        shown = ", ".join(f"{k} {v}" for k, v in e["figures"].items() if k in {lim.split()[0] for lim in e["limits"]})
-        table.add_row(e["name"], "met" if e["met"] else "NOT MET", shown, "; ".join(e["limits"]), f"{e['seconds']:.0f}")
-    print_figures(console, table)

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -20,6 +20,14 @@ Out = Annotated[Path | None, typer.Option(help=OUT_HELP)]
 def _wrote(paths: list[Path]) -> None:
     for path in paths:
         console.print(f"wrote {path}")
+
+
+def _done(doc: dict[str, Any], paths: list[Path]) -> None:
+    """A run's tables (by the spec bench/README.md shows its result file with), then the files it wrote."""
+    from pipeline.bench.tables import show
+
+    show(doc, console, paths[0].stem if paths else None)
+    _wrote(paths)
 
 
 def _split(text: str) -> tuple[str, ...]:
@@ -55,7 +63,6 @@ def bench_live(
     Poisson call arrivals sent in real time as a gateway sends them; final latency from the end of speech, throughput, the workers' CPU and memory; --search finds the most calls held under the P99 bound."""
     from pipeline.bench.benchmark import BenchOptions, run_benchmark, variant_config
     from pipeline.bench.live import LevelConfig
-    from pipeline.bench.report import print_report
     from pipeline.bench.results import RESULTS
     from pipeline.bench.variants import BadVariant
     from pipeline.bench.workers import parse_cores
@@ -75,9 +82,7 @@ def bench_live(
             variant_config(level, spec)  # one line why, before anything starts
     except BadVariant as exc:
         raise typer.BadParameter(str(exc)) from exc
-    doc, paths = run_benchmark(options, console)
-    print_report(doc, console)
-    _wrote(paths)
+    _done(*run_benchmark(options, console))
 
 
 @bench_app.command("memory")
@@ -94,7 +99,7 @@ def bench_memory(
     """Memory per live leg: legs added to one running worker.
 
     One worker, idle, then --step-calls calls added every --step-s seconds (none ending): its RSS (/proc) and its own count of live legs at 0, N, 2N legs; MB per leg added (goal <= 2)."""
-    from pipeline.bench.memory import MemoryOptions, run_memory, summary_lines
+    from pipeline.bench.memory import MemoryOptions, run_memory
     from pipeline.bench.results import RESULTS
     from pipeline.bench.workers import parse_cores
 
@@ -106,10 +111,7 @@ def bench_memory(
         raise typer.BadParameter(str(exc)) from exc
     options = MemoryOptions(step_calls=step_calls, steps=steps, idle_s=idle_s, step_s=step_s, window_s=window_s,
                             cores=pinned, seed=seed, out=out or RESULTS)
-    doc, paths = run_memory(options, console)
-    for line in summary_lines(doc):
-        console.print(line)
-    _wrote(paths)
+    _done(*run_memory(options, console))
 
 
 @bench_app.command("accuracy")
@@ -144,10 +146,10 @@ def bench_accuracy(
                               variants=tuple(variant or ()), reference_beams=beams, models=_split(models), ours=ours,
                               out=out or RESULTS)
     try:
-        _, paths = run_accuracy(options, console)
+        doc, paths = run_accuracy(options, console)
     except BadVariant as exc:
         raise typer.BadParameter(str(exc)) from exc
-    _wrote(paths)
+    _done(doc, paths)
 
 
 @bench_app.command("moonshine")
@@ -161,8 +163,7 @@ def bench_moonshine(
     from pipeline.bench.moonshine import MoonshineBenchOptions, run_moonshine
     from pipeline.bench.results import RESULTS
 
-    _, paths = run_moonshine(MoonshineBenchOptions(threads=threads, out=out or RESULTS), console)
-    _wrote(paths)
+    _done(*run_moonshine(MoonshineBenchOptions(threads=threads, out=out or RESULTS), console))
 
 
 @bench_app.command("recordings")
@@ -171,8 +172,7 @@ def bench_recordings(out: Out = None) -> None:
     from pipeline.bench.recordings import RecordingsOptions, run_recordings
     from pipeline.bench.results import RESULTS
 
-    _, paths = run_recordings(RecordingsOptions(out=out or RESULTS), console)
-    _wrote(paths)
+    _done(*run_recordings(RecordingsOptions(out=out or RESULTS), console))
 
 
 @bench_app.command("consumer")
@@ -195,8 +195,7 @@ def bench_consumer(
         raise typer.BadParameter("--audio-s and --live-s must be > 0, --live-calls >= 0 and --repeat >= 1")
     options = ConsumerBenchOptions(audio_s=audio_s, live_calls=live_calls, live_s=live_s, repeat=repeat,
                                    out=out or RESULTS / "consumer")
-    _, paths = run_consumer(options, console)
-    _wrote(paths)
+    _done(*run_consumer(options, console))
 
 
 @bench_app.command("search")
@@ -214,8 +213,7 @@ def bench_search(
 
     if calls < 1 or repeat < 1:
         raise typer.BadParameter("--calls and --repeat must be at least 1")
-    _, paths = run_search_bench(SearchBenchOptions(calls=calls, repeat=repeat, keep=keep, out=out or RESULTS), console)
-    _wrote(paths)
+    _done(*run_search_bench(SearchBenchOptions(calls=calls, repeat=repeat, keep=keep, out=out or RESULTS), console))
 
 
 @bench_app.command("asr")
@@ -242,8 +240,7 @@ def bench_asr(
         raise typer.BadParameter("--windows and --options are two runs: give one")
     options = AsrOptions(repeat=repeat, threads=threads, load=load, out=out or RESULTS)
     run = run_windows if windows else run_options if decoding_options else run_speed
-    _, paths = run(options, console)
-    _wrote(paths)
+    _done(*run(options, console))
 
 
 @bench_app.command("scale-out")
@@ -272,8 +269,7 @@ def bench_scale_out(
                               long_call_s=long_call_s, live_tail_s=live_tail_s, kill_before_end_s=kill_before_end_s,
                               throughput=not skip_throughput, rebalance=not skip_rebalance, crash=not skip_crash,
                               out=out or RESULTS)
-    _, paths = run_scale_out(options)
-    _wrote(paths)
+    _done(*run_scale_out(options))
 
 
 @bench_app.command("chaos")
@@ -291,16 +287,13 @@ def bench_chaos(
     """Workers killed, stopped, a broker restart, a store outage.
 
     Live library calls to 3 workers on a broker of the run's own; every 30 s a worker is killed (-9) or SIGTERM'd and restarted, the broker restarted once, the store refusing writes for 20 s once. Every call's finals and QA against `callqa analyze`, exactly once; PII in topics, tables, logs; re-decoded audio, the longest stall of live finals, the checkpoint topic's size."""
-    from pipeline.bench.chaos import BenchChaosOptions, run_bench_chaos, summary_lines
+    from pipeline.bench.chaos import BenchChaosOptions, run_bench_chaos
     from pipeline.bench.results import RESULTS
 
     if duration_s <= 0 or calls < 1 or workers < 2 or fault_every_s <= 0 or outage_s <= 0:
         raise typer.BadParameter("--duration-s, --fault-every-s, --outage-s > 0, --calls >= 1, --workers >= 2")
     options = BenchChaosOptions(duration_s, calls, workers, fault_every_s, outage_s, keep, out or RESULTS)
-    doc, paths = run_bench_chaos(options, console.print)
-    for line in summary_lines(doc):
-        console.print(line)
-    _wrote(paths)
+    _done(*run_bench_chaos(options, console.print))
 
 
 @bench_app.command("soak")
@@ -328,7 +321,7 @@ def bench_soak(
 
     Live traffic (70 % of the found capacity by default) for --minutes through 2 workers, one restarted every 5 minutes; every minute each worker's RSS, open files and threads, the finals' P99, the lag, the checkpoint topic and the topics' bytes on disk. Met when the long-lived worker's RSS grows <= 5 %, the P99 of the last ten minutes is within 20 % of the first ten's, and every turn got its final."""
     from pipeline.bench.results import RESULTS
-    from pipeline.bench.soak import SoakConfig, default_calls, run_soak, summary_lines
+    from pipeline.bench.soak import SoakConfig, default_calls, run_soak
     from pipeline.bench.workers import parse_cores
 
     if minutes <= 0 or calls < 0 or workers < 1 or restart_every_s <= 0 or interval_s <= 0 or warmup_s < 0:
@@ -344,10 +337,7 @@ def bench_soak(
     config = SoakConfig(minutes=minutes, calls=calls, cores=pinned, workers=workers, restart_every_s=restart_every_s,
                         interval_s=interval_s, warmup_s=warmup_s, seed=seed, static_membership=static,
                         standby=standby)
-    doc, paths = run_soak(config, console, out or RESULTS)
-    for line in summary_lines(doc):
-        console.print(line)
-    _wrote(paths)
+    _done(*run_soak(config, console, out or RESULTS))
 
 
 @bench_app.command("end-to-end")
@@ -365,9 +355,8 @@ def bench_end_to_end(
 
     if calls < 1 or realtime_calls < 1:
         raise typer.BadParameter("--calls and --realtime-calls must be >= 1")
-    _, paths = run_end_to_end(EndToEndOptions(calls=calls, realtime_calls=realtime_calls, out=out or RESULTS),
-                              console)
-    _wrote(paths)
+    _done(*run_end_to_end(EndToEndOptions(calls=calls, realtime_calls=realtime_calls, out=out or RESULTS),
+                              console))
 
 
 @bench_app.command("gateway")
@@ -398,8 +387,7 @@ def bench_gateway(
         raise typer.BadParameter("--legs >= 2 each, --window-s > 0, --simulators >= 1, --protocol twilio or siprec")
     options = GatewayBenchOptions(levels, warmup_s, window_s, gateway_cpus, simulator_cpus, simulators, out or RESULTS,
                                   protocol)  # type: ignore[arg-type]
-    _, paths = run_gateway_bench(options, console)
-    _wrote(paths)
+    _done(*run_gateway_bench(options, console))
 
 
 @bench_app.command("readme")
@@ -410,8 +398,8 @@ def bench_readme(
     """bench/README.md from bench/results/: every benchmark's latest run as tables.
 
     One section per result document (the top-level <name>.json files, then the studies' in subfolders): the command, when, the commit, the machine, the figures. Generated: run it again after a benchmark instead of editing the file."""
-    from pipeline.bench.readme import render
     from pipeline.bench.results import RESULTS
+    from pipeline.bench.tables import render
 
     folder = results or RESULTS
     if not folder.is_dir():
@@ -438,6 +426,6 @@ def bench_check(
     if problem := unknown_checks(names):
         raise typer.BadParameter(problem)
     doc, paths = run_checks(CheckOptions(names=names, out=out or RESULTS), console)
-    _wrote(paths)
+    _done(doc, paths)
     if not doc["met"]:
         raise typer.Exit(1)

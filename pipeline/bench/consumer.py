@@ -202,7 +202,6 @@ def run_consumer(options: ConsumerBenchOptions, console: Console) -> tuple[dict[
                                                         (span, label, p)]) for p in PATHS)
             rows += [agent, {**batch, **{f"batch_over_agent_{k}": round(batch[f"{k}_s"] / agent[f"{k}_s"], 3)
                                          if agent[f"{k}_s"] else None for k in ("cpu", "event_loop_cpu")}}]
-    console.print(*rows, sep="\n")
     doc = record("consumer", settings_that_matter(options.settings), {
         "note": f"CPU of the consuming process (every thread) and of its event loop thread from the first message "
                 f"handled to the last, the median of {o.repeat} runs; audio s: leg audio",

@@ -21,14 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
 from pipeline.bench.results import RESULTS, ROOT, record, run_folder, settings_that_matter, write_result
 from pipeline.bench.sender import REPLAY, call_s, replay
 from pipeline.bench.workers import WorkerGroup, shared_broker
 from pipeline.config import Settings
 from pipeline.ingest.replay import CallRecording, load_recording
-from pipeline.tables import print_figures
 
 SAMPLE_CALLS = ROOT / "samples" / "calls"
 
@@ -66,7 +64,6 @@ def run_end_to_end(options: EndToEndOptions, console: Console) -> tuple[dict[str
             pace = "real time" if scenario.realtime else "as fast as possible"
             console.print(f"[bold]{scenario.name}[/bold]: {scenario.calls} calls, {pace}")
             results.append(run_scenario(scenario, recordings, work, console))
-    print_results(results, console)
     ratio = results[0]["call_audio_s_per_wall_s"] / results[1]["call_audio_s_per_wall_s"]
     int8 = results[2]["call_audio_s_per_wall_s"] / results[0]["call_audio_s_per_wall_s"]
     console.print(f"batching in the live pipeline: {ratio:.2f}x the throughput of max_batch 1")
@@ -105,14 +102,3 @@ def run_scenario(scenario: Scenario, recordings: list[CallRecording], work: Path
             "rss_mb_at_end": round(worker.metric("process_resident_memory_bytes") / 2**20, 1),
         }
 
-
-def print_results(results: list[dict[str, Any]], console: Console) -> None:
-    table = Table("scenario", "calls", "wall s", "call-audio s / s", "segments", "e2e P50 ms", "P95", "P99",
-                  "mean batch", "RSS MB", title="callqa pipeline benchmark")
-    table.columns[0].no_wrap = True
-    for r in results:
-        e = r["end_to_end_ms"]
-        table.add_row(r["scenario"], str(r["calls"]), f"{r['wall_s']:.1f}", f"{r['call_audio_s_per_wall_s']:.2f}",
-                      str(r["segments"]), f"{e['p50']:.0f}", f"{e['p95']:.0f}", f"{e['p99']:.0f}",
-                      f"{r['mean_batch']:.2f}", f"{r['rss_mb_at_end']:.0f}")
-    print_figures(console, table)

@@ -26,7 +26,6 @@ from typing import Any, Literal
 import numpy as np
 import uvloop
 from rich.console import Console
-from rich.table import Table
 
 from pipeline.bench import probes
 from pipeline.bench.results import RESULTS, record, run_folder, utc_stamp, write_result
@@ -34,7 +33,6 @@ from pipeline.bench.workers import shared_broker
 from pipeline.config import Settings
 from pipeline.gateway.process import REPO, GatewayProcess, free_port
 from pipeline.ingest.replay import CallRecording, ReplayOptions, load_recording
-from pipeline.tables import print_table
 
 RECORDING = REPO / "samples" / "calls" / "library" / "built" / "02_card_payment.wav"
 FALLBACK = Path("/usr/share/pocketsphinx/test/data/cards/001.wav")
@@ -87,7 +85,6 @@ def run_gateway_bench(options: GatewayBenchOptions, console: Console) -> tuple[d
     work = run_folder(name, stamp)  # the gateway's and simulators' logs and reports stay here
     with shared_broker(console.print):
         runs = [_run_level(legs, options, work / f"{legs}-legs", console) for legs in options.legs]
-    levels = [level for level, _ in runs]
     goals = {"legs_per_core": 1000, "latency_p99_ms": 50, "rss_kb_per_leg": 32 if siprec else 100}
     figures = {"protocol": options.protocol, "levels": [{**asdict(level), **extra} for level, extra in runs],
                "method": {"protocol": METHOD[options.protocol],
@@ -101,7 +98,6 @@ def run_gateway_bench(options: GatewayBenchOptions, console: Console) -> tuple[d
     settings = {"gateway_leg_buffer_s": 2.0, "gateway_send_batch": 2000,
                 "audio_message_ms": Settings().audio_message_ms}
     doc = record("gateway --protocol siprec" if siprec else "gateway", settings, figures, started=stamp)
-    print_levels(levels, console, options.protocol)
     return doc, write_result(name, doc, options.out)
 
 
@@ -239,23 +235,6 @@ def sender_main(spec: dict[str, Any]) -> None:
     sample = late_ms[:: max(1, len(late_ms) // 20000)]  # a sample is enough for the percentiles
     Path(spec["out"]).write_text(json.dumps({"late_ms": [round(float(x), 2) for x in sample], "frames": frames,
                                              "elapsed_s": elapsed, "calls_lost": lost}))
-
-
-def print_levels(levels: list[LevelResult], console: Console, protocol: str = "twilio") -> None:
-    """The levels as a table whose figures stay whole at 80 columns (the simulator's columns go first);
-    SIPREC's per session (two legs)."""
-    unit, per = ("session", 2) if protocol == "siprec" else ("leg", 1)
-    table = Table(title=f"callqa bench gateway: {KIND[protocol].split()[0]} {unit}s through one gateway core")
-    for title in (f"{unit}s", "cores", f"{unit}s/core", f"KB/{unit}", "P50 ms", "P99 ms", "dropped", "lost",
-                  "sim late P99", "offered/s", "load"):
-        table.add_column(title, justify="right", no_wrap=True)
-    for r in levels:
-        table.add_row(str(r.legs // per), f"{r.gateway_cpu_core_fraction:.2f}", f"{r.legs_per_core / per:,.0f}",
-                      f"{r.rss_kb_per_leg * per:.0f}", f"{r.latency_p50_ms:.1f}", f"{r.latency_p99_ms:.1f}",
-                      f"{r.frames_dropped:,}", str(r.calls_lost), f"{r.simulator_late_p99_ms:.0f} ms",
-                      f"{r.frames_offered_per_s:,.0f}/{r.legs * 50:,}", f"{r.load_1m:.1f}")
-    print_table(console, table, optional=("offered/s", "sim late P99", "load"),
-                all_columns=f"bench/results/gateway{'-siprec' * (per == 2)}.json has every column")
 
 
 if __name__ == "__main__":

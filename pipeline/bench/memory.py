@@ -217,20 +217,5 @@ def length_limit(plans: Sequence[CallPlan]) -> float:
     return max(p.duration_ms for p in plans) / 1000 + 1.0
 
 
-def summary_lines(doc: dict[str, Any]) -> list[str]:
-    lines = [f"{s['legs']:g} legs: RSS floor {s['rss_mb_floor']:.1f} MB, median {s['rss_mb']:.1f} "
-             f"(max {s['rss_mb_max']:.1f})" for s in doc["steps"]]
-    lines += [f"{p['from_legs']:g} -> {p['to_legs']:g} legs: {p['rss_mb_added']:+.1f} MB = "
-              f"{_mb(p['mb_per_leg'])} MB per leg (medians: {_mb(p['mb_per_leg_median'])})"
-              + (" [backlog: over capacity, left out]" if p.get("backlog") else "") for p in doc["per_step"]]
-    lines += [f"legs connecting at {c['at_s']:g} s, before their speech is decoded: {c['rss_mb_added']:+.1f} MB for "
-              f"{c['legs_added']:g} legs = {_mb(c['mb_per_leg'])} MB per leg" for c in doc.get("at_connect", [])]
-    r = doc["result"]
-    if r["mb_per_leg"] is not None:
-        lines.append(f"memory per leg (legs added to a worker holding legs): [bold]{r['mb_per_leg']:.2f} MB[/bold] "
-                     f"(goal <= {r['goal_mb_per_leg']:g} MB: {'met' if r['met'] else 'not met'})")
-    return lines
-
-
 def _mb(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}"

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
 from pipeline.bench.results import RESULTS, record, settings_that_matter, write_result
 from pipeline.config import Settings, get_settings
@@ -84,11 +83,6 @@ def run_moonshine(options: MoonshineBenchOptions, console: Console) -> tuple[dic
                              "speech_s_per_wall_s": round(speech_s / best[0], 1),
                              "wer": round(word_error_rate([u.reference for u in utterances], best[2]), 4)})
                 console.print(rows[-1])
-    table = Table("model", "graphs", "batch", "wall ms / speech s", "CPU ms / speech s", "speech s / wall s", "WER %")
-    for r in rows:
-        table.add_row(r["model"], r["graphs"], str(r["batch"]), f"{r['wall_ms_per_speech_s']:.1f}",
-                      f"{r['cpu_ms_per_speech_s']:.1f}", f"{r['speech_s_per_wall_s']:.1f}", f"{100 * r['wer']:.1f}")
-    console.print(table)
     doc = record("moonshine", settings_that_matter(options.settings), {
         "threads": options.threads, "segments": len(segments), "speech_s": round(speech_s, 1), "rows": rows})
     return doc, write_result("moonshine", doc, options.out)

@@ -15,11 +15,9 @@ from typing import Any
 import numpy as np
 from rich.console import Console
 from rich.progress import Progress
-from rich.table import Table
 
 from pipeline.bench.results import RESULTS, record, settings_that_matter, write_result
 from pipeline.config import Settings, get_settings
-from pipeline.tables import print_figures
 
 COMPRESSIONS = (0.99, 1.0, 0.95)  # the default first
 PII_ONLY_SHARE = 0.6  # a span this much of its turn's text: the turn's own times are the span's
@@ -46,7 +44,6 @@ def run_recordings(options: RecordingsOptions, console: Console) -> tuple[dict[s
             rows.append(measure_call(call, engine, settings))
             progress.advance(task)
     totals = summary(rows)
-    _print(rows, totals, console)
     doc = record("recordings", settings_that_matter(settings), {**totals, "calls": rows})
     return doc, write_result("recordings", doc, options.out)
 
@@ -151,15 +148,3 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def _median(values: list[int]) -> float | None:
     return float(np.median(values)) if values else None
 
-
-def _print(rows: list[dict[str, Any]], totals: dict[str, Any], console: Console) -> None:
-    table = Table(title="redacted recordings of the call library's PII calls")
-    for name in ("call", "min", "PII", "cuts", "leaks", "covered", "WER audio", "WER recording", "kB/min"):
-        table.add_column(name, justify="left" if name == "call" else "right")
-    for r in rows:
-        covered = f"{sum(p['covered'] >= 1 for p in r['placement'])}/{len(r['placement'])}"
-        table.add_row(r["call"], f"{r['minutes']:.1f}", str(r["pii_spans"]), str(len(r["cuts"])), str(len(r["leaks"])),
-                      covered, f"{r['wer_original']:.3f}", f"{r['wer_recording']:.3f}",
-                      f"{r['kbytes_per_minute'][str(COMPRESSIONS[0])]:.0f}")
-    print_figures(console, table)
-    console.print(f"totals: {totals}")

@@ -35,7 +35,6 @@ from typing import Any
 import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from pipeline.bench.results import RESULTS, record, run_folder, settings_that_matter, utc_stamp, write_result
 from pipeline.bench.sender import call_s, leg_audio_s, load_library, replay
@@ -400,36 +399,6 @@ def sizes(options: ScaleOutOptions) -> dict[str, Any]:
             "kill_before_end_s": options.kill_before_end_s}
 
 
-def summary_table(parts: dict[str, dict[str, Any]]) -> Table:
-    table = Table("goal", "measured", "target", "status", title="callqa scale-out benchmark")
-    table.columns[1].overflow = "fold"
-
-    def row(title: str, part: dict[str, Any] | None, value: Callable[[dict[str, Any]], str], target: str) -> None:
-        if part is None:
-            table.add_row(title, "skipped", target, "")
-        elif part["status"] != "ok":
-            table.add_row(title, f"[red]{part['error']}[/red]", target, "[red]failed[/red]")
-        else:
-            status = "[green]met[/green]" if part["met"] else "[yellow]not met[/yellow]"
-            table.add_row(title, value(part), target, status)
-
-    row("scale-out: 2 workers / 1, one core each", parts.get("throughput"),
-        lambda p: f"{p['ratio']:.2f}x ({p['one_worker']['call_audio_s_per_wall_s']:.2f} -> "
-                  f"{p['two_workers']['call_audio_s_per_wall_s']:.2f} call-audio s / s); by the workers' CPU "
-                  f"time {p['ratio_by_worker_cpu']:.2f}x (cores not shared)", ">= 1.8x")
-    row("rebalance pause: join -> both producing", parts.get("rebalance"),
-        lambda p: f"{p['pause_s']:.1f} s (group stable after {p['group_stable_after_join_s']} s, "
-                  f"A's longest gap {p['a_longest_gap_s']:.1f} s)", "<= 10 s")
-    row("leg audio re-decoded per rebalance (join)", parts.get("rebalance"),
-        lambda p: f"{p['redecoded_per_rebalance_s']['calls_kept']:.1f} s with calls kept, "
-                  f"{p['redecoded_per_rebalance_s']['every_call_dropped']:.1f} s with every call dropped",
-        "kept < dropped")
-    row("audio re-decoded after kill -9", parts.get("crash"),
-        lambda p: f"{p['redecoded_s']:.1f} s of leg audio ({p['call_s']:.0f} s call, 2 legs)",
-        f"<= {parts['crash']['bound_s']:.1f} s" if parts.get("crash", {}).get("bound_s") else "bound")
-    return table
-
-
 def run_scale_out(options: ScaleOutOptions) -> tuple[dict[str, Any], list[Path]]:
     size = sizes(options)
     stamp = utc_stamp()
@@ -448,7 +417,6 @@ def run_scale_out(options: ScaleOutOptions) -> tuple[dict[str, Any], list[Path]]
         if options.crash:
             parts["crash"] = run_part("crash", lambda: part_crash(
                 work, size["call_s"], size["live_tail_s"], size["kill_before_end_s"]), work)
-    console.print(summary_table(parts))
     doc = record("scale-out", settings_that_matter(Settings()), {
         "taskset": shutil.which("taskset") is not None, "quick": options.quick, "sizes": size, "notes": notes,
         "worker_logs": str(work), "parts": parts,

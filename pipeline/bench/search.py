@@ -32,7 +32,6 @@ import numpy as np
 import yaml
 from rich.console import Console
 from rich.progress import Progress
-from rich.table import Table
 
 from pipeline.bench.results import RESULTS, ROOT, record, run_folder, utc_stamp, write_result
 from pipeline.desk.search import SearchQuery, search
@@ -173,7 +172,6 @@ def run_search_bench(options: SearchBenchOptions, console: Console) -> tuple[dic
     figures.update(fill_s=round(fill_s, 1), merge_s=round(merge_s, 1), store=str(folder) if options.keep else None)
     doc = record("search", {"calls": options.calls, "repeat": options.repeat, "seed": options.seed}, figures,
                  started=stamp)
-    print_summary(doc, console)
     return doc, write_result("search", doc, options.out)
 
 
@@ -233,18 +231,3 @@ def summarise(timed: dict[str, Any], calls: int, segments: int) -> dict[str, Any
             "list_p95_ms": kinds["list"]["p95_ms"], "kinds": kinds,
             "goals": {"p95_ms": GOAL_P95_MS}, "met": met}
 
-
-def print_summary(doc: dict[str, Any], console: Console) -> None:
-    table = Table(title=f"{doc['calls']:,} calls, {doc['segments']:,} segments (filled in {doc['fill_s']} s, "
-                        f"merged in {doc['merge_s']} s)")
-    for header in ("query", "calls found", "P50 ms", "P95 ms", "scan ms"):
-        table.add_column(header, justify="left" if header == "query" else "right")
-    kinds = doc["kinds"]
-    for kind in ("search", "list"):
-        for name, q in kinds[kind]["queries"].items():
-            scan = kinds["scan"]["queries"].get(name, {}).get("p50_ms", "")
-            table.add_row(name, str(q.get("calls", "")), str(q["p50_ms"]), str(q["p95_ms"]), str(scan))
-    console.print(table)
-    console.print(f"search P50 {doc['p50_ms']} ms, P95 {doc['p95_ms']} ms; list P50 {doc['list_p50_ms']} ms, "
-                  f"P95 {doc['list_p95_ms']} ms; goal P95 <= {doc['goals']['p95_ms']:g} ms: "
-                  f"{'met' if doc['met'] else 'not met'}")

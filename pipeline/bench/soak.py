@@ -331,22 +331,6 @@ def soak_figures(config: SoakConfig, run: SoakRun) -> dict[str, Any]:
     }
 
 
-def summary_lines(doc: dict[str, Any]) -> list[str]:
-    rss, p99, turns = doc["rss_mb"], doc["p99_s"], doc["turns"]
-    return [
-        f"{doc['settings']['calls']} calls for {doc['settings']['minutes']:g} min, {len(doc['restarts'])} restarts",
-        f"RSS of {doc['long_lived_worker']}: {rss['first']} MB -> {rss['last']} MB ({rss['growth_pct']} %, goal "
-        f"<= {doc['goals']['rss_growth_max_pct']} %); after the first window "
-        f"{rss.get('slope_after_first_mb_per_h')} MB/h",
-        f"P99 of finals: {p99['first']} s -> {p99['last']} s ({p99['drift_pct']} %, goal <= "
-        f"{doc['goals']['p99_drift_max_pct']} %; restarts in the windows: {p99.get('restarts_in_windows')}; "
-        f"between restarts {(p99.get('between_restarts') or {}).get('first')} s -> "
-        f"{(p99.get('between_restarts') or {}).get('last')} s)",
-        f"turns ended {turns['ended']}, without a final {turns['without_final']}; "
-        + ("met" if doc["met"] else "not met: " + "; ".join(doc["why_not"])),
-    ]
-
-
 def row_line(row: dict[str, Any]) -> str:
     rss = ", ".join(f"{k} {v} MB" for k, v in row["rss_mb"].items())
     files = sum(row["open_files"].values())

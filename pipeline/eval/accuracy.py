@@ -140,19 +140,3 @@ def comparison(rows: Sequence[AccuracyRow], ours: str = "ours", reference: str =
         if f"wer_{ours}" in entry and f"wer_{reference}" in entry:
             entry["wer_points_over_reference"] = round(100 * (entry[f"wer_{ours}"] - entry[f"wer_{reference}"]), 2)
     return list(table.values())
-
-
-def markdown(rows: Sequence[AccuracyRow]) -> str:
-    """A README table: one line per set and condition, each system's WER % and exact digit sequences %."""
-    systems = list(dict.fromkeys(r.system for r in rows))
-    head = ["set", "condition", "words", *(f"WER % {s}" for s in systems), *(f"digits exact % {s}" for s in systems)]
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join([":--", ":--", "--:"] + ["--:"] * 2 * len(systems)) + "|"]
-    for entry in comparison(rows, *(systems[:2] if len(systems) >= 2 else (systems[0], systems[0]))):
-        wers = [_pct(entry.get(f"wer_{s}")) for s in systems]
-        digits = [_pct(entry.get(f"digits_exact_{s}")) for s in systems]
-        lines.append(f"| {entry['set']} | {entry['condition']} | {entry['words']} | " + " | ".join(wers + digits) + " |")
-    return "\n".join(lines)
-
-
-def _pct(value: float | None) -> str:
-    return "–" if value is None else f"{100 * value:.1f}"

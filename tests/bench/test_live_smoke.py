@@ -69,7 +69,7 @@ def test_small_live_run_of_two_workers_writes_json_plot_and_tables(broker: str, 
 
     png = out / "live.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
-    assert "final latency" in done.stdout and "| calls (held) |" in done.stdout  # rich table, README table
+    assert "read_committed P99 s" in done.stdout  # the run's tables: the live spec bench/README.md shows too
 
 
 @pytest.mark.slow

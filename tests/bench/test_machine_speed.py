@@ -110,8 +110,8 @@ def test_a_variant_s_cpu_is_compared_with_its_base_level() -> None:
     assert variant_figures(_run(base, 0.08, 1.2), _run(base, None, 1.0), None)["cpu_ratio_to_base"] is None
 
 
-def test_the_summary_says_legs_per_core_normalised_cpu_per_speech_second_and_each_variant() -> None:
-    from pipeline.bench.report import summary_lines
+def test_the_live_tables_say_legs_per_core_normalised_cpu_per_speech_second_and_each_variant() -> None:
+    from pipeline.bench.tables import grids
 
     level = {"calls": 20, "max_batch": 16, "variant": None,
              "worker": {"cpu_s_per_speech_s": {"total": 0.1, "inference": 0.04, "event_loop": 0.03}}}
@@ -123,8 +123,8 @@ def test_the_summary_says_legs_per_core_normalised_cpu_per_speech_second_and_eac
            "variants": [{"variant": "quantization=int8row", "calls": 20, "cpu_s_per_speech_s": 0.05,
                          "base_cpu_s_per_speech_s": 0.1, "cpu_ratio_to_base": 0.5, "p99_s": 1.2, "base_p99_s": 1.4,
                          "met": True}]}
-    text = "\n".join(summary_lines(doc))
-    assert "fp32 GEMM 100.0 GFLOP/s per pinned core: 20.0 legs per core = [bold]40.0 legs per core at 200" in text
-    assert "20 calls (max_batch 16): worker CPU s per speech s 0.1 (inference 0.04" in text
-    assert "20 quantization=int8row calls" in text
-    assert "variant quantization=int8row at 20 calls: CPU per speech s 0.05 against 0.1 (0.5x), P99 1.20 s" in text
+    summary, levels, variants = grids(doc, "live")
+    assert ["legs per core", "20"] in summary.rows and ["at 200 GFLOP/s per core", "40.0"] in summary.rows
+    assert [row[:4] for row in levels.rows] == [["20", "–", "16", "default"], ["20", "–", "16", "`quantization=int8row`"]]
+    assert levels.rows[0][levels.headers.index("CPU s per speech s")] == "0.1000"
+    assert variants.rows == [["quantization=int8row", "20", "0.0500", "0.1000", "0.500", "1.20", "1.40", "yes"]]

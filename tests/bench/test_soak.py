@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pipeline.bench.soak import SoakConfig, default_calls, summary_lines
+from pipeline.bench.soak import SoakConfig, default_calls
+from pipeline.bench.tables import grids
 
 
 def test_the_default_load_is_70_percent_of_the_latest_capacity_found(tmp_path: Path) -> None:
@@ -44,7 +45,7 @@ def test_the_summary_says_what_was_not_met() -> None:
                                                                                        "first": 0.9, "last": 1.0}},
            "goals": {"rss_growth_max_pct": 5.0, "p99_drift_max_pct": 20.0}, "turns": {"ended": 900, "without_final": 0},
            "met": False, "why_not": ["RSS of w0 grew 10.0 %"]}
-    lines = summary_lines(doc)
-    assert lines[0] == "14 calls for 60 min, 11 restarts" and "800.0 MB -> 880.0 MB (10.0 %" in lines[1]
-    assert "between restarts 0.9 s -> 1.0 s" in lines[2]
-    assert lines[-1].endswith("not met: RSS of w0 grew 10.0 %")
+    shown = dict(grids(doc, "soak")[0].rows)  # the summary: a figure per row
+    assert (shown["calls"], shown["minutes"], shown["restarts"]) == ("14", "60", "11")
+    assert shown["RSS MB of the long-lived worker, first → last"] == "800.0 → 880.0"
+    assert shown["met"] == "no (RSS of w0 grew 10.0 %)"

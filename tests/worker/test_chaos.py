@@ -21,8 +21,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
-from pipeline.bench.chaos import ChaosOptions, run_chaos, summary_lines
+from pipeline.bench.chaos import ChaosOptions, run_chaos
+from pipeline.bench.tables import show
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
@@ -35,7 +37,7 @@ def test_live_calls_survive_kills_a_sigterm_a_broker_restart_and_a_store_outage(
     result = run_chaos(ChaosOptions(work=tmp_path / "chaos", calls=len(CALLS), call_names=CALLS, call_every_s=5.0,
                                     plan=PLAN, outage_s=12.0))
     figures = result.figures()
-    print("\n" + "\n".join(summary_lines(figures)))
+    show(figures, Console(), "chaos")
     for line in result.unplanned_exits + result.problems():
         print(f"  {line}")
 

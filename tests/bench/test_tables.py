@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.bench.readme import render
 from pipeline.bench.results import RESULTS, record, write_result
+from pipeline.bench.tables import render
 
 MEMORY = {"result": {"mb_per_leg": 1.2345, "goal_mb_per_leg": 2.0, "met": True},
           "per_step": [{"from_legs": 8.0, "to_legs": 16.0, "rss_mb_added": 10.44, "mb_per_leg": 1.305,

@@ -1,10 +1,13 @@
-"""`callqa bench readme`: bench/README.md, each benchmark's latest figures as tables, made from bench/results/.
+"""Every result's tables, declared once: printed after a run (``show``) and in bench/README.md (``render``).
 
-Why generated: hand-written result tables in the main README drifted from the runs they cited and grew it past
+Each benchmark has a small spec in SPECS (which figures, headers with units); one without shows its
+top-level figures and its lists of rows. A benchmark module therefore has no printing of its own beyond
+progress: what it measured reaches the console and the README through the same spec.
+
+Why bench/README.md is generated: hand-written result tables in the main README drifted from the runs they cited and grew it past
 its length limit. Every figure here is read from a result document (pipeline/bench/results.py): a new run
 reaches the tables by running this again, and tests/bench/test_readme.py fails when the committed file is not
-what the committed results make. Each benchmark has a small spec in SPECS (which figures, headers with units);
-one without shows its top-level figures and its lists of rows.
+what the committed results make.
 """
 
 from __future__ import annotations
@@ -19,7 +22,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from rich import box
+from rich.console import Console
+from rich.table import Table as RichTable
+
 from pipeline.bench.results import ENVELOPE, RESULTS, ROOT
+from pipeline.tables import print_figures
 
 Get = str | Callable[[Any], Any]  # a dotted path into a row or document, or a function of it
 
@@ -54,6 +62,8 @@ def _met(row: Any) -> str:
 
 
 def _part(p: Any) -> str:
+    if p.get("status") != "ok":
+        return f"failed: {p.get('error')}"
     if "ratio" in p:
         one, two = p["one_worker"]["call_audio_s_per_wall_s"], p["two_workers"]["call_audio_s_per_wall_s"]
         return f"{p['ratio']}× ({one} → {two} call-audio s/s; {p['ratio_by_worker_cpu']}× by the workers' CPU)"
@@ -76,7 +86,10 @@ SPECS: dict[str, tuple[str, tuple[Table | Pivot, ...]]] = {
             # As a read_committed consumer reads finals: with exactly once, at the commit after them.
             Col("read_committed P99 s", "read_committed_latency.p99_s", 2),
             Col("speech s/s", "throughput.speech_s_per_s", 1), Col("worker cores", "worker.cores_used", 2),
-            Col("CPU s per speech s", "worker.cpu_s_per_speech_s.total", 4), Col("met", _met)), "levels"))),
+            Col("CPU s per speech s", "worker.cpu_s_per_speech_s.total", 4), Col("met", _met)), "levels"), Table((
+                Col("variant", "variant"), Col("calls", "calls"), Col("CPU s per speech s", "cpu_s_per_speech_s", 4),
+                Col("base's", "base_cpu_s_per_speech_s", 4), Col("ratio", "cpu_ratio_to_base", 3),
+                Col("P99 s", "p99_s", 2), Col("base's P99 s", "base_p99_s", 2), Col("met", _met)), "variants"))),
     "memory": ("Memory per leg", (Table((
         Col("MB per leg", "result.mb_per_leg", 2), Col("goal, MB per leg", "result.goal_mb_per_leg"),
         Col("met", "result.met"))), Table((
@@ -107,7 +120,7 @@ SPECS: dict[str, tuple[str, tuple[Table | Pivot, ...]]] = {
         Col("P99 s, first → last", lambda d: f"{d['p99_s']['first']} → "
                                                                                       f"{d['p99_s']['last']}"),
         Col("P99 drift %", "p99_s.drift_pct"), Col("turns without a final", "turns.without_final"),
-        Col("met", "met"))), Table((
+        Col("met", _met))), Table((
             Col("t s", "t_s", 0), Col("RSS MB", lambda r: ", ".join(f"{k} {v}" for k, v in r["rss_mb"].items())),
             Col("open files", lambda r: ", ".join(f"{k} {v}" for k, v in r["open_files"].items())),
             Col("finals", "finals"), Col("P99 s", "p99_s", 2), Col("lag frames", "audio_lag_frames"),
@@ -132,6 +145,14 @@ SPECS: dict[str, tuple[str, tuple[Table | Pivot, ...]]] = {
         Col("frames dropped", "frames_dropped"), Col("calls lost", "calls_lost")), "levels"),
         Table((Col("goal: legs per core", "goals.legs_per_core"), Col("goal: P99 ms", "goals.latency_p99_ms"),
                Col("goal: RSS KB per leg", "goals.rss_kb_per_leg"))))),
+    "gateway-siprec": ("Gateway, SIPREC sessions", (Table((
+        Col("SIPREC sessions", "sessions"), Col("core share", "gateway_cpu_core_fraction", 2),
+        Col("sessions per core", "sessions_per_core"), Col("RSS KB per session", "rss_kb_per_session", 1),
+        Col("P50 ms", "latency_p50_ms", 1), Col("P99 ms", "latency_p99_ms", 1),
+        Col("RTP packets lost, late", lambda r: f"{r['rtp_packets_lost']}, {r['rtp_packets_late']}"),
+        Col("calls lost", "calls_lost")), "levels"),
+        Table((Col("goal: sessions per core", "goals.sessions_per_core"), Col("goal: P99 ms", "goals.latency_p99_ms"),
+               Col("goal: RSS KB per session", "goals.rss_kb_per_session"))))),
     "asr": ("ASR speed", (
         Pivot("audio s per wall s (per CPU s)", (SYSTEM, WER), "batch", "batch {}",
               Col("", lambda r: f"{r['audio_s_per_s']:.1f} ({r['audio_s_per_cpu_s']:.1f})")),
@@ -174,7 +195,7 @@ def _fmt(value: Any, col: Col = PLAIN) -> str:
     if isinstance(value, list):
         return "; ".join(_fmt(v) for v in value)
     if not isinstance(value, int | float):
-        return str(value).replace("|", "\\|").replace("\n", " ")
+        return str(value).replace("\n", " ")
     v = value * col.scale if col.scale != 1 else value
     if col.digits is not None or isinstance(v, int):
         return f"{v:,.{col.digits or 0}f}"
@@ -182,8 +203,26 @@ def _fmt(value: Any, col: Col = PLAIN) -> str:
     return text.rstrip("0").rstrip(".") if "." in text else text
 
 
-def _markdown(headers: list[str], rows: list[list[str]]) -> list[str]:
-    return [f"| {' | '.join(headers)} |", "|" + "---|" * len(headers), *(f"| {' | '.join(r)} |" for r in rows), ""]
+@dataclass(frozen=True)
+class Grid:
+    """One table of a result, its cells formatted: what both outputs draw."""
+
+    title: str
+    headers: list[str]
+    rows: list[list[str]]
+
+    def markdown(self) -> list[str]:
+        def line(cells: list[str]) -> str:
+            return f"| {' | '.join(c.replace('|', chr(92) + '|') for c in cells)} |"
+
+        head = [f"**{self.title}**", ""] if self.title else []
+        return [*head, line(self.headers), "|" + "---|" * len(self.headers), *map(line, self.rows), ""]
+
+    def rich(self) -> RichTable:
+        table = RichTable(*self.headers, title=self.title or None, box=box.SIMPLE_HEAD, show_edge=False)
+        for row in self.rows:
+            table.add_row(*row)
+        return table
 
 
 def _rows(doc: Any, rows: Get) -> list[Any]:
@@ -191,24 +230,36 @@ def _rows(doc: Any, rows: Get) -> list[Any]:
     return [{"key": k, **v} for k, v in found.items()] if isinstance(found, Mapping) else list(found)
 
 
-def _render(doc: Any, part: Table | Pivot) -> list[str]:
+def _grid(doc: Any, part: Table | Pivot) -> Grid | None:
     if isinstance(part, Pivot):
         return _pivot(doc, part)
     if part.rows is None:
         shown = [[c.header, _fmt(v, c)] for c in part.cols if (v := _get(doc, c.get)) is not None]
-        return _markdown(["figure", "value"], shown) if shown else []
-    return _markdown([c.header for c in part.cols], [[_fmt(_get(r, c.get), c) for c in part.cols]
-                                                     for r in _rows(doc, part.rows)])
+        return Grid("", ["figure", "value"], shown) if shown else None
+    rows = [[_fmt(_get(r, c.get), c) for c in part.cols] for r in _rows(doc, part.rows)]
+    return Grid("", [c.header for c in part.cols], rows) if rows else None
 
 
-def _pivot(doc: Any, part: Pivot) -> list[str]:
+def _pivot(doc: Any, part: Pivot) -> Grid:
     cells: dict[tuple[str, ...], dict[str, str]] = {}
     for row in _rows(doc, "rows"):
         key = tuple(_fmt(_get(row, c.get), c) for c in part.keys)
         cells.setdefault(key, {})[str(row[part.across])] = _fmt(_get(row, part.cell.get), part.cell)
     across = list(dict.fromkeys(a for by in cells.values() for a in by))
-    return [f"**{part.title}**", "", *_markdown([c.header for c in part.keys] + [part.label.format(a) for a in across],
-                                                [[*k, *(by.get(a, "–") for a in across)] for k, by in cells.items()])]
+    return Grid(part.title, [c.header for c in part.keys] + [part.label.format(a) for a in across],
+                [[*k, *(by.get(a, "–") for a in across)] for k, by in cells.items()])
+
+
+def grids(doc: Mapping[str, Any], name: str) -> list[Grid]:
+    """The tables of result ``name`` (its file's stem) made from ``doc``."""
+    return [g for part in SPECS.get(name, ("", ()))[1] or _generic(doc) if (g := _grid(doc, part)) is not None]
+
+
+def show(doc: Mapping[str, Any], console: Console, name: str | None = None) -> None:
+    """A run's tables on the console, as bench/README.md will show them (``name``: the result's, when its
+    ``benchmark`` does not say it)."""
+    for grid in grids(doc, name or str(doc.get("benchmark", "")).removeprefix("callqa bench ")):
+        print_figures(console, grid.rich())
 
 
 def _auto(key: str) -> Col:
@@ -260,10 +311,10 @@ def section(path: Path, heading: str, out: Path) -> list[str]:
     """One result document: ``heading`` and the spec's title, when and on what, then its tables."""
     doc = json.loads(path.read_text())
     doc = _latest_parts(doc, path.with_suffix(".jsonl")) if "parts" in doc else doc
-    title, parts = SPECS.get(path.stem, ("", ()))
+    title = SPECS.get(path.stem, ("", ()))[0]
     lines = [f"{heading}{title}".rstrip(": "), "", _when_what(doc, path, os.path.relpath(path, out.parent)), ""]
     lines += [f"Note: {doc['note']}.", ""] if doc.get("note") else []
-    return lines + [line for part in parts or _generic(doc) for line in _render(doc, part)]
+    return lines + [line for grid in grids(doc, path.stem) for line in grid.markdown()]
 
 
 def render(results: Path = RESULTS, out: Path = RESULTS.parent / "README.md") -> str:
