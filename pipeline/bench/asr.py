@@ -34,6 +34,7 @@ from pipeline.asr.ct2 import find_source
 from pipeline.asr.manifest import ModelNotBuiltError, latest_model_folder
 from pipeline.asr.recognizer import Recognizer
 from pipeline.asr.results import AudioSegment, TranscriptResult
+from pipeline.bench.offered import arrivals, offer
 from pipeline.bench.results import RESULTS, record, settings_that_matter, write_result
 from pipeline.config import Settings
 from pipeline.eval.conditions import conditioned
@@ -168,28 +169,16 @@ def run_speed(options: AsrOptions, console: Console) -> tuple[dict[str, Any], li
 
 async def run_batcher(recognizer: Recognizer, segments: list[AudioSegment], settings: Settings,
                       load: float) -> dict[str, float]:
-    """Segments arrive as a Poisson process carrying ``load`` audio seconds per second (as from many
+    """Segments arriving as a Poisson process carrying ``load`` audio seconds per second (as from many
     concurrent legs); latency is submit -> transcript, queueing included."""
     batcher = SegmentBatcher.from_settings(recognizer, settings)
     await batcher.start()
-    rng = np.random.default_rng(0)
-    mean_gap = float(np.mean([s.audio.size / 16000 for s in segments])) / load
-
-    async def one(segment: AudioSegment, delay: float) -> tuple[float, int]:
-        await asyncio.sleep(delay)
-        started = time.perf_counter()
-        result = await batcher.submit(segment)
-        return (time.perf_counter() - started) * 1000, result.timings.batch_size
-
-    delays = np.cumsum(rng.exponential(mean_gap, len(segments)))
-    started = time.perf_counter()
-    outcomes = await asyncio.gather(*(one(s, float(d)) for s, d in zip(segments, delays, strict=True)))
-    wall = time.perf_counter() - started
+    done, wall = await offer(batcher, segments, arrivals(segments, load))
     await batcher.close()
-    p50, p90, p99 = np.percentile([o[0] for o in outcomes], [50, 90, 99])
+    p50, p90, p99 = np.percentile([d.latency_s * 1000 for d in done], [50, 90, 99])
     return {"offered_audio_s_per_s": load, "wall_s": wall, "latency_p50_ms": float(p50),
             "latency_p90_ms": float(p90), "latency_p99_ms": float(p99),
-            "mean_batch_size": float(np.mean([o[1] for o in outcomes]))}
+            "mean_batch_size": float(np.mean([d.batch_size for d in done]))}
 
 
 def run_faster_whisper(segments: list[AudioSegment], threads: int, settings: Settings) -> dict[str, Timed]:

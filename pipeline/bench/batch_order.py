@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.bench.offered import arrivals, offer, percentiles_s
 from pipeline.bench.results import RESULTS, record, settings_that_matter, write_result
 from pipeline.config import Settings, get_settings
 
@@ -37,15 +38,6 @@ ENCODE_S_PER_WINDOW_S = 0.02
 DECODE_S_PER_AUDIO_S = 0.03
 
 CLASSES = (("short", 0.0, 3.0), ("medium", 3.0, 8.0), ("long", 8.0, 1e9))
-
-
-def percentiles(values: list[float]) -> dict[str, float]:
-    if not values:
-        return {"n": 0}
-    a = np.array(values)
-    return {"n": len(values), "p50_s": round(float(np.percentile(a, 50)), 3),
-            "p90_s": round(float(np.percentile(a, 90)), 3), "p99_s": round(float(np.percentile(a, 99)), 3),
-            "max_s": round(float(a.max()), 3)}
 
 
 def library_segments(settings: Settings, count: int, seed: int) -> list[Any]:
@@ -71,11 +63,9 @@ class SimulatedRecognizer:
     name, version = "simulated", 1
 
     def __init__(self, window_bucket_s: float) -> None:
-        from types import SimpleNamespace
-
         from pipeline.asr.decoding import WindowPolicy
 
-        self.decoder = SimpleNamespace(options=SimpleNamespace(window=WindowPolicy(window_bucket_s)))
+        self.window = WindowPolicy(window_bucket_s)  # the batcher groups segments by it, as the Recognizer's
 
     def recognize(self, segments: Any, waits: Any = None, wide: bool = False, on_result: Any = None,
                   contexts: Any = None) -> list[Any]:
@@ -96,27 +86,19 @@ class SimulatedRecognizer:
         return out
 
 
-async def run_order(recognizer: Any, segments: list[Any], arrivals: np.ndarray, settings: Settings) -> dict[str, Any]:
+async def run_order(recognizer: Any, segments: list[Any], at: np.ndarray, settings: Settings) -> dict[str, Any]:
     from pipeline.asr.batcher import SegmentBatcher
 
     batcher = SegmentBatcher.from_settings(recognizer, settings)
     await batcher.start()
-    start = time.perf_counter()
-
-    async def one(segment: Any, at: float) -> tuple[float, float, int]:
-        await asyncio.sleep(max(0.0, start + at - time.perf_counter()))
-        submitted = time.perf_counter()
-        result = await batcher.submit(segment)
-        return (segment.end_ms - segment.start_ms) / 1000, time.perf_counter() - submitted, result.timings.batch_size
-
     cpu = time.process_time()
-    done = await asyncio.gather(*(one(s, float(t)) for s, t in zip(segments, arrivals, strict=True)))
-    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+    done, wall = await offer(batcher, segments, at)
+    cpu = time.process_time() - cpu
     await batcher.close()
-    by_class = {name: percentiles([lat for length, lat, _ in done if lo <= length < hi]) for name, lo, hi in CLASSES}
+    by_class = {name: percentiles_s([d.latency_s for d in done if lo <= d.audio_s < hi]) for name, lo, hi in CLASSES}
     return {"batch_order": settings.batch_order, "batch_age_limit_ms": settings.batch_age_limit_ms,
-            "latency": percentiles([lat for _, lat, _ in done]), "by_length": by_class,
-            "mean_batch_per_segment": round(float(np.mean([b for _, _, b in done])), 2), "wall_s": round(wall, 1),
+            "latency": percentiles_s([d.latency_s for d in done]), "by_length": by_class,
+            "mean_batch_per_segment": round(float(np.mean([d.batch_size for d in done])), 2), "wall_s": round(wall, 1),
             "cpu_s": round(cpu, 1)}
 
 
@@ -144,13 +126,13 @@ def main(argv: list[str] | None = None) -> None:
         recognizer.recognize(segments[i:i + base.max_batch])
     engine_speed = audio_s / (time.perf_counter() - started)
     rate = args.load * engine_speed / (audio_s / len(segments))  # segments per second
-    arrivals = np.cumsum(np.random.default_rng(args.seed).exponential(1 / rate, len(segments)))
+    at = arrivals(segments, args.load * engine_speed, args.seed)
     runs = [base.model_copy(update={"batch_order": "oldest"})]
     runs += [base.model_copy(update={"batch_order": "shortest", "batch_age_limit_ms": float(a)})
              for a in args.age_limits.split(",")]
     results = []
     for settings in [s for _ in range(args.repeats) for s in runs]:
-        r = asyncio.run(run_order(recognizer, segments, arrivals, settings))
+        r = asyncio.run(run_order(recognizer, segments, at, settings))
         results.append(r)
         lat, c = r["latency"], r["by_length"]
         print(f"{r['batch_order']:8} age {r['batch_age_limit_ms']:6.0f}  all P50/P99 {lat['p50_s']:6.2f}/{lat['p99_s']:6.2f} s  "

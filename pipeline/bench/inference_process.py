@@ -26,6 +26,7 @@ import numpy as np
 from pipeline.asr.engine import Engine
 from pipeline.asr.inference_process import ProcessRecognizer
 from pipeline.asr.results import AudioSegment
+from pipeline.bench.offered import arrivals, offer
 from pipeline.bench.probes import cpu_seconds
 from pipeline.bench.results import RESULTS, record, settings_that_matter, write_result
 from pipeline.config import Settings, get_settings
@@ -61,31 +62,20 @@ async def one_run(engine: Engine, segments: list[AudioSegment], load: float | No
     await batcher.start()
     # Warm-up: a full batch on every thread or child (first-run allocations; a new child is cold).
     await asyncio.gather(*(batcher.submit(s) for s in segments[: batcher.max_batch * batcher.inference_threads]))
-    rng = np.random.default_rng(0)
     speech_s = float(sum(s.audio.size for s in segments)) / 16000
-    delays = (np.cumsum(rng.exponential(speech_s / len(segments) / load, len(segments)))
-              if load else np.zeros(len(segments)))
-
-    async def one(segment: AudioSegment, delay: float) -> float:
-        await asyncio.sleep(delay)
-        started = time.perf_counter()
-        await batcher.submit(segment)
-        return (time.perf_counter() - started) * 1000
-
+    at = arrivals(segments, load)
     lags: list[float] = []
     stop = asyncio.Event()
     ticker = asyncio.create_task(_ticker(lags, stop))
     before = (time.process_time(), [cpu_seconds(pid) for pid in children])
-    started = time.perf_counter()
-    latencies = await asyncio.gather(*(one(s, float(d)) for s, d in zip(segments, delays, strict=True)))
-    wall = time.perf_counter() - started
+    done, wall = await offer(batcher, segments, at)
     after = (time.process_time(), [cpu_seconds(pid) for pid in children])
     stop.set()
     await ticker
     await batcher.close()
     here_cpu = after[0] - before[0]
     children_cpu = sum(after[1]) - sum(before[1])
-    p50, p99 = np.percentile(latencies, [50, 99])
+    p50, p99 = np.percentile([d.latency_s * 1000 for d in done], [50, 99])
     lag50, lag99 = np.percentile(lags, [50, 99]) if lags else (0.0, 0.0)
     return {
         "speech_s": round(speech_s, 1), "wall_s": round(wall, 2),
