@@ -12,13 +12,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
-import click
 import pydantic
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from typer.exceptions import TyperException
 
 from pipeline.bench.cli import bench_app
 from pipeline.config import Settings, get_settings
@@ -703,18 +703,39 @@ def _describe_validation(exc: pydantic.ValidationError) -> str:
     return "; ".join(parts)
 
 
+VERBOSE = ("--verbose", "-v")
+
+
+def _invoke(args: list[str]) -> Any:
+    """Run the command line. ``--verbose`` is the root's option; given after a sub-command that has none of
+    its own (`callqa bench gateway --verbose`), it means the same there, not "No such option"."""
+    try:
+        return app(args=args, prog_name="callqa", standalone_mode=False)
+    except TyperException as exc:
+        if getattr(exc, "option_name", None) not in VERBOSE:
+            raise
+        return app(args=["--verbose", *(a for a in args if a not in VERBOSE)], prog_name="callqa", standalone_mode=False)
+
+
 def main() -> None:
     began = time.monotonic()
     try:
         # Outside standalone mode click returns a command's `typer.Exit(code)` instead of exiting with it.
-        exit_code = app(standalone_mode=False)
+        exit_code = _invoke(sys.argv[1:])
         if isinstance(exit_code, int) and exit_code:
             sys.exit(exit_code)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
-    except click.ClickException as exc:  # usage errors: click's own one-line message
-        exc.show()
-        sys.exit(exc.exit_code)
+    # Usage errors: click's own message (with the usage line) and its exit status 2. Typer carries its own
+    # copy of click: `click.ClickException` never matched here, so they printed as failures with a
+    # "--verbose for details" hint and exit status 1.
+    except TyperException as exc:
+        show, status = getattr(exc, "show", None), getattr(exc, "exit_code", 2)
+        if callable(show):
+            show()
+        else:
+            err_console.print(f"[red]error:[/red] {escape(str(exc))}")
+        sys.exit(status)
     except pydantic.ValidationError as exc:  # bad settings: which ones and why, never the values given
         err_console.print(f"[red]error:[/red] invalid settings: {escape(_describe_validation(exc))}")
         sys.exit(2)
