@@ -717,6 +717,13 @@ def _invoke(args: list[str]) -> Any:
         return app(args=["--verbose", *(a for a in args if a not in VERBOSE)], prog_name="callqa", standalone_mode=False)
 
 
+def _usage_error(exc: TyperException) -> str:
+    format_message = getattr(exc, "format_message", None)
+    message = format_message() if callable(format_message) else str(exc)
+    command = getattr(getattr(exc, "ctx", None), "command_path", "") or "callqa"
+    return f"{message}  (`{command} --help` lists the options)"
+
+
 def main() -> None:
     began = time.monotonic()
     try:
@@ -726,16 +733,13 @@ def main() -> None:
             sys.exit(exit_code)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
-    # Usage errors: click's own message (with the usage line) and its exit status 2. Typer carries its own
-    # copy of click: `click.ClickException` never matched here, so they printed as failures with a
-    # "--verbose for details" hint and exit status 1.
+    # Usage errors (a bad option or value): one line naming it and the command's --help, exit status 2 as
+    # click gives them; a traceback would say nothing more. Typer carries its own copy of click, so
+    # `except click.ClickException` never matched them: they printed as failures, exit 1, with a
+    # "--verbose for details" hint.
     except TyperException as exc:
-        show, status = getattr(exc, "show", None), getattr(exc, "exit_code", 2)
-        if callable(show):
-            show()
-        else:
-            err_console.print(f"[red]error:[/red] {escape(str(exc))}")
-        sys.exit(status)
+        err_console.print(f"[red]error:[/red] {escape(_usage_error(exc))}")
+        sys.exit(getattr(exc, "exit_code", 2))
     except pydantic.ValidationError as exc:  # bad settings: which ones and why, never the values given
         err_console.print(f"[red]error:[/red] invalid settings: {escape(_describe_validation(exc))}")
         sys.exit(2)

@@ -19,7 +19,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -34,10 +33,10 @@ from confluent_kafka import Consumer, KafkaException
 from faust.worker import Worker
 from rich.console import Console
 
-from pipeline.bench.results import RESULTS, record, settings_that_matter, utc_stamp, write_result
+from pipeline.bench.results import RESULTS, record, run_folder, settings_that_matter, utc_stamp, write_result
 from pipeline.bench.sender import CallStream
 from pipeline.bench.traffic import FRAME_MS, CallPlan, NoiseBed, TurnLibrary
-from pipeline.bench.workers import BenchError, shared_broker
+from pipeline.bench.workers import BenchError, shared_broker, why_stopped
 from pipeline.broker.consumer import use_worker_consumer
 from pipeline.broker.groups import wait_for_members
 from pipeline.broker.producer import ContractProducer
@@ -87,7 +86,7 @@ def consume(path: str, topic: str, expected: int, result: Path, group: str) -> N
     serde, within = Serde.from_settings(s.schema_registry_url), s.frame_batch_within_ms / 1000
     app = faust.App(group if path == "agent" else f"{group}.app", broker=f"kafka://{s.bootstrap}",
                     broker_credentials=faust_credentials(s), store="memory://", web_enabled=False,
-                    datadir=tempfile.mkdtemp(prefix="bench-consumer-"), consumer_auto_offset_reset="earliest",
+                    datadir=str(result.with_suffix(".faust")), consumer_auto_offset_reset="earliest",
                     stream_buffer_maxsize=s.stream_buffer_maxsize, broker_max_poll_records=s.max_poll_records)
     use_worker_consumer(app, s.fetch_min_bytes, s.fetch_max_wait_ms)
 
@@ -150,7 +149,7 @@ def one_run(settings: Settings, admin: Any, path: str, topic: str, result: Path,
 
     def alive() -> None:
         if child.poll() is not None:
-            raise BenchError(f"{path} run exited ({child.returncode}): {log.read_text()[-2000:]}")
+            raise BenchError(f"{path} run exited ({child.returncode}): {why_stopped(log)}")
 
     with log.open("w") as out:
         child = subprocess.Popen([sys.executable, "-m", "pipeline.bench.consumer", path, topic, str(expected),
@@ -167,7 +166,7 @@ def one_run(settings: Settings, admin: Any, path: str, topic: str, result: Path,
                 with suppress(KafkaException):
                     future.result()
     if not result.exists():
-        raise BenchError(f"{path} run: no result (exit {child.returncode}): {log.read_text()[-2000:]}")
+        raise BenchError(f"{path} run: no result (exit {child.returncode}): {why_stopped(log)}")
     return dict(json.loads(result.read_text()), produced=expected)
 
 
@@ -184,7 +183,9 @@ def row(span: int, path: str, traffic: str, sent: int, runs: list[dict[str, Any]
 def run_consumer(options: ConsumerBenchOptions, console: Console) -> tuple[dict[str, Any], list[Path]]:
     rows, runs, started, o = list[dict[str, Any]](), list[dict[str, Any]](), utc_stamp(), options
     live_ms, calls = round(o.live_s * 1000 / FRAME_MS) * FRAME_MS, max(1, round(o.audio_s / (2 * CALL_S)))
-    with shared_broker(console.print) as settings, tempfile.TemporaryDirectory() as tmp:
+    work = run_folder("consumer", started)  # each run's log and figures stay: an error names its log
+    work.mkdir(parents=True, exist_ok=True)
+    with shared_broker(console.print) as settings:
         admin = admin_client(settings, ClientErrors(settings))
         for span, live in [(span, live) for span in o.spans_ms for live in (False, True)[:1 + bool(o.live_calls)]]:
             label = f"{o.live_calls} calls live" if live else "backlog"
@@ -194,7 +195,7 @@ def run_consumer(options: ConsumerBenchOptions, console: Console) -> tuple[dict[
                         produce(settings, topic, span, calls, round(o.audio_s * 1000 / (2 * calls)), False))
                 for i, path in [(i, p) for i in range(o.repeat) for p in PATHS]:
                     with fresh_topic(settings, admin, span) if live else nullcontext(topic) as read:
-                        run = one_run(settings, admin, path, read, Path(tmp, f"{span}-{live}-{path}-{i}.json"), sent,
+                        run = one_run(settings, admin, path, read, work / f"{span}-{'live' if live else 'backlog'}-{path}-{i}.json", sent,
                                       (span, o.live_calls, live_ms) if live else None)
                     runs.append({"span_ms": span, "traffic": label, "path": path, **run})
                     console.print(runs[-1])
@@ -206,7 +207,7 @@ def run_consumer(options: ConsumerBenchOptions, console: Console) -> tuple[dict[
         "note": f"CPU of the consuming process (every thread) and of its event loop thread from the first message "
                 f"handled to the last, the median of {o.repeat} runs; audio s: leg audio",
         "audio_s": o.audio_s, "live_calls": o.live_calls, "live_s": o.live_s, "repeat": o.repeat, "rows": rows,
-        "runs": runs}, started=started)
+        "runs": runs, "logs": str(work)}, started=started)
     return doc, write_result("consumer", doc, options.out)
 
 

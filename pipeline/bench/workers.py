@@ -196,12 +196,8 @@ class WorkerProcess:
         return "\n".join(self.log_text().splitlines()[-n:])
 
     def why(self) -> str:
-        """The log line that says why the worker stopped or failed, and where its log is: one line for a
-        report (the log holds the rest)."""
-        lines = [ln.strip() for ln in self.log_tail(400).splitlines() if ln.strip()]
-        marked = next((ln for marker in WHY_MARKERS for ln in lines if marker in ln), None)
-        errors = [ln for ln in lines if "rror" in ln or "Exception" in ln]
-        return f"{(marked or (errors or lines or ['(empty log)'])[-1])[:300]} (log: {self.log_path})"
+        """The log line that says why the worker stopped or failed, and where its log is (``why_stopped``)."""
+        return why_stopped(self.log_path)
 
     def metrics_text(self) -> str:
         return probes.fetch_metrics(self.web_port)
@@ -256,6 +252,17 @@ class WorkerProcess:
                 raise RuntimeError(f"worker {self.label} died ({self.exit_code}): {self.why()}")
             time.sleep(0.5)
         raise TimeoutError(f"calls not finished in {timeout_s:.0f} s ({len(rows)}/{len(call_ids)}): {self.why()}")
+
+
+def why_stopped(log_path: Path) -> str:
+    """The line of a child process's log that says why it stopped or failed (faust's crash reason, the health
+    check's verdict, the first error; else the last error or line), and where the log is: one line for a
+    report, the log (kept) holds the rest."""
+    text = log_path.read_text(errors="replace") if log_path.exists() else ""
+    lines = [ln.strip() for ln in text.splitlines()[-400:] if ln.strip()]
+    marked = next((ln for marker in WHY_MARKERS for ln in lines if marker in ln), None)
+    errors = [ln for ln in lines if "rror" in ln or "Exception" in ln]
+    return f"{(marked or (errors or lines or ['(empty log)'])[-1])[:300]} (log: {log_path})"
 
 
 def topic_names(prefix: str) -> dict[str, str]:

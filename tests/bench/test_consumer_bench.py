@@ -29,3 +29,5 @@ def test_each_path_reads_every_message_once_at_each_span_and_traffic(broker: str
     assert all(r["messages"] == r["distinct"] == r["produced"] for r in doc["runs"])
     assert all(r["cpu_s"] > 0 and r["wall_s"] > 0 for r in doc["runs"])
     assert all("batch_over_agent_cpu" in r for r in doc["rows"][1::2])
+    # Each run's log stays in the run's folder, where an error about that run points.
+    assert len(list(Path(doc["logs"]).glob("*-backlog-*-0.log"))) == 4

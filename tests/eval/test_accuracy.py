@@ -115,5 +115,5 @@ def test_a_variant_with_a_bad_setting_is_one_line_naming_it() -> None:
         [sys.executable, "-m", "pipeline.cli", "bench", "accuracy", "--sets", "eval", "--variant", "beam_size=0"],
         cwd=REPO, capture_output=True, text=True, timeout=120, check=False, env={**os.environ, "COLUMNS": "200"},
     )
-    assert done.returncode == 1 and len(done.stderr.strip().splitlines()) == 1
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
     assert "--variant 'beam_size=0': beam_size" in done.stderr and "greater than or equal to 1" in done.stderr

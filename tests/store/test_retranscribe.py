@@ -108,9 +108,9 @@ def test_the_command_refuses_without_a_model_or_a_folder(tmp_path: Path) -> None
                               env={**os.environ, "CALLQA_FINAL_MODEL": ""})
 
     no_model = cli("--recordings", str(tmp_path))
-    assert no_model.returncode == 1 and "no model" in no_model.stderr and "Traceback" not in no_model.stderr
+    assert no_model.returncode == 2 and "no model" in no_model.stderr and "Traceback" not in no_model.stderr
     no_folder = cli("--recordings", str(tmp_path / "missing"), "--model", "moonshine-tiny")
-    assert no_folder.returncode == 1 and "not a folder" in no_folder.stderr
+    assert no_folder.returncode == 2 and "not a folder" in no_folder.stderr
     no_source = cli("--model", "moonshine-tiny")
-    assert no_source.returncode == 1 and "--recordings DIR or --audio-topic" in no_source.stderr
+    assert no_source.returncode == 2 and "--recordings DIR or --audio-topic" in no_source.stderr
 
