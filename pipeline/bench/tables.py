@@ -87,6 +87,12 @@ SPECS: dict[str, tuple[str, tuple[Table | Pivot, ...]]] = {
             Col("read_committed P99 s", "read_committed_latency.p99_s", 2),
             Col("speech s/s", "throughput.speech_s_per_s", 1), Col("worker cores", "worker.cores_used", 2),
             Col("CPU s per speech s", "worker.cpu_s_per_speech_s.total", 4), Col("met", _met)), "levels"), Table((
+                # Where the workers' cores went (pipeline/bench/probes.py's split by thread), and the sender's lag.
+                Col("calls", "calls"), Col("max batch", "max_batch"), Col("event loop cores", "worker.cores.event_loop", 2),
+                Col("inference cores", "worker.cores.inference", 2), Col("native pools", "worker.cores.native_pools", 2),
+                Col("other", "worker.cores.other", 2), Col("RSS MB max", "worker.rss_mb.max", 0),
+                Col("mean batch", "batches.mean_size", 2), Col("frames sent late P99 ms", "sender.tick_late.p99_ms", 1)),
+                "levels"), Table((
                 Col("variant", "variant"), Col("calls", "calls"), Col("CPU s per speech s", "cpu_s_per_speech_s", 4),
                 Col("base's", "base_cpu_s_per_speech_s", 4), Col("ratio", "cpu_ratio_to_base", 3),
                 Col("P99 s", "p99_s", 2), Col("base's P99 s", "base_p99_s", 2), Col("met", _met)), "variants"))),

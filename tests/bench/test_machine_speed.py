@@ -123,7 +123,7 @@ def test_the_live_tables_say_legs_per_core_normalised_cpu_per_speech_second_and_
            "variants": [{"variant": "quantization=int8row", "calls": 20, "cpu_s_per_speech_s": 0.05,
                          "base_cpu_s_per_speech_s": 0.1, "cpu_ratio_to_base": 0.5, "p99_s": 1.2, "base_p99_s": 1.4,
                          "met": True}]}
-    summary, levels, variants = grids(doc, "live")
+    summary, levels, _cores, variants = grids(doc, "live")
     assert ["legs per core", "20"] in summary.rows and ["at 200 GFLOP/s per core", "40.0"] in summary.rows
     assert [row[:4] for row in levels.rows] == [["20", "–", "16", "default"], ["20", "–", "16", "`quantization=int8row`"]]
     assert levels.rows[0][levels.headers.index("CPU s per speech s")] == "0.1000"
