@@ -148,7 +148,8 @@ SPECS: dict[str, tuple[str, tuple[Table | Pivot, ...]]] = {
         Col("legs", "legs"), Col("core share", "gateway_cpu_core_fraction", 2), Col("legs per core", "legs_per_core"),
         Col("CPU ms per leg s", "cpu_ms_per_leg_s", 2), Col("RSS KB per leg", "rss_kb_per_leg", 1),
         Col("P50 ms", "latency_p50_ms", 1), Col("P99 ms", "latency_p99_ms", 1),
-        Col("frames dropped", "frames_dropped"), Col("calls lost", "calls_lost")), "levels"),
+        Col("frames dropped", "frames_dropped"), Col("calls lost", "calls_lost"),
+        Col("simulators late P99 ms", "simulator_late_p99_ms", 0)), "levels"),
         Table((Col("goal: legs per core", "goals.legs_per_core"), Col("goal: P99 ms", "goals.latency_p99_ms"),
                Col("goal: RSS KB per leg", "goals.rss_kb_per_leg"))))),
     "gateway-siprec": ("Gateway, SIPREC sessions", (Table((
@@ -159,10 +160,30 @@ SPECS: dict[str, tuple[str, tuple[Table | Pivot, ...]]] = {
         Col("calls lost", "calls_lost")), "levels"),
         Table((Col("goal: sessions per core", "goals.sessions_per_core"), Col("goal: P99 ms", "goals.latency_p99_ms"),
                Col("goal: RSS KB per session", "goals.rss_kb_per_session"))))),
+    "recordings": ("Redacted recordings", (Table((
+        Col("calls", lambda d: len(d["calls"])), Col("minutes", "minutes", 1),  # "calls": each call's figures Col("PII spans", "pii_spans"),
+        Col("PII heard again", "leaks"),
+        Col("cuts: estimate, widened, whole segment", lambda d: ", ".join(str(v) for v in d["cuts_by_step"].values())),
+        Col("silenced s", "silenced_s", 1),
+        Col("whole-turn spans fully covered", lambda d: f"{d['whole_turn_spans_fully_covered']} of {d['whole_turn_spans']}"),
+        Col("cut start before / end after the turn, median ms", lambda d: f"{d['median_before_ms']:g} / {d['median_after_ms']:g}"),
+        Col("WER %, audio / recording", lambda d: f"{100 * d['wer_original']:.1f} / {100 * d['wer_recording']:.1f}"),
+        Col("kB per minute by Opus level", lambda d: ", ".join(f"{k}: {v}" for k, v in d["kbytes_per_minute"].items())),
+        Col("worst crosstalk dB by level", lambda d: ", ".join(f"{k}: {v}" for k, v in d["worst_crosstalk_db"].items())))),
+        Table((Col("call", "call"), Col("minutes", "minutes", 2), Col("PII spans", "pii_spans"),
+               Col("cuts", lambda c: len(c["cuts"])), Col("PII heard again", lambda c: len(c["leaks"])),
+               Col("whole-turn spans covered", lambda c: f"{sum(p['covered'] >= 1 for p in c['placement'])} of "
+                                                         f"{len(c['placement'])}"),
+               Col("WER % audio", "wer_original", 1, 100), Col("WER % recording", "wer_recording", 1, 100),
+               Col("kB per minute", lambda c: next(iter(c["kbytes_per_minute"].values())))), "calls"))),
     "asr": ("ASR speed", (
         Pivot("audio s per wall s (per CPU s)", (SYSTEM, WER), "batch", "batch {}",
               Col("", lambda r: f"{r['audio_s_per_s']:.1f} ({r['audio_s_per_cpu_s']:.1f})")),
-        Table((Col("ours batch 16 / faster-whisper batched", "ratios.ours_b16_vs_faster_whisper_batched", 2),
+        Table((Col("batcher: audio s/s offered", "batcher.offered_audio_s_per_s"),
+               Col("latency P50 / P90 / P99 ms", lambda d: " / ".join(
+                   f"{d['batcher'][f'latency_{q}_ms']:.0f}" for q in ("p50", "p90", "p99")) if d.get("batcher") else None),
+               Col("mean batch", "batcher.mean_batch_size", 1),
+               Col("ours batch 16 / faster-whisper batched", "ratios.ours_b16_vs_faster_whisper_batched", 2),
                Col("ours batch 16 / ours batch 1", "ratios.ours_b16_vs_ours_b1", 2),
                Col("peak RSS MB, ours", "peak_rss_mb.ours", 0))))),
     "inference-process": ("Decoding in child processes", (Table((
