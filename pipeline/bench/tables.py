@@ -161,7 +161,8 @@ SPECS: dict[str, tuple[str, tuple[Table | Pivot, ...]]] = {
         Table((Col("goal: sessions per core", "goals.sessions_per_core"), Col("goal: P99 ms", "goals.latency_p99_ms"),
                Col("goal: RSS KB per session", "goals.rss_kb_per_session"))))),
     "recordings": ("Redacted recordings", (Table((
-        Col("calls", lambda d: len(d["calls"])), Col("minutes", "minutes", 1),  # "calls": each call's figures Col("PII spans", "pii_spans"),
+        # "calls" holds each call's figures (recordings.py), so the count is its length.
+        Col("calls", lambda d: len(d["calls"])), Col("minutes", "minutes", 1), Col("PII spans", "pii_spans"),
         Col("PII heard again", "leaks"),
         Col("cuts: estimate, widened, whole segment", lambda d: ", ".join(str(v) for v in d["cuts_by_step"].values())),
         Col("silenced s", "silenced_s", 1),
