@@ -30,6 +30,16 @@ def _done(doc: dict[str, Any], paths: list[Path]) -> None:
     _wrote(paths)
 
 
+def _cores(text: str) -> tuple[int, ...]:
+    """--cores as core numbers, or a usage error naming what is wrong with it."""
+    from pipeline.bench.workers import parse_cores
+
+    try:
+        return parse_cores(text)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+
+
 def _split(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
@@ -65,14 +75,10 @@ def bench_live(
     from pipeline.bench.live import LevelConfig
     from pipeline.bench.results import RESULTS
     from pipeline.bench.variants import BadVariant
-    from pipeline.bench.workers import parse_cores
 
     if calls < 1 or workers < 1 or hold_s <= 0 or warmup_s < 0:
         raise typer.BadParameter("--calls and --workers must be >= 1, --hold-s > 0 and --warmup-s >= 0")
-    try:
-        pinned = parse_cores(cores)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from exc
+    pinned = _cores(cores)
     level = LevelConfig(calls=calls, cores=pinned, warmup_s=warmup_s, hold_s=hold_s, seed=seed, p99_max_s=p99_max_s,
                         workers=workers)
     options = BenchOptions(level, search=search, compare=compare, max_calls=max_calls, out=out or RESULTS,
@@ -101,14 +107,10 @@ def bench_memory(
     One worker, idle, then --step-calls calls added every --step-s seconds (none ending): its RSS (/proc) and its own count of live legs at 0, N, 2N legs; MB per leg added (goal <= 2)."""
     from pipeline.bench.memory import MemoryOptions, run_memory
     from pipeline.bench.results import RESULTS
-    from pipeline.bench.workers import parse_cores
 
     if step_calls < 1 or steps < 1 or window_s <= 0 or step_s <= window_s or idle_s < window_s:
         raise typer.BadParameter("--step-calls and --steps >= 1, --step-s > --window-s > 0, --idle-s >= --window-s")
-    try:
-        pinned = parse_cores(cores)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from exc
+    pinned = _cores(cores)
     options = MemoryOptions(step_calls=step_calls, steps=steps, idle_s=idle_s, step_s=step_s, window_s=window_s,
                             cores=pinned, seed=seed, out=out or RESULTS)
     _done(*run_memory(options, console))
@@ -322,15 +324,11 @@ def bench_soak(
     Live traffic (70 % of the found capacity by default) for --minutes through 2 workers, one restarted every 5 minutes; every minute each worker's RSS, open files and threads, the finals' P99, the lag, the checkpoint topic and the topics' bytes on disk. Met when the long-lived worker's RSS grows <= 5 %, the P99 of the last ten minutes is within 20 % of the first ten's, and every turn got its final."""
     from pipeline.bench.results import RESULTS
     from pipeline.bench.soak import SoakConfig, default_calls, run_soak
-    from pipeline.bench.workers import parse_cores
 
     if minutes <= 0 or calls < 0 or workers < 1 or restart_every_s <= 0 or interval_s <= 0 or warmup_s < 0:
         raise typer.BadParameter("--minutes, --restart-every-s, --interval-s > 0; --calls, --warmup-s >= 0; "
                                  "--workers >= 1")
-    try:
-        pinned = parse_cores(cores)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from exc
+    pinned = _cores(cores)
     if calls == 0:
         calls, why = default_calls(out or RESULTS)
         console.print(f"--calls {calls}: {why}")

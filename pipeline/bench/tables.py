@@ -4,10 +4,10 @@ Each benchmark has a small spec in SPECS (which figures, headers with units); on
 top-level figures and its lists of rows. A benchmark module therefore has no printing of its own beyond
 progress: what it measured reaches the console and the README through the same spec.
 
-Why bench/README.md is generated: hand-written result tables in the main README drifted from the runs they cited and grew it past
-its length limit. Every figure here is read from a result document (pipeline/bench/results.py): a new run
-reaches the tables by running this again, and tests/bench/test_readme.py fails when the committed file is not
-what the committed results make.
+Why bench/README.md is generated: hand-written result tables in the main README drifted from the runs they
+cited and grew it past its length limit. Every figure here is read from a result document
+(pipeline/bench/results.py): a new run reaches the tables by running `callqa bench readme` again, and
+tests/bench/test_tables.py fails when the committed file is not what the committed results make.
 """
 
 from __future__ import annotations
@@ -58,7 +58,8 @@ class Pivot:
 
 
 def _met(row: Any) -> str:
-    return "yes" if row.get("met") else f"no ({'; '.join(row.get('why_not') or ())})"
+    why = "; ".join(row.get("why_not") or ())
+    return "yes" if row.get("met") else f"no ({why})" if why else "no"
 
 
 def _part(p: Any) -> str:
@@ -209,7 +210,10 @@ SPECS: dict[str, tuple[str, tuple[Table | Pivot, ...]]] = {
 
 def _get(obj: Any, get: Get) -> Any:
     if callable(get):
-        return get(obj)
+        try:
+            return get(obj)
+        except (KeyError, IndexError, TypeError, ValueError):  # a figure the run did not reach (a failed part): "–"
+            return None
     for key in get.split("."):
         obj = obj.get(key) if isinstance(obj, Mapping) else None
     return obj
@@ -241,7 +245,7 @@ class Grid:
 
     def markdown(self) -> list[str]:
         def line(cells: list[str]) -> str:
-            return f"| {' | '.join(c.replace('|', chr(92) + '|') for c in cells)} |"
+            return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
 
         head = [f"**{self.title}**", ""] if self.title else []
         return [*head, line(self.headers), "|" + "---|" * len(self.headers), *map(line, self.rows), ""]
