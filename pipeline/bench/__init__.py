@@ -4,7 +4,8 @@
   topics; the shared broker, started when none runs), ``store_fault`` (a worker whose store refuses inserts
   while a file exists), ``stores`` (several workers' stores read as one), ``traffic`` and ``sender`` (planned
   Poisson calls sent in real time; library calls replayed), ``offered`` (the engine-level traffic: segments
-  offered to a SegmentBatcher), ``probes`` (the sampler: CPU, RSS, /metrics), ``results`` (the result writer:
+  offered to a SegmentBatcher), ``topics`` (what the broker holds: the live finals tapped, a topic read to its
+  end, the checkpoint topic's live keys), ``probes`` (the sampler: CPU, RSS, /metrics), ``results`` (the result writer:
   machine, commit, date, settings beside the figures; the run's log folder), ``tables`` (each result's tables,
   declared once: on the console after a run and in bench/README.md); ``cli``: the `callqa bench`
   sub-commands; ``variants``: ``--variant setting=value`` settings.

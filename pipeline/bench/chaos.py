@@ -53,6 +53,7 @@ from pipeline.bench import probes
 from pipeline.bench.results import RESULTS, record, run_folder, settings_that_matter, utc_stamp, write_result
 from pipeline.bench.sender import MAX_LOAD_CALL_MS, REPLAY, call_s, leg_audio_s, library_calls, replay
 from pipeline.bench.stores import GroupCalls, GroupStores, QaVerdicts
+from pipeline.bench.topics import checkpoint_figures, read_topic
 from pipeline.bench.workers import WorkerGroup
 from pipeline.broker.groups import group_members, wait_for_takeover
 from pipeline.broker.local import LocalKafka, free_port
@@ -321,39 +322,6 @@ class Faults:
 
 
 # ---- reading what the run left ------------------------------------------------------------------------------
-def read_topic(settings: Settings, topic: str) -> list[Any]:
-    """Every committed record of ``topic`` (tombstones included), from each partition's start to its end
-    now, as a read_committed consumer downstream sees them."""
-    from confluent_kafka import Consumer, KafkaError, TopicPartition
-
-    # Transactions end with commit markers, which no poll returns: a partition's end is its EOF.
-    consumer = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": f"chaos-read-{uuid.uuid4().hex}",
-                         "enable.auto.commit": False, "enable.partition.eof": True,
-                         "isolation.level": "read_committed"})
-    out: list[Any] = []
-    try:
-        partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
-        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30) for p in partitions}
-        want = {p: hi for p, (lo, hi) in ends.items() if hi > lo}
-        consumer.assign([TopicPartition(topic, p, ends[p][0]) for p in want])
-        position = {p: ends[p][0] for p in want}
-        deadline = time.monotonic() + 120
-        while any(position[p] < want[p] for p in want) and time.monotonic() < deadline:
-            msg = consumer.poll(1.0)
-            if msg is None:
-                continue
-            error = msg.error()
-            if error is not None:
-                if error.code() == KafkaError._PARTITION_EOF and (msg.offset() or 0) >= want.get(msg.partition(), 0):
-                    position[msg.partition()] = want[msg.partition()]
-                continue
-            out.append(msg)
-            position[msg.partition()] = (msg.offset() or 0) + 1
-    finally:
-        consumer.close()
-    return out
-
-
 @dataclass
 class PiiScan:
     spans: dict[str, list[dict[str, Any]]]  # call id -> its manifest PII spans
@@ -400,18 +368,6 @@ class PiiScan:
         self.scanned["log lines"] += len(lines)
         self.leaks += find_leaks("", self.every_span(), [(f"{path.name} line {i + 1}", ln)
                                                          for i, ln in enumerate(lines)], in_text=False)
-
-
-def checkpoint_figures(messages: list[Any]) -> dict[str, Any]:
-    """The checkpoint topic as written (records, bytes) and as compaction leaves it (latest value per key)."""
-    latest: dict[bytes, Any] = {}
-    for msg in sorted(messages, key=lambda m: (m.partition(), m.offset())):
-        latest[msg.key()] = msg.value()
-    live = {k: v for k, v in latest.items() if v is not None}
-    return {"records": len(messages), "bytes": sum(len(m.key() or b"") + len(m.value() or b"") for m in messages),
-            "tombstones": sum(1 for m in messages if m.value() is None), "keys": len(latest),
-            "live_keys": len(live), "live_bytes": sum(len(v) for v in live.values()),
-            "live_calls": sorted(k.decode(errors="replace") for k in live)}
 
 
 def stall_figures(transcripts: list[TranscriptSegment], latencies: list[LatencyMetric],

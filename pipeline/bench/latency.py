@@ -189,3 +189,11 @@ def batch_sizes(finals: Sequence[FinalSeen]) -> dict[str, object]:
         "mean_size_per_segment": round(sum(s * n for s, n in by_size.items()) / len(finals), 2) if finals else None,
         "segments_by_size": {str(size): by_size[size] for size in sorted(by_size)},
     }
+
+
+def turns_in_window(plans: Sequence[CallPlan], matched: Sequence[MatchedFinal], wall0: float, from_s: float,
+                    to_s: float) -> tuple[int, int]:
+    """Turns whose speech ended in [from_s, to_s) (wall clock), and how many of them no final was matched to."""
+    heard = {(m.final.call_id, id(m.turn)) for m in matched if m.turn is not None}
+    ending = [(p.call_id, t) for p in plans for t in p.turns if from_s <= wall0 + p.arrival_s + t.end_ms / 1000 < to_s]
+    return len(ending), sum(1 for call_id, t in ending if (call_id, id(t)) not in heard)

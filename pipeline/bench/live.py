@@ -16,7 +16,6 @@ seconds of audio it is behind stays under LAG_SLOPE_MAX), it drained, and finals
 from __future__ import annotations
 
 import os
-import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -25,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -36,12 +34,14 @@ from pipeline.bench.latency import (
     batch_sizes,
     match_finals,
     stages,
+    turns_in_window,
     unique_finals,
     window_latency,
     window_visible_latency,
     written_in,
 )
 from pipeline.bench.sender import LiveSender, SendReport
+from pipeline.bench.topics import TranscriptTap
 from pipeline.bench.traffic import (
     FRAME_MS,
     CallPlan,
@@ -52,11 +52,10 @@ from pipeline.bench.traffic import (
     plan_traffic,
 )
 from pipeline.bench.variants import settings_variant
-from pipeline.bench.workers import Background, BenchError, WorkerGroup, WorkerProcess
+from pipeline.bench.workers import Background, BenchError, WorkerGroup, WorkerProcess, share_cores
 from pipeline.broker.producer import ContractProducer
-from pipeline.broker.security import kafka_config
 from pipeline.config import Settings
-from pipeline.contracts import Serde, TranscriptSegment
+from pipeline.contracts import Serde
 from pipeline.worker.metrics import DELAY_BUCKETS, PARTIAL_OUTCOMES
 
 # "Lag not growing": the worker falls behind the live audio by less than 1 s per 100 s of window.
@@ -130,79 +129,6 @@ class LevelRun:
 
 
 # ---- the pieces of a level -------------------------------------------------------------------------------
-class TranscriptTap(threading.Thread):
-    """Reads the transcripts topic from its beginning; keeps every final with its Kafka timestamp."""
-
-    def __init__(self, settings: Settings, serde: Serde) -> None:
-        super().__init__(name="bench-transcripts", daemon=True)
-        self.topic = settings.topic_transcripts
-        self.serde = serde
-        # read_committed, as a downstream consumer of exactly-once outputs reads (read_committed_latency).
-        self.consumer = Consumer({**kafka_config(settings), "group.id": f"bench-live-{uuid.uuid4().hex}",
-                                  "enable.auto.commit": False, "isolation.level": "read_committed"})
-        partitions = self.consumer.list_topics(self.topic, timeout=10).topics[self.topic].partitions
-        self.consumer.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in partitions])
-        self.halt = threading.Event()
-        self._lock = threading.Lock()
-        self._finals: list[FinalSeen] = []
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            while not self.halt.is_set():
-                msg = self.consumer.poll(0.2)
-                if msg is not None and not msg.error() and msg.value():
-                    self._keep(msg)
-        except BaseException as exc:  # noqa: BLE001 - handed to the level by finals()
-            self.error = exc
-        finally:
-            self.consumer.close()
-
-    def _keep(self, msg: Any) -> None:
-        received = time.time()
-        segment = self.serde.decode(msg.value(), TranscriptSegment)
-        if not segment.is_final or segment.revision > 0:  # a post-call revision is not a live final
-            return
-        kind, stamp_ms = msg.timestamp()
-        written = stamp_ms / 1000 if kind != 0 and stamp_ms > 0 else received  # 0: no timestamp
-        final = FinalSeen(segment.call_id, segment.leg, segment.segment_id, segment.start_ms, segment.end_ms,
-                          segment.text, written, received, segment.batch_size,
-                          closed_s=segment.segment_closed_at_ms / 1000 if segment.segment_closed_at_ms else None,
-                          wait_s=segment.batcher_wait_ms / 1000, inference_s=segment.inference_ms / 1000,
-                          produced_s=segment.produced_at_ms / 1000 if segment.produced_at_ms else None)
-        with self._lock:
-            self._finals.append(final)
-
-    def finals(self) -> list[FinalSeen]:
-        if self.error is not None:
-            raise BenchError(f"reading {self.topic} failed: {type(self.error).__name__}: {self.error}")
-        with self._lock:
-            return list(self._finals)
-
-    def stop(self) -> None:
-        self.halt.set()
-        self.join(timeout=10)
-
-
-def share_cores(cores: tuple[int, ...], workers: int) -> list[tuple[int, ...]]:
-    """Each worker's cores: fewer workers than cores split them (0,2 | 1,3); more share them round robin;
-    none given, none pinned."""
-    if not cores:
-        return [()] * workers
-    if workers <= len(cores):
-        return [cores[i::workers] for i in range(workers)]
-    return [(cores[i % len(cores)],) for i in range(workers)]
-
-
-def start_workers(workers: WorkerGroup, config: LevelConfig) -> list[WorkerProcess]:
-    """The level's workers in its consumer group, each pinned to its share of the cores, once the group holds
-    every input partition (frames sent before would only queue up)."""
-    for i, cores in enumerate(config.worker_cores):
-        workers.start(f"w{i}", cpus=",".join(map(str, cores)))
-    workers.wait_members(config.workers, ASSIGNMENT_TIMEOUT_S)
-    return workers.workers
-
-
 # ---- a level ---------------------------------------------------------------------------------------------
 @dataclass
 class Watch:
@@ -248,7 +174,7 @@ def run_level(config: LevelConfig, library: TurnLibrary, work: Path, console: Co
     plans = plan_traffic(library, config.traffic, config.horizon_s, prefix)
     with WorkerGroup.fresh(prefix, work / prefix, config.worker_overrides()) as workers:
         with console.status(f"{config.label}: starting {config.workers} worker(s) (model, VAD, store, consumer group)..."):
-            start_workers(workers, config)
+            workers.start_pinned(config.workers, config.cores, ASSIGNMENT_TIMEOUT_S)
         settings = workers.settings
         serde = Serde.from_settings(settings.schema_registry_url)
         tap = TranscriptTap(settings, serde)
@@ -438,7 +364,7 @@ def worker_figures(cpu: probes.CpuSplit, in_window: list[probes.MetricsSample], 
     return {
         **cpu.as_json(),
         "cpu_s_per_speech_s": cpu_per_speech(cpu, speech_s),
-        "rss_mb": {"start": mb(rss[0]), "end": mb(rss[-1]), "max": mb(max(rss))} if rss else None,
+        "rss_mb": {"start": probes.mb(rss[0]), "end": probes.mb(rss[-1]), "max": probes.mb(max(rss))} if rss else None,
         # What the inference thread gets done per CPU second: compares batching policies at any load.
         "speech_s_per_inference_cpu_s": round(speech_s / cpu.inference_s, 2) if cpu.inference_s else None,
     }
@@ -454,18 +380,6 @@ def cpu_per_speech(cpu: probes.CpuSplit, speech_s: float) -> dict[str, float | N
     return {"total": per(cpu.total_s), "inference": per(cpu.inference_s), "event_loop": per(cpu.event_loop_s)}
 
 
-def turns_in_window(plans: Sequence[CallPlan], matched: Sequence[MatchedFinal], wall0: float, from_s: float,
-                    to_s: float) -> tuple[int, int]:
-    """Turns whose speech ended in [from_s, to_s) (wall clock), and how many of them no final was matched to."""
-    heard = {(m.final.call_id, id(m.turn)) for m in matched if m.turn is not None}
-    ending = [(p.call_id, t) for p in plans for t in p.turns if from_s <= wall0 + p.arrival_s + t.end_ms / 1000 < to_s]
-    return len(ending), sum(1 for call_id, t in ending if (call_id, id(t)) not in heard)
-
-
-def mb(n: float) -> float:
-    return round(n / 2**20, 1)
-
-
 def lag_timeline(samples: Sequence[probes.MetricsSample], plans: Sequence[CallPlan]) -> list[dict[str, Any]]:
     """Per sample: frames the worker is behind, and as seconds of the live audio (frames / the frame rate
     of the calls open then), its queue, calls and memory."""
@@ -476,7 +390,7 @@ def lag_timeline(samples: Sequence[probes.MetricsSample], plans: Sequence[CallPl
         behind = None if s.audio_lag is None or rate == 0 else s.audio_lag / rate
         out.append({"t_s": round(s.t_s, 1), "lag_frames": s.audio_lag,
                     "behind_s": None if behind is None else round(behind, 3), "queue": s.queue_depth,
-                    "worker_calls": s.active_calls, "calls_open": open_calls, "rss_mb": mb(s.rss_bytes)})
+                    "worker_calls": s.active_calls, "calls_open": open_calls, "rss_mb": probes.mb(s.rss_bytes)})
     return out
 
 

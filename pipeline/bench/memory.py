@@ -31,7 +31,6 @@ import numpy as np
 from rich.console import Console
 
 from pipeline.bench import probes
-from pipeline.bench.live import LevelConfig, start_workers
 from pipeline.bench.results import RESULTS, record, run_folder, settings_that_matter, utc_stamp, write_result
 from pipeline.bench.sender import LiveSender, SendReport
 from pipeline.bench.traffic import CallPlan, NoiseBed, TrafficSpec, TurnLibrary, arriving
@@ -157,12 +156,11 @@ def run_memory(options: MemoryOptions, console: Console) -> tuple[dict[str, Any]
     library = TurnLibrary.load()
     prefix = f"bench.memory.{uuid.uuid4().hex[:6]}"
     plans = step_plans(library, options, prefix)
-    config = LevelConfig(calls=options.step_calls * options.steps, cores=options.cores, seed=options.seed)
     samples: list[Sample] = []
     report = SendReport()
     with shared_broker(console.print), WorkerGroup.fresh(prefix, work) as workers:
         with console.status("starting the worker (model, VAD, store, consumer group)..."):
-            (worker,) = start_workers(workers, config)
+            (worker,) = workers.start_pinned(1, options.cores)
         settings = workers.settings
         sender = LiveSender(ContractProducer.from_settings(settings, Serde.from_settings(settings.schema_registry_url)),
                             settings.topic_audio, settings.topic_call_events, library, NoiseBed(length_limit(plans)),

@@ -422,3 +422,7 @@ def _numpy_version() -> str:
     import numpy
 
     return str(numpy.__version__)
+
+
+def mb(n: float) -> float:
+    return round(n / 2**20, 1)

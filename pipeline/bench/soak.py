@@ -44,13 +44,12 @@ from confluent_kafka import Consumer, TopicPartition
 from rich.console import Console
 
 from pipeline.bench import probes
-from pipeline.bench.chaos import checkpoint_figures, read_topic
-from pipeline.bench.latency import match_finals, unique_finals, window_latency
-from pipeline.bench.live import TranscriptTap, mb, share_cores, turns_in_window
+from pipeline.bench.latency import match_finals, turns_in_window, unique_finals, window_latency
 from pipeline.bench.results import RESULTS, read_history, record, run_folder, utc_stamp, write_result
 from pipeline.bench.sender import LiveSender, SendReport
+from pipeline.bench.topics import TranscriptTap, checkpoint_figures, read_topic
 from pipeline.bench.traffic import CallPlan, NoiseBed, TrafficSpec, TurnLibrary, plan_steady_traffic
-from pipeline.bench.workers import Background, WorkerGroup, WorkerProcess, shared_broker
+from pipeline.bench.workers import Background, WorkerGroup, WorkerProcess, share_cores, shared_broker
 from pipeline.broker.local import LocalKafka
 from pipeline.broker.producer import ContractProducer
 from pipeline.config import Settings
@@ -187,7 +186,7 @@ class SoakRun:
         latency = window_latency(matched, wall0 + since, wall0 + t)
         return {
             "t_s": round(t, 1),
-            "rss_mb": {w.label: mb(probes.rss_bytes(w.pid)) for w in self.workers.workers if w.alive()},
+            "rss_mb": {w.label: probes.mb(probes.rss_bytes(w.pid)) for w in self.workers.workers if w.alive()},
             "open_files": {w.label: _count(f"/proc/{w.pid}/fd") for w in self.workers.workers if w.alive()},
             "threads": {w.label: _count(f"/proc/{w.pid}/task") for w in self.workers.workers if w.alive()},
             "audio_lag_frames": None if metrics is None else metrics.audio_lag,

@@ -324,6 +324,16 @@ class WorkerGroup:
         self.restart(worker, timeout_s)
         return worker
 
+    def start_pinned(self, count: int, cores: tuple[int, ...], timeout_s: float = 120.0,
+                     overrides: Callable[[str], Mapping[str, str]] | None = None) -> list[WorkerProcess]:
+        """``count`` workers w0, w1, ..., each pinned to its share of ``cores`` (``share_cores``) with its own
+        settings (``overrides(label)``), once the group holds every audio partition between them (frames sent
+        before would only queue up)."""
+        for i, mine in enumerate(share_cores(cores, count)):
+            self.start(f"w{i}", cpus=",".join(map(str, mine)), overrides=overrides(f"w{i}") if overrides else None)
+        self.wait_members(count, timeout_s)
+        return self.workers
+
     def restart(self, worker: WorkerProcess, timeout_s: float = 120.0) -> None:
         """(Re)start a worker of the group in place: its store, log and cores, on a new web port."""
         worker.new_web_port()
@@ -372,6 +382,16 @@ class WorkerGroup:
                                     self.settings.audio_partitions, count, timeout_s, self.check)
         except GroupNotStableError as exc:
             raise BenchError(f"{exc} (logs: {self.work})") from exc
+
+
+def share_cores(cores: tuple[int, ...], workers: int) -> list[tuple[int, ...]]:
+    """Each worker's cores: fewer workers than cores split them (0,2 | 1,3); more share them round robin;
+    none given, none pinned."""
+    if not cores:
+        return [()] * workers
+    if workers <= len(cores):
+        return [cores[i::workers] for i in range(workers)]
+    return [(cores[i % len(cores)],) for i in range(workers)]
 
 
 def parse_cores(text: str) -> tuple[int, ...]:
