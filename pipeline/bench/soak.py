@@ -49,7 +49,7 @@ from pipeline.bench.results import RESULTS, read_history, record, run_folder, ut
 from pipeline.bench.sender import LiveSender, SendReport
 from pipeline.bench.topics import TranscriptTap, checkpoint_figures, read_topic
 from pipeline.bench.traffic import CallPlan, NoiseBed, TrafficSpec, TurnLibrary, plan_steady_traffic
-from pipeline.bench.workers import Background, WorkerGroup, WorkerProcess, share_cores, shared_broker
+from pipeline.bench.workers import Background, WorkerGroup, WorkerProcess, shared_broker
 from pipeline.broker.local import LocalKafka
 from pipeline.broker.producer import ContractProducer
 from pipeline.config import Settings
@@ -100,9 +100,6 @@ class SoakConfig:
             return {}
         return {"worker_instance_id": f"{prefix}-{label}", "kafka_session_timeout_s": f"{STATIC_SESSION_S:g}"}
 
-    def worker_cores(self) -> list[str]:
-        """Each worker's CPU list for taskset (empty: not pinned)."""
-        return [",".join(map(str, cores)) for cores in share_cores(self.cores, self.workers)]
 
 
 def default_calls(out: Path = RESULTS) -> tuple[int, str]:
@@ -233,9 +230,8 @@ def run_soak(config: SoakConfig, console: Console, out: Path = RESULTS) -> tuple
     plans = plan_steady_traffic(library, TrafficSpec(config.calls, seed=config.seed), config.traffic_s, prefix)
     with shared_broker(console.print), WorkerGroup.fresh(prefix, work / prefix) as workers:
         with console.status(f"starting {config.workers} workers..."):
-            for i, cpus in enumerate(config.worker_cores()):
-                workers.start(f"w{i}", cpus=cpus, overrides=config.worker_overrides(prefix, f"w{i}"))
-            workers.wait_members(config.workers)
+            workers.start_pinned(config.workers, config.cores,
+                                 overrides=lambda label: config.worker_overrides(prefix, label))
         settings = workers.settings
         serde = Serde.from_settings(settings.schema_registry_url)
         tap = TranscriptTap(settings, serde)

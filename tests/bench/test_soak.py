@@ -7,6 +7,7 @@ from pathlib import Path
 
 from pipeline.bench.soak import SoakConfig, default_calls
 from pipeline.bench.tables import grids
+from pipeline.bench.workers import share_cores
 
 
 def test_the_default_load_is_70_percent_of_the_latest_capacity_found(tmp_path: Path) -> None:
@@ -21,7 +22,7 @@ def test_the_default_load_is_70_percent_of_the_latest_capacity_found(tmp_path: P
 def test_a_short_soak_compares_thirds_and_workers_share_the_cores() -> None:
     config = SoakConfig(minutes=9, calls=2, cores=(0, 1), workers=2)
     assert config.compare_s == 180 and config.traffic_s == 600
-    assert config.worker_cores() == ["0", "1"] and SoakConfig(60, 2, (), workers=3).worker_cores() == ["", "", ""]
+    assert share_cores(config.cores, config.workers) == [(0,), (1,)] and share_cores((), 3) == [(), (), ()]
 
 
 def test_each_compared_window_of_an_hour_holds_as_many_restarts_and_workers_are_static_members() -> None:
