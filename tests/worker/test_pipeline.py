@@ -186,7 +186,9 @@ def test_overload_holds_the_inflight_bound_and_the_lag_drains(
 def test_partials_precede_finals_and_readers_see_only_finals(
     kafka_settings, start_worker, recordings, read_topic  # type: ignore[no-untyped-def]
 ) -> None:
-    worker = start_worker(partial_interval_ms="1000")
+    # A preview that waits over preview_max_wait_ms for a decoding thread is dropped; on a 2-core machine
+    # shared with the rest of the suite that wait is the machine's, not the worker's: 0 never drops one.
+    worker = start_worker(partial_interval_ms="1000", preview_max_wait_ms="0")
     ids = replay(kafka_settings, recordings[:1], realtime=True)
     worker.wait_for_calls(ids)
     # The topic keeps every message; the table's background merges may already have folded partials away.
@@ -199,7 +201,7 @@ def test_partials_precede_finals_and_readers_see_only_finals(
     deduped = worker.query("SELECT segment_id, is_final FROM segments FINAL WHERE call_id = {c:String}", c=ids[0])
     assert all(r["is_final"] for r in deduped) and {r["segment_id"] for r in deduped} == final_ids
     assert worker.metric("callqa_partial_delay_seconds_count") >= 1
-    # One call on an idle worker: every partial due is decoded (none skipped for budget or dropped as stale).
+    # Every partial the worker counts as published is on the topic, and none was dropped as stale.
     assert worker.metric("callqa_partials_total", outcome="published") == len(
         [m for m in segments if not m.is_final])
     assert worker.metric("callqa_partials_total", outcome="dropped") == 0
