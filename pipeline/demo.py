@@ -95,8 +95,10 @@ def show_recordings(worker: WorkerProcess, call_ids: list[str], settings: Settin
     """Wait for the calls' redacted recordings and list them: size, length, what was silenced."""
     deadline = time.monotonic() + timeout_s
     rows: list[dict[str, Any]] = []
-    while time.monotonic() < deadline and len(rows) < len(call_ids):
+    while True:
         rows = worker.query(RECORDINGS_SQL, ids=",".join(call_ids))
+        if len(rows) >= len(call_ids) or time.monotonic() > deadline:
+            break
         time.sleep(1.0)
     table = Table("call", "length", "size", "silenced", title=f"redacted recordings in {settings.recordings_location}")
     for r in rows:

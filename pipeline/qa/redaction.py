@@ -351,11 +351,9 @@ def _dates_of_birth(text: str, context: set[str]) -> list[_Span]:
     tokens = digit_runs(text)[0]
     spans = []
     for p in date_spans(tokens):
-        after = [t.lower for t in tokens if t.start >= p.end][:1]
-        before = [t.text for t in tokens if t.end <= p.start][-1:]
-        if (after and after[0] in _MONEY_AFTER) or (before and before[0] in _MONEY_BEFORE):
-            continue
-        spans.append(_Span(p.start, p.end, p.marker))
+        inside = [i for i, t in enumerate(tokens) if p.start <= t.start and t.end <= p.end]
+        if not (inside and _money_beside(tokens, inside[0], inside[-1])):
+            spans.append(_Span(p.start, p.end, p.marker))
     return spans
 
 
@@ -391,13 +389,17 @@ def _card_marker(run: DigitRun, tokens: list[Token], context: set[str]) -> str |
 
 def _is_amount(run: DigitRun, tokens: list[Token]) -> bool:
     """'$45.20', '150 dollars', '12.99': money, which card context must leave readable."""
-    first, last = run.items[0].first, run.items[-1].last
-    before = tokens[first - 1].text if first > 0 else ""
-    after = tokens[last + 1].lower if last + 1 < len(tokens) else ""
     cents = len(run.items) == 2 and len(run.items[1].digits) == 2 and any(
         t.text == "." for t in tokens[run.items[0].last + 1 : run.items[1].first]
     )
-    return before in _MONEY_BEFORE or after in _MONEY_AFTER or cents
+    return _money_beside(tokens, run.items[0].first, run.items[-1].last) or cents
+
+
+def _money_beside(tokens: list[Token], first: int, last: int) -> bool:
+    """A currency sign just before ``tokens[first]`` or a money word just after ``tokens[last]``."""
+    before = tokens[first - 1].text if first > 0 else ""
+    after = tokens[last + 1].lower if last + 1 < len(tokens) else ""
+    return before in _MONEY_BEFORE or after in _MONEY_AFTER
 
 
 def _is_year(run: DigitRun, tokens: list[Token]) -> bool:

@@ -326,11 +326,11 @@ def build_worker(settings: Settings, wait_turn: Callable[[], None] = lambda: Non
             committed = await processor.commit_transactions(offsets, partitions, lambda: transactions.commit(
                 {p: o for p, o in by_partition.items() if p in partitions}))
         except Exception as exc:  # noqa: BLE001 - fenced or refused: what is open is the next owner's to replay
-            if partitions - owned_audio_partitions():
+            if moved := partitions - owned_audio_partitions():
                 # Some of them moved during the commit (their new owner fenced this producer): theirs to replay,
                 # and no fault of this worker's; the partitions it keeps commit at the next interval.
                 log.info("transactions of partitions %s not committed: they moved meanwhile (%s)",
-                         sorted(partitions - owned_audio_partitions()), describe_error(exc))
+                         sorted(moved), describe_error(exc))
                 return
             failed("transaction commit", exc)
             return
