@@ -280,13 +280,14 @@ def test_hot_model_reload_takes_a_higher_signed_version_and_refuses_equal_or_uns
 
 def _decoding_children(pid: int) -> list[int]:
     """Process ids of ``pid``'s multiprocessing children that decode (not its resource tracker)."""
-    children = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        for child in (task / "children").read_text().split():
-            cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
-            if b"spawn_main" in cmdline:
-                children.append(int(child))
-    return children
+    def read(path: Path) -> bytes:  # a thread or a child may end between the listing and the read
+        try:
+            return path.read_bytes()
+        except FileNotFoundError:
+            return b""
+
+    return [int(child) for task in Path(f"/proc/{pid}/task").iterdir() for child in read(task / "children").split()
+            if b"spawn_main" in read(Path(f"/proc/{child.decode()}/cmdline"))]
 
 
 def test_the_default_on_two_cores_decodes_in_two_child_processes_with_the_offline_text(
