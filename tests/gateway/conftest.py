@@ -322,6 +322,29 @@ def read_calls(read_topic):  # type: ignore[no-untyped-def]
     return read_async
 
 
+@pytest.fixture
+def audio_offsets():  # type: ignore[no-untyped-def]
+    """``audio_offsets(gateway)``: what says where frames that a read did not find went: the audio topic's
+    (low, high) offsets per partition that holds any, and the frames the gateway's sender had acknowledged
+    by Kafka. High offsets above what was read: the reader skipped them; fewer acknowledged: the sender."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    def offsets(gw: Any) -> dict[str, Any]:
+        topic = gw.settings.topic_audio
+        consumer = Consumer({"bootstrap.servers": gw.settings.bootstrap, "group.id": f"offsets-{uuid.uuid4().hex}"})
+        try:
+            partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+            marks = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10) for p in partitions}
+        finally:
+            consumer.close()
+        return {"offsets": {p: m for p, m in marks.items() if m[1]},
+                "acknowledged": gw.server.metrics.value("callqa_gateway_frames_acknowledged_total"),
+                "dropped": gw.server.metrics.value("callqa_gateway_frames_dropped_total"),
+                "delivery_failures": gw.server.metrics.value("callqa_gateway_delivery_failures_total")}
+
+    return offsets
+
+
 # ---- signed websocket clients ----------------------------------------------------------------------------
 TWILIO_TOKEN = "twilio-test-auth-token-0123456789"
 AUDIOHOOK_KEY = "callqa-test-api-key"

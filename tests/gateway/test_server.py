@@ -437,7 +437,8 @@ def slow_producer(settings: Any) -> SlowProducer:
 
 
 async def test_a_slow_kafka_pauses_audiohook_and_resumes_it(start_gateway, kafka_settings, audiohook_client,
-                                                            interleave, recording_mulaw, read_calls) -> None:  # type: ignore[no-untyped-def]
+                                                            interleave, recording_mulaw, read_calls,
+                                                            audio_offsets) -> None:  # type: ignore[no-untyped-def]
     gw = await start_gateway(producer=slow_producer(kafka_settings), gateway_leg_buffer_s=0.4)
     client = audiohook_client()
     stereo = interleave(recording_mulaw[:16000], recording_mulaw[16000:32000])
@@ -469,15 +470,17 @@ async def test_a_slow_kafka_pauses_audiohook_and_resumes_it(start_gateway, kafka
     for leg in ("customer", "agent"):
         seqs = sorted(f.seq for f in frames if f.leg == leg)
         # 1 s skipped, nothing lost. (Once in ~5 runs on 2 busy cores the customer's seq 0 and 1 were missing
-        # with nothing dropped: the seqs, the events and the other leg's count say where next time.)
+        # with nothing dropped; the Twilio test below once missed its first 4 frames taken. audio_offsets
+        # says whether Kafka holds them.)
         assert len(seqs) == sent_frames and seqs[-1] == sent_frames + 50 - 1, (
             leg, seqs, sent_frames, [(e.event_type, e.offset_ms, e.frame_counts) for e in events],
-            len([f for f in frames if f.leg != leg]))
+            len([f for f in frames if f.leg != leg]), audio_offsets(gw))
     assert only(events, "end").frame_counts == {"customer": sent_frames + 50, "agent": sent_frames + 50}
 
 
 async def test_a_slow_kafka_drops_twilio_audio_oldest_first(start_gateway, kafka_settings, twilio_messages,
-                                                            recording_mulaw, read_calls) -> None:  # type: ignore[no-untyped-def]
+                                                            recording_mulaw, read_calls,
+                                                            audio_offsets) -> None:  # type: ignore[no-untyped-def]
     gw = await start_gateway(producer=slow_producer(kafka_settings), gateway_leg_buffer_s=0.2)
     tw = twilio_messages("CA-slow")
     async with connect(gw.ws("/twilio")) as ws:
@@ -488,9 +491,9 @@ async def test_a_slow_kafka_drops_twilio_audio_oldest_first(start_gateway, kafka
     assert dropped > 0
     frames, _ = await read_calls(gw.settings, frames=int(100 - dropped))
     seqs = sorted(f.seq for f in frames)
-    assert len(seqs) == 100 - dropped and seqs[-1] == 99, (  # the newest audio is what was kept
-        seqs, gw.server.metrics.value("callqa_gateway_frames_dropped_total"),
-        gw.server.metrics.value("callqa_gateway_delivery_failures_total"))
+    # The newest audio is what was kept. (Once on a fresh-clone CI run 94..99 of 90..99 were read, with 90
+    # dropped and no delivery failure: audio_offsets says whether Kafka holds the other 4.)
+    assert len(seqs) == 100 - dropped and seqs[-1] == 99, (seqs, audio_offsets(gw))
     assert only(events, "end").frame_counts == {"customer": 100}  # the gap is the worker's to fill
 
 
