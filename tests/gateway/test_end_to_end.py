@@ -33,7 +33,7 @@ from pipeline.config import Settings
 from pipeline.contracts import CallEvent, Serde
 from pipeline.ingest.replay import CallRecording, ReplayOptions, TelephonyReplay, load_recording
 from pipeline.store.migrations import TABLE_KEYS
-from tests.conftest import _read_topic
+from tests.conftest import _read_topic, drop_topics
 from tests.gateway.conftest import AudioHookClient, TwilioMessages, _interleave
 from tests.gateway.siprec.test_sipp import sipp_session
 from tests.gateway.test_process import free_port, wait_healthy
@@ -113,6 +113,7 @@ def stack(broker: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sta
         gateway.wait(30)
         gateway_log.close()
         worker.stop()
+        drop_topics(broker, prefix)
 
 
 @pytest.fixture(scope="module")

@@ -37,6 +37,7 @@ from pipeline.contracts import Serde
 from pipeline.eval.call_library import LIBRARY_DIR, find_leaks, holds_of, load_manifest
 from pipeline.ingest.replay import ReplayOptions, TelephonyReplay, load_recording
 from pipeline.web.render import sentiment_class, static_file_name
+from tests.conftest import drop_topics
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
@@ -98,6 +99,7 @@ def library_worker(broker: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
         yield LibraryWorker(worker, env, token, {i: manifest[n] for i, n in zip(ids, CALLS, strict=True)})
     finally:
         worker.stop()
+        drop_topics(broker, prefix)
 
 
 @pytest.fixture(scope="module")

@@ -35,6 +35,7 @@ from pipeline.eval.call_library import LIBRARY_DIR
 from pipeline.ingest.replay import CallRecording, ReplayOptions, TelephonyReplay, load_recording
 from pipeline.qa.call import QaConfig
 from pipeline.worker.checkpoint_cipher import MAGIC
+from tests.conftest import drop_topics
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
@@ -153,6 +154,7 @@ def paused_call(broker: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         yield PausedCall(worker, replay, call_ids, hold_start, hold_start + HOLD_MS)
     finally:
         worker.stop()
+        drop_topics(broker, prefix)
 
 
 # ---- kill -9 under load --------------------------------------------------------------------------
