@@ -107,17 +107,41 @@ def unique_name() -> Iterator[str]:
     yield f"t{uuid.uuid4().hex[:12]}"
 
 
+STARTED_BY = "started-by-pytest"  # in the broker's folder: the PID of the pytest run that started it
+
+
 @pytest.fixture(scope="session")
 def broker() -> Iterator[str]:
-    """The real local Kafka broker: the one `make test` started, or one this session starts and stops."""
+    """The real local Kafka broker: the one `make test` started, or one this run starts and stops. Under
+    xdist each worker has a session of its own: the one that started the broker leaves stopping it to the
+    controller (its parent), which does so once every worker is done (``pytest_sessionfinish``); stopped
+    by the first worker to finish, it was gone under the others' running tests."""
     from pipeline.broker.local import LocalKafka
     from pipeline.config import Settings
 
     kafka = LocalKafka(Settings())
     result = kafka.start()
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker and not result.already_running:
+        (kafka.root / STARTED_BY).write_text(f"{os.getppid()}\n")
     yield kafka.settings.bootstrap
-    if not result.already_running:
+    if not worker and not result.already_running:
         kafka.stop()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """The xdist controller stops the broker one of its workers started (see ``broker``)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    from pipeline.broker.local import LocalKafka
+    from pipeline.config import Settings
+
+    kafka = LocalKafka(Settings())
+    marker = kafka.root / STARTED_BY
+    with contextlib.suppress(FileNotFoundError, ValueError):
+        if int(marker.read_text()) == os.getpid():
+            marker.unlink()
+            kafka.stop()
 
 
 @pytest.fixture

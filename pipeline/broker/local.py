@@ -20,6 +20,7 @@ controller listener stays PLAINTEXT on 127.0.0.1.
 from __future__ import annotations
 
 import base64
+import fcntl
 import logging
 import os
 import re
@@ -136,7 +137,16 @@ class LocalKafka:
         return pid
 
     def start(self) -> StartResult:
-        """Start the broker and return once it answers metadata requests."""
+        """Start the broker and return once it answers metadata requests. Concurrent starts (pytest's
+        workers, two terminals) take turns: the later ones find the first one's broker running. Racing, the
+        loser's JVM failed to bind the port and its clean-up deleted the winner's PID file, leaving a broker
+        nothing could stop (`broker stop`: not running; `broker start`: port taken)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / "start.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            return self._start()
+
+    def _start(self) -> StartResult:
         existing = self.pid()
         if existing is not None:
             if self.listener != self.settings.kafka_local_listener:

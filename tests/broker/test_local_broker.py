@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -27,7 +28,7 @@ def processes_naming(root: Path) -> list[int]:
     return found
 
 
-def test_second_start_reuses_the_running_broker_and_stop_leaves_nothing(tmp_path: Path, broker: str) -> None:
+def test_starts_at_once_share_one_broker_and_stop_leaves_nothing(tmp_path: Path, broker: str) -> None:
     # A broker of its own (own folder and ports), so the session's broker keeps serving other tests.
     settings = Settings(state_dir=tmp_path, kafka_port=free_port(), kafka_controller_port=free_port())
     kafka = LocalKafka(settings)
@@ -36,12 +37,17 @@ def test_second_start_reuses_the_running_broker_and_stop_leaves_nothing(tmp_path
     kafka.libs.parent.mkdir(parents=True, exist_ok=True)
     os.symlink(shared_libs, kafka.libs)
 
-    first = kafka.start()
+    # Two starts at once (pytest's workers do this when no broker runs): they used to race, and the
+    # loser's clean-up deleted the winner's PID file, leaving a broker that `stop` could not find.
+    with ThreadPoolExecutor(2) as pool:
+        first, second = sorted(pool.map(lambda _: LocalKafka(settings).start(), range(2)),
+                               key=lambda r: r.already_running)
     try:
         assert not first.already_running
         assert first.ready_after_s > 0
-        second = kafka.start()
         assert second.already_running and second.pid == first.pid
+        assert kafka.pid() == first.pid
+        assert kafka.start().already_running
         assert processes_naming(kafka.root) == [first.pid]
         status = kafka.status()
         assert status.running and status.answers_metadata
