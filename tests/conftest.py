@@ -165,17 +165,15 @@ def kafka_settings(broker: str, unique_name: str):  # type: ignore[no-untyped-de
 
 
 def drop_topics(bootstrap: str, prefix: str) -> None:
-    """Delete the topics named ``<prefix>.*`` (a test's own, and those its workers made). A suite run creates
+    """Delete the test's topics (``pipeline.broker.topics.drop_topics``: its own and its workers'). A suite run creates
     ~6,500 partitions; kept, they filled the local broker's 512 MB heap by the third `make test` of one
     checkout (OutOfMemoryError, then the broker exited mid-run)."""
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    from pipeline.broker import topics
+
     with contextlib.suppress(Exception):  # a leftover topic costs memory, not correctness
-        names = [t for t in admin.list_topics(timeout=10).topics if t.startswith(f"{prefix}.")]
-        if names:
-            for future in admin.delete_topics(names, operation_timeout=10).values():
-                future.result(timeout=15)
+        topics.drop_topics(AdminClient({"bootstrap.servers": bootstrap}), prefix)
 
 
 def _high_watermark(consumer, partition, timeout_s: float = 30.0) -> int:  # type: ignore[no-untyped-def]

@@ -34,7 +34,7 @@ from pipeline.bench import probes
 from pipeline.broker.groups import GroupNotStableError, group_assignment, wait_for_members
 from pipeline.broker.local import LocalKafka, free_port
 from pipeline.broker.security import ClientErrors, KafkaUnavailableError, admin_client, cluster_metadata
-from pipeline.broker.topics import ensure_topics
+from pipeline.broker.topics import drop_topics, ensure_topics
 from pipeline.config import Settings
 from pipeline.report import WorkerApiSource
 from pipeline.worker.instance_lock import STANDBY_READY
@@ -299,10 +299,7 @@ class WorkerGroup:
                 worker.stop()
         if self.own_topics:
             with suppress(Exception):
-                for future in self.admin.delete_topics(list(topic_names(self.settings.worker_id).values()),
-                                                       operation_timeout=30).values():
-                    with suppress(Exception):
-                        future.result()
+                drop_topics(self.admin, self.settings.worker_id, timeout_s=30)
         if not self.keep_stores:
             for folder in [*self.work.glob("store-*"), *self.work.glob("faust-*")]:
                 shutil.rmtree(folder, ignore_errors=True)

@@ -89,6 +89,18 @@ def ensure_topics(settings: Settings, specs: list[TopicSpec] | None = None, time
     return created
 
 
+def drop_topics(admin: AdminClient, prefix: str, timeout_s: float = 15.0) -> list[str]:
+    """Delete every topic of a run named ``prefix``: its own (``<prefix>.*``) and those faust made for a
+    consumer group of that name (``<prefix>-*``). Returns the names asked for; a failure raises
+    KafkaException (callers that tidy up suppress it: a leftover topic costs the broker memory, not
+    correctness)."""
+    names = [t for t in admin.list_topics(timeout=timeout_s).topics if t.startswith((f"{prefix}.", f"{prefix}-"))]
+    if names:
+        for future in admin.delete_topics(names, operation_timeout=timeout_s).values():
+            future.result(timeout=timeout_s)
+    return names
+
+
 def _wait_for_leaders(admin: AdminClient, errors: ClientErrors, specs: list[TopicSpec], timeout_s: float) -> None:
     """Return once every partition of ``specs`` has a leader in the brokers' metadata. KRaft answers
     CreateTopics when the controller has committed the topic, before the brokers have published it: a
