@@ -34,8 +34,10 @@ class QaSettings(BaseModel):
         "to a question for a name. Off by default: names are what a supervisor looks calls up by, and the "
         "rules miss names said elsewhere.",
     )
-    qa_redaction_context_segments: int = Field(
-        3,
+    qa_exchange_idle_ms: int = Field(
+        30_000,
         ge=0,
-        description="Segments after an agent asks for a CVV/expiry/SSN/phone that redact short numbers.",
+        description="Speech (either leg, ms) on something else that ends a sensitive exchange (payment, "
+        "identity, bank details, address, PIN or password, contact details; pipeline/qa/exchange.py). "
+        "Backchannels, digressions and holds do not count: a caller fetching the card keeps it open.",
     )

@@ -43,7 +43,7 @@ class QaConfig:
     interruption_min_overlap_ms: int = 500
     fuzzy_threshold: float = 0.8
     redaction_enabled: bool = True
-    redaction_context_segments: int = 3
+    exchange_idle_ms: int = 30_000
     redact_names: bool = False
     categories: tuple[Category, ...] = ()  # rules/categories/*.yaml
 
@@ -57,7 +57,7 @@ class QaConfig:
             interruption_min_overlap_ms=settings.qa_interruption_min_overlap_ms,
             fuzzy_threshold=settings.qa_fuzzy_threshold,
             redaction_enabled=settings.qa_redaction_enabled,
-            redaction_context_segments=settings.qa_redaction_context_segments,
+            exchange_idle_ms=settings.qa_exchange_idle_ms,
             redact_names=settings.qa_redact_names,
             categories=load_categories(settings.rules_dir, rule_set),
         )
@@ -94,7 +94,7 @@ class CallAnalyzer:
     _out_of_order: bool = False  # a segment was processed after a later one (see finalize)
 
     def __post_init__(self) -> None:
-        self._redactor = CallRedactor(self.config.redaction_context_segments, names=self.config.redact_names)
+        self._redactor = CallRedactor(self.config.exchange_idle_ms, names=self.config.redact_names)
         self._rules = RuleEngine(self.config.rule_set, self.config.fuzzy_threshold)
 
     def redact(self, segment: Segment) -> RedactedText:
@@ -187,12 +187,15 @@ class CallAnalyzer:
         """Redact first, then match: returns the alerts to raise while the call is live (violations, intents)."""
         return self.process(segment).events
 
-    def finalize(self, call_end_ms: int | None = None, holds_ms: Sequence[tuple[int, int]] = ()) -> CallQaResult:
-        """Metrics, complete rule evaluation and score of the ended call (``holds_ms``: its holds, call time)."""
+    def finalize(self, call_end_ms: int | None = None, holds_ms: Sequence[tuple[int, int]] = (),
+                 pauses_ms: Sequence[tuple[int, int]] = ()) -> CallQaResult:
+        """Metrics, complete rule evaluation and score of the ended call (``holds_ms``: its holds, ``pauses_ms``:
+        its secure pauses, call time)."""
         metrics = compute_metrics(
             self.segments,
             call_end_ms=call_end_ms,
             holds_ms=holds_ms,
+            pauses_ms=pauses_ms,
             silence_threshold_ms=self.config.silence_threshold_ms,
             interruption_min_overlap_ms=self.config.interruption_min_overlap_ms,
         )

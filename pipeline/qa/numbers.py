@@ -30,6 +30,10 @@ TENS = {
     "ninety": 90,
 }
 REPEATS = {"double": 2, "triple": 3}
+# What ASR writes for a digit said on a phone line ("zero to one": 0 2 1; "four for one": 4 4 1): read as the
+# digit only beside a digit said alone (``digit_runs(..., lenient=True)``, inside a sensitive exchange), so
+# "two for one" in a sentence stays words.
+SOUND_ALIKE = {"to": 2, "too": 2, "for": 4, "fore": 4, "won": 1, "ate": 8, "niner": 9, "nought": 0, "naught": 0}
 # Tokens that may sit between the groups of one number ("4111-1111", "555.123.4567", "12/25", "four dash two";
 # "9:28": an expiry "oh nine twenty-eight" that a model wrote as a time).
 # Fillers too: "four one one one, um, one one one one" is one number read with a pause.
@@ -104,6 +108,12 @@ def _tens_value(tokens: list[Token], i: int) -> tuple[str, int] | None:
 def _item_at(tokens: list[Token], i: int) -> NumberItem | None:
     """The number starting at token i, or None."""
     word = tokens[i].lower
+    thousands = _thousands_at(tokens, i)
+    if thousands is not None:
+        return thousands
+    hundreds = _below_thousand(tokens, i) if not word.isdigit() else None
+    if hundreds is not None and any(t.lower == "hundred" for t in tokens[i : hundreds[1] + 1]):
+        return NumberItem(str(hundreds[0]), i, hundreds[1])  # "twelve hundred", "a hundred and twenty"
     if word.isdigit():
         return NumberItem(word, i, i)
     if word in REPEATS:
@@ -134,6 +144,50 @@ def _hundreds_or_unit(tokens: list[Token], i: int) -> NumberItem:
     return NumberItem(f"{unit}00", i, i + 1)
 
 
+def _below_thousand(tokens: list[Token], i: int) -> tuple[int, int] | None:
+    """'four hundred and twelve' / 'twelve hundred' / 'forty two' / 'a hundred' -> (value, last token index)."""
+    if i >= len(tokens):
+        return None
+    word = tokens[i].lower
+    if word in ("a", "one") and i + 1 < len(tokens) and tokens[i + 1].lower == "hundred":
+        head, last = 1, i
+    elif word in TEENS or word in TENS:
+        tens = _tens_value(tokens, i)
+        assert tens is not None
+        head, last = int(tens[0]), i + tens[1] - 1
+    elif word in UNITS and word not in ("oh", "o"):
+        head, last = UNITS[word], i
+    elif word.isdigit() and len(word) <= 3:
+        head, last = int(word), i
+    else:
+        return None
+    if last + 1 < len(tokens) and tokens[last + 1].lower == "hundred" and 0 < head < 100:
+        value, last = head * 100, last + 1
+        j = last + 1 + (last + 1 < len(tokens) and tokens[last + 1].lower == "and")
+        if j < len(tokens) and (tokens[j].lower in TEENS or tokens[j].lower in TENS):
+            rest = _tens_value(tokens, j)
+            assert rest is not None
+            return value + int(rest[0]), j + rest[1] - 1
+        if j < len(tokens) and tokens[j].lower in UNITS and tokens[j].lower not in ("oh", "o"):
+            return value + UNITS[tokens[j].lower], j
+        return value, last
+    return head, last
+
+
+def _thousands_at(tokens: list[Token], i: int) -> NumberItem | None:
+    """'two thousand and one' -> 2001, 'twelve thousand three hundred forty five' -> 12345: only a number
+    said with "thousand" (a house number, an amount, a year); the rest is read by ``_item_at``."""
+    head = _below_thousand(tokens, i)
+    if head is None or head[1] + 1 >= len(tokens) or tokens[head[1] + 1].lower != "thousand":
+        return None
+    value, last = head[0] * 1000, head[1] + 1
+    j = last + 1 + (last + 1 < len(tokens) and tokens[last + 1].lower == "and")
+    rest = _below_thousand(tokens, j) if j < len(tokens) and not tokens[j].lower.isdigit() else None
+    if rest is not None:
+        value, last = value + rest[0], rest[1]
+    return NumberItem(str(value), i, last)
+
+
 def number_items(tokens: list[Token]) -> list[NumberItem]:
     items: list[NumberItem] = []
     i = 0
@@ -147,11 +201,26 @@ def number_items(tokens: list[Token]) -> list[NumberItem]:
     return items
 
 
-def digit_runs(text: str) -> tuple[list[Token], list[DigitRun]]:
-    """The tokens of text and its runs of numbers joined only by separators."""
+def _sound_alikes(tokens: list[Token], items: list[NumberItem]) -> list[NumberItem]:
+    """``items`` with the sound-alike words ("to", "for") that stand between or beside digits said alone."""
+    single = {item.first for item in items if len(item.digits) == 1} | {item.last for item in items if len(item.digits) == 1}
+    taken = {i for item in items for i in range(item.first, item.last + 1)}
+    extra = []
+    for i, token in enumerate(tokens):
+        if token.lower in SOUND_ALIKE and i not in taken and (i - 1 in single or i + 1 in single):
+            extra.append(NumberItem(str(SOUND_ALIKE[token.lower]), i, i))
+    return sorted(items + extra, key=lambda item: item.first)
+
+
+def digit_runs(text: str, lenient: bool = False) -> tuple[list[Token], list[DigitRun]]:
+    """The tokens of text and its runs of numbers joined only by separators (``lenient``: sound-alike words
+    beside digits count as digits)."""
     tokens = tokenize(text)
+    items = number_items(tokens)
+    if lenient:
+        items = _sound_alikes(tokens, items)
     runs: list[list[NumberItem]] = []
-    for item in number_items(tokens):
+    for item in items:
         if runs and all(t.lower in SEPARATORS for t in tokens[runs[-1][-1].last + 1 : item.first]):
             runs[-1].append(item)
         else:

@@ -1,34 +1,33 @@
-"""PII redaction of transcript segments, applied before any text leaves the worker (PCI DSS: card numbers
-must never be stored in transcripts).
+"""PII redaction of transcript segments, applied before any text leaves the worker (PCI DSS: card data must
+never be stored in transcripts or recordings).
 
-What is replaced, and by which marker:
+What is replaced, and by which marker: [PAN] card numbers, [EXPIRY], [CVV], [SSN] (whole, in pieces, the
+last four), [DOB], [ADDRESS] (streets of any name and type, PO boxes, units, ZIP codes), [ACCOUNT],
+[ROUTING], [IBAN], [PIN], [PASSWORD] (passcode, password and security answers), [EMAIL], [PHONE], and
+[NAME] with ``qa_redact_names``.
 
-- [PAN]: 13-19 digits, written or spoken, passing the Luhn check (a 16-digit number failing it is
-  left alone: order and account numbers are not cards);
-- [SSN]: US social security numbers, written 3-2-4 ("123-45-6789") or any valid 9 digits when a social
-  security number was just asked for or mentioned;
-- [PHONE]: NANP numbers (10 digits, or 11 starting with 1), "+" international numbers, any 7-15 digits
-  when a phone number was just asked for;
-- [EMAIL]: written addresses and spoken ones ("john dot smith at example dot com");
-- [CVV] / [EXPIRY]: 3-4 digits / a month and year, only when the agent just asked for the security code
-  or the expiry date, or a card number was just given (the question may have been misheard: "the code is
-  321" right after the card number is its security code). Without that context such short numbers are
-  times, amounts and quantities.
+Two things decide what a number is:
 
-- [DOB], [ADDRESS], [ACCOUNT], [ROUTING], [PIN], [NAME]: what callers say about themselves (personal.py):
-  street addresses always, a date in date-of-birth context, bank account and routing numbers and PINs in
-  theirs, names only with ``qa_redact_names``.
+- **The dialogue** (exchange.py): either leg naming what is asked for or given opens a sensitive exchange
+  for the call, and it stays open through chunks, backchannels, digressions, holds and read-backs until
+  the topic changes or the talk moves elsewhere for ``idle_ms``. While one is open every number either
+  leg says, in any form (digits, words, "oh", "double", "hundred", "to"/"for" beside digits, mixed), is
+  redacted under the marker of what was asked for last; chunks of a card number read over several
+  segments are joined (Luhn) to tell the number from the expiry and code that follow it.
+- **Its shape**, everywhere: a Luhn-valid 13-19 digit card number, a 3-2-4 social, a NANP or "+"
+  phone number, an e-mail, a street address, a PO box, a written IBAN. And, so that no chunk of a card
+  read without any card word leaves the worker before the rest shows what it was, a bare group of four
+  digits that can start a card number (3, 4, 5, 6 or 2221-2720) is redacted at once and opens the
+  payment exchange (the first chunk cannot wait: segments are published when released).
 
-Card context ("card" said by either leg, or a card number just given) also redacts what ASR makes of a
-card number read out: a garbled one that fails Luhn, and the chunks of one read in pauses over several
-segments ("four one one one ... one one one one"): any run of 4-19 digits there that is not an amount
-("$45.20", "150 dollars") or a year ("since 2019") is [PAN].
+What is not personal stays readable, in an exchange too, because QA reads it: amounts and prices ("$45.20",
+"150 dollars", "the total is 80"), times ("3 pm", "at two thirty"), durations and counts ("3 to 5
+business days", "two items", "one moment"), menu options ("press 1"), years ("since 2019"), dates outside
+a date-of-birth or expiry question, and order, claim and policy numbers (naming one also ends an exchange).
 
-Context lasts for the segment that mentions the keyword and the next ``context_segments`` segments of the
-call (either leg) in time order: the customer answers, and the agent often reads the answer back. It is
-judged by segment time, not by the order segments reach the redactor, so what a segment's text becomes
-depends only on the segments that started before it (``CallAnalyzer`` in the worker holds segments until
-those are known).
+Context is judged by segment time, not by the order segments reach the redactor: the state after each
+segment is kept in time order, and a segment is judged with the state of the one before it in time
+(``CallAnalyzer`` in the worker releases segments in time order anyway).
 """
 
 from __future__ import annotations
@@ -36,44 +35,48 @@ from __future__ import annotations
 import bisect
 import re
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from pipeline.qa.exchange import ASKS, NOT_PERSONAL_LABEL, ExchangeState, cues
 from pipeline.qa.numbers import DigitRun, NumberItem, Token, digit_runs, luhn_valid, tokenize
-from pipeline.qa.personal import (
-    CONTEXT_KEYWORDS,
-    MONTHS,
-    address_spans,
-    date_spans,
-    name_spans,
-    routing_valid,
-)
+from pipeline.qa.personal import MONTHS, address_spans, date_spans, name_spans, routing_valid
 from pipeline.qa.segment import Segment
 
-MARKERS = ("PAN", "SSN", "PHONE", "EMAIL", "CVV", "EXPIRY", "DOB", "ADDRESS", "ACCOUNT", "ROUTING", "PIN", "NAME")
+MARKERS = ("PAN", "SSN", "PHONE", "EMAIL", "CVV", "EXPIRY", "DOB", "ADDRESS", "ACCOUNT", "ROUTING", "IBAN", "PIN",
+           "PASSWORD", "NAME")
 # A marker already in a segment's text: it was redacted before (a stored final a resumed call is rebuilt from).
 _MARKER_IN_TEXT = re.compile(r"\[(" + "|".join(MARKERS) + r")\]")
+CARD_DATA = frozenset({"PAN", "EXPIRY", "CVV"})
 
-_CONTEXT_KEYWORDS: dict[str, re.Pattern[str]] = {
-    "CVV": re.compile(
-        # "secure code", "security G-code", "secure iG code", "secure a G code" (a chaos run's decode of "the
-        # security code on the back"): how ASR often renders a security-code question.
-        r"\b(security code|cvv2?|cvc|card verification|(three|four|3|4)[- ]digit code|back of the card"
-        r"|secur\w*\W+(\w+\W+){0,2}code)\b"
-    ),
-    "EXPIRY": re.compile(r"\b(expiry|expiration|expires?|valid (thru|through)|exp date)\b"),
-    "SSN": re.compile(r"\b(social security|ssn|social)\b"),
-    "PHONE": re.compile(r"\b(phone|mobile|cell|call ?back|call me|reach you|telephone)\b"),
-    "CARD": re.compile(r"\b(card|visa|mastercard|master card|amex|american express|discover)\b"),
-    **CONTEXT_KEYWORDS,
-}
-# Opened by either leg: a customer says "my card number is" (or "my date of birth is", "my pin is") and reads
-# it in chunks after a pause.
-_ANY_LEG_CONTEXT = frozenset({"CARD", *CONTEXT_KEYWORDS})
-# A card number found opens both: what follows may be its rest, its expiry or its security code.
-_AFTER_CARD = frozenset({"CARD", "CARD_GIVEN"})
 _MONEY_BEFORE = {"$", "£", "€"}
-_MONEY_AFTER = {"dollar", "dollars", "cents", "bucks", "percent", "%", "pounds", "euros", "usd"}
-_YEAR_BEFORE = {"in", "since", "from", "until", "till", "year", "of", "back"}
+_MONEY_AFTER = {"dollar", "dollars", "cents", "cent", "bucks", "percent", "%", "pounds", "euros", "usd", "quid",
+                "grand", "k"}
+# Words that say the number after them is money or a count, not an identifier ("the total is 80").
+_AMOUNT_BEFORE = {"total", "balance", "amount", "cost", "costs", "price", "owe", "owed", "fee", "charge", "charged",
+                  "bill", "refund", "credit", "paid", "pay", "payment", "premium", "deductible", "rate", "about",
+                  "around", "approximately", "roughly", "maybe", "only", "just", "over", "under", "least", "most",
+                  "than", "were", "up"}
+_MENU_BEFORE = {"press", "option", "dial", "extension", "ext", "step", "level", "tier", "floor", "page", "line",
+                "chapter", "section", "number", "channel", "gate", "aisle", "terminal", "platform", "version",
+                "plan", "package", "day", "week", "year", "age", "aged", "size", "grade", "class", "top"}
+_UNIT_AFTER = {
+    "minute", "minutes", "min", "mins", "hour", "hours", "hrs", "day", "days", "week", "weeks", "month", "months",
+    "year", "years", "yrs", "second", "seconds", "sec", "secs", "moment", "moments", "business", "working",
+    "night", "nights", "time", "times", "item", "items", "person", "people", "of", "or", "ish", "more", "less",
+    "calls", "call", "line", "lines", "licence", "licences", "license", "licenses", "ticket", "tickets", "box",
+    "boxes", "bag", "bags", "order", "orders", "payment", "payments", "installment", "installments", "gig",
+    "gigs", "gb", "mb", "mbps", "megabytes", "gigabytes", "miles", "mile", "km", "kilometers", "feet", "foot",
+    "inches", "kids", "children", "adults", "rooms", "devices", "phones", "accounts", "cards", "units", "pieces",
+    "bottles", "doses", "tablets", "steps", "pages", "points", "stars", "degrees", "percent", "users", "seats",
+    "computers", "laptops", "tvs", "lbs", "kg", "ounces", "oz", "liters", "gallons", "am", "pm", "a", "p",
+    "o'clock", "oclock", "thirty", "fifteen", "forty-five", "to", "th", "st", "nd", "rd", "and", "x", "copies",
+    "emails", "texts", "messages", "attempts", "tries", "plus", "members", "dependents", "cars", "vehicles",
+    "trips", "weekdays", "episodes", "channels", "bars", "rings", "apps", "things", "questions",
+    "issues", "problems", "bills", "invoices", "visits", "appointments", "locations", "stores", "floors",
+    "digit", "digits", "letters", "characters", "numbers",
+}
+_TIME_AFTER = {"am", "pm", "a", "p", "o'clock", "oclock", "noon", "midnight"}
+_YEAR_BEFORE = {"in", "since", "from", "until", "till", "year", "of", "back", "by", "before", "after", "around"}
 _WRITTEN_EMAIL = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+")
 _DOT = r"(?:\s+dot\s+|\.)"
 _SPOKEN_EMAIL = re.compile(
@@ -81,22 +84,22 @@ _SPOKEN_EMAIL = re.compile(
     rf"[a-z0-9]+(?:{_DOT}[a-z0-9]+)*{_DOT}(?:com|net|org|edu|gov|io|co|uk|us|ca|info|biz|me)\b",
     re.IGNORECASE,
 )
+# In an e-mail exchange: a mailbox said with spelled letters or an unheard domain ("j smith at gmail").
+_ASKED_EMAIL = re.compile(
+    r"\b(?:[a-z0-9]+[\s._-]+){0,8}?[a-z0-9]+\s+(?:at|@)\s+[a-z0-9]+(?:(?:\s+dot\s+|\.)[a-z0-9]+)*", re.IGNORECASE
+)
 # "visit us at acme dot com" names a web site, not a mailbox.
-_NOT_A_MAILBOX = {
-    "us",
-    "me",
-    "you",
-    "him",
-    "her",
-    "them",
-    "it",
-    "look",
-    "online",
-    "visit",
-    "website",
-    "site",
-    "is",
-}
+_NOT_A_MAILBOX = {"us", "me", "you", "him", "her", "them", "it", "look", "online", "visit", "website", "site", "is"}
+_IBAN = re.compile(r"\b[A-Z]{2}\d{2}(?:\s?[A-Z0-9]{4}){2,7}(?:\s?[A-Z0-9]{1,4})?\b")
+_PO_BOX = re.compile(r"\b(?:p\.?\s?o\.?\s?box|post office box|box number)\s*(?:number\s*)?[#:]?\s*"
+                     r"(?:\d+|(?:[a-z]+[\s-]*){1,8}?)(?=[.,?!]|$|\s+(?:and|in|thanks|thank|please)\b)", re.IGNORECASE)
+# What an answer starts with before the answer itself ("yes, it's ..."): a password answer starts after it.
+_ANSWER_START = {"yes", "yeah", "yep", "sure", "okay", "ok", "um", "uh", "it's", "its", "it", "is", "my", "the",
+                 "password", "passphrase", "passcode", "answer", "security", "word", "that's", "thats", "would",
+                 "be", "i", "think", "so", "well", "oh", "no", "wait", "actually", "sorry", "should", "that",
+                 "mother's", "maiden", "name", "question", "memorable", "secret", "a", "an", "and", "er", "hmm"}
+# A card's issuer digit: what a group of four said alone must start with to be a card's first chunk.
+_CARD_START = ("3", "4", "5", "6")
 
 
 @dataclass(frozen=True)
@@ -161,13 +164,50 @@ class _Span:
     marker: str
 
 
-def _email_spans(text: str) -> list[_Span]:
+@dataclass(frozen=True)
+class _Judging:
+    """What one segment's numbers are judged with."""
+
+    text: str
+    tokens: list[Token]
+    state: ExchangeState
+    labels: list[tuple[int, str | None]]  # (end offset, marker) of what the segment names; None: not personal
+    label_starts: tuple[int, ...] = ()  # where the sensitive things it names start
+
+    @property
+    def open(self) -> bool:
+        return bool(self.state.open)
+
+    def label_before(self, offset: int) -> tuple[str | None, bool]:
+        """The nearest thing named before ``offset`` in this segment: (marker or None, found)."""
+        before = [(at, marker) for at, marker in self.labels if at < offset]
+        return (before[-1][1], True) if before else (None, False)
+
+    @property
+    def focus(self) -> str | None:
+        return self.state.focus
+
+
+def _email_spans(text: str, asked: bool) -> list[_Span]:
     spans = [_Span(m.start(), m.end(), "EMAIL") for m in _WRITTEN_EMAIL.finditer(text)]
     for m in _SPOKEN_EMAIL.finditer(text):
         local_words = re.split(r"\s+|[._-]", m.group("local").lower())
         if local_words[-1] not in _NOT_A_MAILBOX:
             spans.append(_Span(m.start(), m.end(), "EMAIL"))
+    if asked:
+        for m in _ASKED_EMAIL.finditer(text):
+            start = _after_answer_start(text, m.start(), m.end())
+            if start < m.end() and not _overlaps(_Span(start, m.end(), "EMAIL"), spans):
+                spans.append(_Span(start, m.end(), "EMAIL"))
     return spans
+
+
+def _after_answer_start(text: str, start: int, end: int) -> int:
+    """Where the answer itself begins in ``text[start:end]``, past "yes it's", "my password is"."""
+    for m in re.finditer(r"[\w'@.-]+", text[start:end]):
+        if m.group().lower().strip(".,") not in _ANSWER_START:
+            return start + m.start()
+    return end
 
 
 def _find_pan(run: DigitRun) -> tuple[int, int] | None:
@@ -221,170 +261,297 @@ def _looks_like_expiry(run: DigitRun) -> bool:
     return 1 <= month <= 12 and year_ok
 
 
-@dataclass(frozen=True)
-class _Seen:
-    """A redacted segment's place in the call and the context it opens for the segments after it."""
-
-    order: tuple[int, int, str]
-    opens: frozenset[str]
-
-
-def _order(segment: Segment) -> tuple[int, int, str]:
-    """Time order of a call's segments (agent first on a tie: a question precedes its answer)."""
-    return (segment.start_ms, 0 if segment.leg == "agent" else 1, segment.segment_id)
-
-
 @dataclass
 class CallRedactor:
-    """Redacts the segments of one call, remembering by segment time what was asked and given."""
+    """Redacts the segments of one call, following its sensitive exchanges by segment time."""
 
-    context_segments: int = 3
+    idle_ms: int = 30_000  # qa_exchange_idle_ms: talk on something else that ends an exchange
     names: bool = False  # qa_redact_names: personal names too
-    _seen: list[_Seen] = field(default_factory=list)  # sorted by order
+    _states: list[tuple[tuple[int, int, str], ExchangeState]] = field(default_factory=list)  # by time order
 
-    def _context_for(self, segment: Segment) -> tuple[set[str], set[str]]:
-        """(active, mentioned): context active for this segment, and the keywords the segment says."""
-        # Markers out first: a resumed call's stored text says "[DOB]", "[PIN]", "[ADDRESS]", which would
-        # otherwise open the contexts of the words they replaced (and did, in the chaos test: a card number
-        # three segments later became [DOB] live and [PAN] offline).
-        lowered = _MARKER_IN_TEXT.sub(" ", segment.text).lower()
-        mentioned = {kind for kind, pattern in _CONTEXT_KEYWORDS.items() if pattern.search(lowered)}
-        at = bisect.bisect_left([seen.order for seen in self._seen], _order(segment))
-        before = self._seen[max(0, at - self.context_segments) : at]
-        return mentioned.union(*(seen.opens for seen in before)), mentioned
-
-    def _remember(self, segment: Segment, mentioned: set[str], counts: dict[str, int]) -> None:
-        opens = set(mentioned) if segment.leg == "agent" else mentioned & _ANY_LEG_CONTEXT
-        # A card number, or its expiry read in card context, keeps the card open: the security code is
-        # usually asked for after the expiry, often more than ``context_segments`` after the number.
-        if counts.get("PAN") or counts.get("EXPIRY"):
-            opens |= _AFTER_CARD
-        bisect.insort(self._seen, _Seen(_order(segment), frozenset(opens)), key=lambda seen: seen.order)
-
-    def _classify(self, run: DigitRun, tokens: list[Token], context: set[str]) -> list[_Span]:
-        pan = _find_pan(run)
-        if pan is not None:
-            card = _sub_run(run.items[pan[0] : pan[1]], tokens)
-            spans = [_Span(card.start, card.end, "PAN")]
-            # Digits around a card number in one run are more of it as ASR heard it (an extra or repeated
-            # group), or its expiry and code: judge them as after a card.
-            for rest in (run.items[: pan[0]], run.items[pan[1] :]):
-                if rest:
-                    spans += self._classify(_sub_run(rest, tokens), tokens, context | _AFTER_CARD)
-            return spans
-        marker = self._marker(run, tokens, context)
-        if marker is not None:
-            return [_Span(run.start, run.end, marker)]
-        # A comma may group one number ("4111, 1111, ...") or list several ("731, 12/25"): try the parts.
-        parts = _split_at_commas(run, tokens)
-        return [span for part in parts if len(parts) > 1 for span in self._classify(part, tokens, context)]
-
-    @staticmethod
-    def _marker(run: DigitRun, tokens: list[Token], context: set[str]) -> str | None:
-        digits, n = run.digits, len(run.digits)
-        personal = _personal_marker(digits, run.group_lengths, context)
-        if personal is not None:
-            return personal
-        after_month = run.items[0].first > 0 and tokens[run.items[0].first - 1].lower in MONTHS
-        if "EXPIRY" in context and (_looks_like_expiry(run) or (after_month and n in (2, 4))):
-            return "EXPIRY"
-        if "CVV" in context and n in (3, 4):
-            return "CVV"
-        if n == 9 and (run.group_lengths == [3, 2, 4] or "SSN" in context) and _valid_ssn(digits):
-            return "SSN"
-        if _nanp(digits) or (n == 11 and digits[0] == "1" and _nanp(digits[1:])):
-            return "PHONE"
-        international = run.items[0].first > 0 and tokens[run.items[0].first - 1].text == "+"
-        if (international and 8 <= n <= 15) or (7 <= n <= 15 and "PHONE" in context):
-            return "PHONE"
-        return _card_marker(run, tokens, context)
-
-    def _number_spans(self, text: str, context: set[str]) -> list[_Span]:
-        tokens, runs = digit_runs(text)
-        spans: list[_Span] = []
-        for run in runs:
-            for span in self._classify(run, tokens, context):
-                spans.append(_widen(span, text, tokens))
-        return spans
+    def _state_before(self, order: tuple[int, int, str]) -> ExchangeState:
+        at = bisect.bisect_left(self._states, order, key=lambda entry: entry[0])
+        return self._states[at - 1][1] if at else ExchangeState()
 
     def redact(self, segment: Segment, *, remember: bool = True, assume_context: bool = False) -> RedactedText:
-        """The segment with its PII replaced. ``remember=False`` (a partial) leaves the call's context as is;
-        ``assume_context`` redacts as if every context were open (when what came before is not known yet)."""
-        context, mentioned = self._context_for(segment)
-        if assume_context:
-            context |= set(_CONTEXT_KEYWORDS) | _AFTER_CARD
+        """The segment with its PII replaced. ``remember=False`` (a partial) leaves the call's state as is;
+        ``assume_context`` redacts as if every exchange were open (when what came before is not known yet)."""
+        order = _order(segment)
         text = segment.text
-        spans = _email_spans(text)
-        spans += [s for s in _address_and_names(text, context, self.names) if not _overlaps(s, spans)]
-        # Dates last: a card number read out while a date of birth is still in context is a [PAN], whatever
-        # the date finder would make of a run of numbers. But a year inside a date with its month ("the second of
-        # July, 1990") is the date's, though a card is in context too.
-        dates = _dates_of_birth(text, context)
-        with_month = [d for d in dates if any(t.lower in MONTHS for t in tokenize(text[d.start:d.end]))]
-        spans += [s for s in self._number_spans(text, context)
-                  if not _overlaps(s, spans) and not any(d.start <= s.start and s.end <= d.end for d in with_month)]
-        spans += [s for s in dates if not _overlaps(s, spans)]
+        stored = Counter(_MARKER_IN_TEXT.findall(text))
+        # Markers out first: a resumed call's stored text says "[DOB]", "[PIN]": their words are gone.
+        lowered = _MARKER_IN_TEXT.sub(" ", text).lower()
+        said = cues(lowered)
+        state = self._state_before(order)
+        if (said.closes or (said.label and not said.asks)) and not stored:
+            state = state.closed()
+        state = state.opened(said.asks, segment.leg)
+        if assume_context:
+            state = replace(state, open=frozenset(MARKERS), focus=state.focus)
+        starts = tuple(sorted(m.start() for pattern in ASKS.values() for m in pattern.finditer(lowered)))
+        judging = _Judging(text, tokenize(text), state, _labels(lowered), starts)
+        spans = self._spans(judging, segment.leg)
         counts = Counter(s.marker for s in spans)
+        if remember:
+            after = self._after(state, judging, spans, stored, said.keeps, segment)
+            bisect.insort(self._states, (order, after), key=lambda entry: entry[0])
         found = tuple(sorted((s.start, s.end, s.marker) for s in spans))
         for span in sorted(spans, key=lambda s: s.start, reverse=True):
             text = f"{text[: span.start]}[{span.marker}]{text[span.end :]}"
-        if remember:
-            # What the text held redacted already counts too: a call resumed from its stored finals must
-            # keep the card open after "[PAN]" as after the digits, or the expiry or code after it leaks.
-            self._remember(segment, mentioned, counts + Counter(_MARKER_IN_TEXT.findall(segment.text)))
         return RedactedText(segment.with_text(text), dict(counts), found, len(segment.text))
 
+    def _spans(self, judging: _Judging, leg: str) -> list[_Span]:
+        text, state = judging.text, judging.state
+        spans = _email_spans(text, state.focus == "EMAIL")
+        spans += [_Span(m.start(), m.end(), "IBAN") for m in _IBAN.finditer(text) if not _overlaps_at(m, spans)]
+        spans += [s for s in _address_spans(judging) if not _overlaps(s, spans)]
+        if self.names:
+            named = "NAME" in state.open or any(marker == "NAME" for _, marker in judging.labels)
+            spans += [_Span(p.start, p.end, p.marker) for p in name_spans(judging.tokens, {"NAME"} if named else set())
+                      if not _overlaps(_Span(p.start, p.end, p.marker), spans)]
+        spans += [s for s in _password_spans(judging, leg) if not _overlaps(s, spans)]
+        # Dates last: a card number read out while a date of birth is still asked for is a [PAN], whatever
+        # the date finder would make of a run of numbers. But a year inside a date with its month ("the second of
+        # July, 1990") is the date's, though a card is in context too.
+        dates = _dates_of_birth(judging)
+        with_month = [d for d in dates if any(t.lower in MONTHS for t in tokenize(text[d.start:d.end]))]
+        spans += [s for s in _number_spans(judging)
+                  if not _overlaps(s, spans) and not any(d.start <= s.start and s.end <= d.end for d in with_month)]
+        spans += [s for s in dates if not _overlaps(s, spans)]
+        return _merge(spans, text, judging.open)
 
-def _address_and_names(text: str, context: set[str], names: bool) -> list[_Span]:
-    """Street addresses always; names when asked to (personal.py)."""
-    found = address_spans(text, context)
-    if names:
-        found += [n for n in name_spans(digit_runs(text)[0], context)
-                  if not any(n.start < a.end and a.start < n.end for a in found)]
-    return [_Span(p.start, p.end, p.marker) for p in found]
+    def _after(self, state: ExchangeState, judging: _Judging, spans: list[_Span], stored: Counter[str],
+               keeps: bool, segment: Segment) -> ExchangeState:
+        """The call's exchanges after this segment."""
+        found = Counter(s.marker for s in spans) + stored
+        if found and not state.open:
+            # Something sensitive said outside an exchange opens its exchange: a card number's expiry and
+            # code follow it, a social's chunks follow its first.
+            state = state.opened(tuple(found), segment.leg)
+        if state.focus == "PAN" or ("PAN" in found and state.focus in CARD_DATA):
+            given = "".join(_digits(judging.text[s.start:s.end]) for s in spans if s.marker == "PAN")
+            state = replace(state, card_digits=(state.card_digits + given)[-19:])
+            if stored.get("PAN"):
+                state = replace(state, card_digits="4111111111111111")  # a card was given: its digits are gone
+        if state.focus == "PASSWORD" and any(s.marker == "PASSWORD" for s in spans) and segment.leg != state.asked_by:
+            state = replace(state, focus="PIN")  # answered: what comes next is not the password
+        sensitive = bool(found) or bool(cues(judging.text.lower()).asks)
+        return state.after(segment.end_ms - segment.start_ms, sensitive, keeps, self.idle_ms)
 
 
-def _dates_of_birth(text: str, context: set[str]) -> list[_Span]:
-    """Dates said while a date of birth is asked for; not an amount ("one hundred and twenty dollars")."""
-    if "DOB" not in context:
+def _digits(text: str) -> str:
+    return "".join(run.digits for run in digit_runs(text, lenient=True)[1])
+
+
+def card_given(state: ExchangeState) -> bool:
+    """A whole card number was given in this exchange (its chunks joined pass Luhn)."""
+    digits = state.card_digits
+    return any(13 <= len(digits) - i <= 19 and luhn_valid(digits[i:]) for i in range(len(digits)))
+
+
+def _labels(lowered: str) -> list[tuple[int, str | None]]:
+    """What the segment names and where: the markers of exchange.ASKS, and non-personal numbers (order...)."""
+    found: list[tuple[int, str | None]] = [(m.end(), marker) for marker, pattern in ASKS.items()
+                                           for m in pattern.finditer(lowered)]
+    found += [(m.end(), None) for m in NOT_PERSONAL_LABEL.finditer(lowered)]
+    return sorted(found, key=lambda entry: entry[0])
+
+
+def _number_spans(judging: _Judging) -> list[_Span]:
+    tokens, runs = digit_runs(judging.text, lenient=judging.open)
+    spans: list[_Span] = []
+    for run in runs:
+        for span in _classify(run, tokens, judging, after_card=False):
+            spans.append(_widen(span, judging.text, tokens))
+    return spans
+
+
+def _classify(run: DigitRun, tokens: list[Token], judging: _Judging, after_card: bool) -> list[_Span]:
+    pan = _find_pan(run)
+    if pan is not None:
+        card = _sub_run(run.items[pan[0] : pan[1]], tokens)
+        spans = [_Span(card.start, card.end, "PAN")]
+        # Digits around a card number in one run are more of it as ASR heard it (an extra or repeated
+        # group), or its expiry and code: judge them as after a card.
+        for rest in (run.items[: pan[0]], run.items[pan[1] :]):
+            if rest:
+                spans += _classify(_sub_run(rest, tokens), tokens, judging, after_card=True)
+        return spans
+    parts = _split_at_commas(run, tokens)
+    if len(parts) > 1 and (judging.open or after_card):
+        # "April 2026, 731, 12/25": a read-back lists several things; judge each.
+        return [span for part in parts for span in _classify(part, tokens, judging, after_card)]
+    marker = _marker(run, tokens, judging, after_card)
+    if marker is not None:
+        return [_Span(run.start, run.end, marker)]
+    # A comma may group one number ("4111, 1111, ...") or list several ("731, 12/25"): try the parts.
+    return [span for part in parts if len(parts) > 1 for span in _classify(part, tokens, judging, after_card)]
+
+
+def _marker(run: DigitRun, tokens: list[Token], judging: _Judging, after_card: bool) -> str | None:
+    """What a run of numbers is, or None when it stays readable."""
+    label, labelled = judging.label_before(run.start)
+    focus = label if labelled and label is not None else judging.focus
+    asked = focus is not None and (labelled or judging.open)
+    if _not_personal(run, tokens, focus if asked else None):
+        return None
+    if len(run.digits) == 1 and any(0 <= at - run.end <= 30 for at in judging.label_starts):
+        return None  # "the three digit code", "last four of your social": what is asked for, not an answer
+    if labelled and label is None and not after_card:
+        return None  # "my order number is 55123"
+    if after_card and not judging.open and not asked and len(run.digits) < 3:
+        return None  # "4111 1111 1111 1111 7 7": the card, then something else
+    if asked or after_card or judging.open:
+        return _asked_marker(run, focus, judging, after_card)
+    return _shape_marker(run, tokens)
+
+
+def _asked_marker(run: DigitRun, focus: str | None, judging: _Judging, after_card: bool) -> str:
+    """The marker of a number said while ``focus`` is asked for (its exchange open or named just before)."""
+    digits, n = run.digits, len(run.digits)
+    given = after_card or card_given(judging.state)
+    if focus in CARD_DATA or (focus is None and given):
+        if n >= 12 or (focus == "PAN" and not given):
+            return "PAN"
+        if _looks_like_expiry(run) or (_after_month(run, judging.tokens) and n in (2, 4)):
+            return "EXPIRY"
+        return "CVV" if n in (3, 4) and (focus == "CVV" or given) else (focus or "PAN")
+    if focus == "ROUTING":
+        return "ROUTING" if n != 9 or routing_valid(digits) else "ACCOUNT"
+    if focus in ("ACCOUNT", "IBAN") and n == 9 and routing_valid(digits) and "ROUTING" in judging.state.open:
+        return "ACCOUNT"
+    if focus == "PASSWORD":
+        return "PIN"
+    if focus is None or focus == "NAME":
+        return _fallback_marker(run, judging.state.open)
+    return focus
+
+
+def _fallback_marker(run: DigitRun, open_markers: frozenset[str]) -> str:
+    """A number while exchanges are open but none asked for numbers: named by its shape."""
+    n = len(run.digits)
+    for marker, fits in (("PAN", n >= 13), ("SSN", n == 9), ("PHONE", n in (10, 11)), ("ACCOUNT", n >= 6),
+                         ("PIN", 4 <= n <= 6), ("CVV", n == 3)):
+        if fits and marker in open_markers:
+            return marker
+    preferred = ("PAN", "SSN", "ACCOUNT", "ROUTING", "PIN", "PHONE", "DOB", "ADDRESS", "CVV", "EXPIRY", "IBAN")
+    return next((m for m in preferred if m in open_markers), "PAN")
+
+
+def _shape_marker(run: DigitRun, tokens: list[Token]) -> str | None:
+    """Outside any exchange: what a number is by its shape alone."""
+    digits, n = run.digits, len(run.digits)
+    if n == 9 and run.group_lengths == [3, 2, 4] and _valid_ssn(digits):
+        return "SSN"
+    if _nanp(digits) or (n == 11 and digits[0] == "1" and _nanp(digits[1:])):
+        return "PHONE"
+    international = run.items[0].first > 0 and tokens[run.items[0].first - 1].text == "+"
+    if international and 8 <= n <= 15:
+        return "PHONE"
+    if n == 4 and (digits.startswith(_CARD_START) or 2221 <= int(digits) <= 2720) and not _is_year(run, tokens):
+        return "PAN"  # a card's first chunk, read before any card word: redacted before the rest shows it
+    return None
+
+
+def _not_personal(run: DigitRun, tokens: list[Token], focus: str | None) -> bool:
+    """An amount, a time, a duration or count, a menu option, a year or a date that nobody asked a date of
+    birth or an expiry for: readable, in an exchange too."""
+    first, last = run.items[0].first, run.items[-1].last
+    before = tokens[first - 1].lower if first > 0 else ""
+    after = _next_word(tokens, last)
+    if _is_amount(run, tokens) or before in _AMOUNT_BEFORE:
+        return True
+    dated = focus in ("DOB", "EXPIRY") or (focus in CARD_DATA and _card_year(run, tokens))
+    if after in _TIME_AFTER and not dated and after not in ("a", "p"):
+        return True
+    if after in ("a", "p") and _next_word(tokens, last + 1) in ("m", "."):
+        return True
+    if after in _UNIT_AFTER and after not in ("and", "to", "or", "of") and not (dated and after in ("th", "st", "nd", "rd")):
+        return True
+    if after in ("to", "or") and len(run.digits) <= 2 and _next_word(tokens, last + 1).isdigit() is False \
+            and _next_word(tokens, last + 2) in _UNIT_AFTER and not dated:
+        return True  # "3 to 5 business days"
+    if after == "of" and _next_word(tokens, last + 1) in ("us", "them", "those", "these", "each", "the"):
+        return True
+    if before in _MENU_BEFORE and len(run.digits) <= 2:
+        return True
+    if dated:
+        return False
+    slashed = [t.text for t in tokens[first : last + 1]].count("/")
+    if slashed and len(run.digits) <= 8 and not (focus in CARD_DATA and _looks_like_expiry(run)):
+        return True  # "issued on 12/05": a date, unless a card's expiry is being read
+    if _is_year(run, tokens) or after in MONTHS or before in MONTHS or after in ("th", "st", "nd", "rd"):
+        return True
+    # "9:28": a time, unless an expiry or a birth date was asked for (a model writes "oh nine twenty-eight" so)
+    return ":" in [t.text for t in tokens[first : last + 1]] and len(run.items) == 2 and len(run.digits) <= 4
+
+
+def _card_year(run: DigitRun, tokens: list[Token]) -> bool:
+    """A month and a card's year ("April twenty twenty six", "may 27"): an expiry, while a card is discussed."""
+    year = run.digits[-2:]
+    return _after_month(run, tokens) and len(run.digits) in (2, 4) and 20 <= int(year) <= 49
+
+
+def _next_word(tokens: list[Token], index: int) -> str:
+    return tokens[index + 1].lower if index + 1 < len(tokens) else ""
+
+
+def _after_month(run: DigitRun, tokens: list[Token]) -> bool:
+    return run.items[0].first > 0 and tokens[run.items[0].first - 1].lower in MONTHS
+
+
+def _address_spans(judging: _Judging) -> list[_Span]:
+    """Street addresses and PO boxes always; in an address exchange, the answer from its house number on."""
+    text = judging.text
+    found = [_Span(p.start, p.end, p.marker) for p in address_spans(text, judging.state.open)]
+    found += [_Span(m.start(), m.end(), "ADDRESS") for m in _PO_BOX.finditer(text) if not _overlaps_at(m, found)]
+    if found or judging.state.focus != "ADDRESS":
+        return found
+    # A street of a type no list holds, a house number of many words: from the first number to the end
+    # of the sentence ("it's 4 2 1 7 Kingsgate Ridge, apartment 5").
+    tokens, runs = digit_runs(text, lenient=True)
+    if not runs:
+        return found
+    first = runs[0]
+    if _not_personal(first, tokens, None) and len(runs) == 1:
+        return found
+    end = re.search(r"[.?!](\s|$)", text[first.end:])
+    return [_Span(first.start, first.end + end.start() if end else len(text.rstrip()), "ADDRESS")]
+
+
+def _password_spans(judging: _Judging, leg: str) -> list[_Span]:
+    """A password or security answer: the answering leg's words after "yes it's", to the sentence's end;
+    or what follows "my password is" in the same segment."""
+    text, state = judging.text, judging.state
+    label_at = next((at for at, marker in judging.labels if marker == "PASSWORD"), None)
+    if label_at is not None:
+        m = re.search(r"\b(is|was|it's|its|be)\s+", text[label_at:].lower())
+        if m is None:
+            return []
+        start = label_at + m.end()
+    elif state.focus == "PASSWORD" and leg != state.asked_by and not text.rstrip().endswith("?"):
+        start = 0
+    else:
         return []
-    tokens = digit_runs(text)[0]
+    end_match = re.search(r"[.?!](\s|$)", text[start:])
+    end = start + end_match.start() if end_match else len(text.rstrip())
+    start = _after_answer_start(text, start, end)
+    if start >= end or cues(text[start:end].lower()).keeps:
+        return []
+    return [_Span(start, end, "PASSWORD")]
+
+
+def _dates_of_birth(judging: _Judging) -> list[_Span]:
+    """Dates said while a date of birth is asked for; not an amount ("one hundred and twenty dollars")."""
+    if "DOB" not in judging.state.open and "DOB" not in [m for _, m in judging.labels]:
+        return []
+    tokens = digit_runs(judging.text)[0]
     spans = []
     for p in date_spans(tokens):
         inside = [i for i, t in enumerate(tokens) if p.start <= t.start and t.end <= p.end]
         if not (inside and _money_beside(tokens, inside[0], inside[-1])):
             spans.append(_Span(p.start, p.end, p.marker))
     return spans
-
-
-def _personal_marker(digits: str, groups: list[int], context: set[str]) -> str | None:
-    """A bare number in the context that names it: a PIN, a routing number (checksum, else an account), a bank
-    account, a ZIP code."""
-    n = len(digits)
-    if "PIN" in context and 4 <= n <= 6:
-        return "PIN"
-    if "ROUTING" in context and n == 9:
-        return "ROUTING" if routing_valid(digits) else "ACCOUNT"
-    if "BANK" in context and 6 <= n <= 17:
-        return "ACCOUNT"
-    if "ADDRESS" in context and (n == 5 or (n == 9 and groups == [5, 4])):
-        return "ADDRESS"
-    return None
-
-
-def _card_marker(run: DigitRun, tokens: list[Token], context: set[str]) -> str | None:
-    """In card context: a card's expiry or security code once it was given, else a garbled card or a chunk."""
-    if "CARD" not in context or _is_amount(run, tokens) or _is_year(run, tokens):
-        return None
-    slashed = any(t.text == "/" for t in tokens[run.items[0].first : run.items[-1].last + 1])
-    n = len(run.digits)
-    if "CARD_GIVEN" in context and _looks_like_expiry(run):
-        return "EXPIRY"
-    if "CARD_GIVEN" in context and n in (3, 4):
-        return "CVV"
-    # Any longer run is a card too: ASR repeats groups of a card read out ("111, 111, 111, ..."), making
-    # runs of over 19 digits. "12/05" is a date, not a chunk of a card.
-    return "PAN" if n >= 4 and not slashed else None
 
 
 def _is_amount(run: DigitRun, tokens: list[Token]) -> bool:
@@ -427,6 +594,30 @@ def _overlaps(span: _Span, others: list[_Span]) -> bool:
     return any(span.start < o.end and o.start < span.end for o in others)
 
 
+def _overlaps_at(match: re.Match[str], others: list[_Span]) -> bool:
+    return _overlaps(_Span(match.start(), match.end(), ""), others)
+
+
+# Between two spans of one thing read out: separators, fillers and spelled letters ("g b 8 2 w e s t").
+_JOIN_GAP = re.compile(r"^(?:[\s,.\-/:]|\b(?:um|uh|er|erm|and|then|dash|[a-z])\b)*$", re.IGNORECASE)
+
+
+def _merge(spans: list[_Span], text: str, in_exchange: bool) -> list[_Span]:
+    """In an exchange, spans of one marker with only separators, fillers or spelled letters between them
+    become one: the letters of an IBAN or a postcode read with the digits go with them."""
+    if not in_exchange or len(spans) < 2:
+        return spans
+    ordered = sorted(spans, key=lambda s: s.start)
+    merged = [ordered[0]]
+    for span in ordered[1:]:
+        last = merged[-1]
+        if span.marker == last.marker and _JOIN_GAP.match(text[last.end:span.start]):
+            merged[-1] = _Span(last.start, span.end, last.marker)
+        else:
+            merged.append(span)
+    return merged
+
+
 def _widen(span: _Span, text: str, tokens: list[Token]) -> _Span:
     """Take in the '(' or '+' opening a phone number, and the month word said before an expiry year."""
     start = span.start
@@ -437,3 +628,8 @@ def _widen(span: _Span, text: str, tokens: list[Token]) -> _Span:
         if before and before[-1].lower in MONTHS:
             start = before[-1].start
     return _Span(start, span.end, span.marker)
+
+
+def _order(segment: Segment) -> tuple[int, int, str]:
+    """Time order of a call's segments (agent first on a tie: a question precedes its answer)."""
+    return (segment.start_ms, 0 if segment.leg == "agent" else 1, segment.segment_id)

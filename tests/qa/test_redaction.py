@@ -134,14 +134,20 @@ def test_cvv_and_expiry_only_after_agent_asks() -> None:
     assert (out.segment.start_ms, out.segment.end_ms, out.segment.segment_id) == (3500, 8000, "s2")
 
 
-def test_context_expires_after_some_segments() -> None:
-    redactor = CallRedactor(context_segments=2)
-    redactor.redact(Segment("c", "agent", "s1", 0, 1000, "What's the CVV?"))
-    texts = [
-        redactor.redact(Segment("c", "customer", f"s{i}", i * 1000, i * 1000 + 500, "it's 123")).text
-        for i in (2, 3, 4)
-    ]
-    assert texts == ["it's [CVV]", "it's [CVV]", "it's 123"]
+def test_an_exchange_ends_after_talk_on_something_else_not_after_a_count_of_segments() -> None:
+    """Backchannels and a digression keep the security-code question open however many segments they take;
+    20 s of talk about something else (an idle limit of 15 s) ends it."""
+    redactor = CallRedactor(idle_ms=15_000)
+    turns = [("agent", 0, 2_000, "What's the CVV?"), ("customer", 2_500, 3_000, "sorry one moment"),
+             ("agent", 3_500, 4_000, "sure, take your time"), ("customer", 4_500, 5_000, "okay"),
+             ("agent", 5_500, 6_000, "mm hmm"), ("customer", 6_500, 8_000, "it's 123"),
+             ("agent", 9_000, 29_000, "Great. I see you also had trouble with the router last week, did the technician"
+              " fix the wiring in the basement and the signal upstairs?"),
+             ("customer", 30_000, 31_000, "it's 123")]
+    texts = [redactor.redact(Segment("c", leg, f"s{start}", start, end, text)).text  # type: ignore[arg-type]
+             for leg, start, end, text in turns]
+    assert texts[5] == "it's [CVV]"
+    assert texts[7] == "it's 123"
 
 
 def test_customer_asking_does_not_open_context() -> None:
