@@ -249,13 +249,15 @@ async def score_pass(call_id: str, pairs: Sequence[tuple[Leg, SpeechSegment]], b
 
 def score_transcripts(call_id: str, pairs: Sequence[tuple[Leg, SpeechSegment]],
                       results: Sequence[TranscriptResult | None], config: QaConfig, duration_ms: int,
-                      holds_ms: Sequence[tuple[int, int]] = ()) -> PassScore:
+                      holds_ms: Sequence[tuple[int, int]] = (),
+                      pauses_ms: Sequence[tuple[int, int]] = ()) -> PassScore:
     """A call's transcripts (None: silence or no text) through the call analyzer in time order, as the
     worker releases them: redaction, rules, and the scorecard at the end."""
     transcripts = [(leg, s, r) for (leg, s), r in zip(pairs, results, strict=True) if r is not None]
     analyzer = CallAnalyzer(call_id, config)
     segments, live_alerts = _redact_and_match(analyzer, transcripts)
-    return PassScore(segments, live_alerts, analyzer.finalize(duration_ms, holds_ms), dict(analyzer.redaction_counts))
+    return PassScore(segments, live_alerts, analyzer.finalize(duration_ms, holds_ms, pauses_ms),
+                     dict(analyzer.redaction_counts))
 
 
 async def _transcribe(batcher: SegmentBatcher, segment: SpeechSegment,

@@ -22,7 +22,7 @@ from typer.exceptions import TyperException
 
 from pipeline.bench.cli import bench_app
 from pipeline.config import Settings, get_settings
-from pipeline.gateway.cli import gateway_app
+from pipeline.gateway.cli import gateway_app, pause_call, resume_call
 
 if TYPE_CHECKING:
     from pipeline.desk.search import FoundCall, SearchQuery
@@ -37,6 +37,8 @@ app.add_typer(topics_app, name="topics")
 app.add_typer(schemas_app, name="schemas")
 app.add_typer(bench_app, name="bench")
 app.add_typer(gateway_app, name="gateway")
+app.command("pause")(pause_call)  # secure pause of a live call: pipeline/gateway/pause.py
+app.command("resume")(resume_call)
 users_app = typer.Typer(no_args_is_help=True, help="Accounts: who may see which tenant's calls through the API.")
 app.add_typer(users_app, name="users")
 
@@ -435,6 +437,46 @@ def erase(
         print_table(console, table)
     for line in report.outside:
         console.print(f"- {escape(line)}")
+
+
+@app.command("redact")
+def redact(
+    since: Annotated[str | None, typer.Option(help="Only calls started since (ISO 8601, UTC unless it says "
+                                                   "otherwise); default: all.")] = None,
+    call: Annotated[list[str] | None, typer.Option("--call", help="A call ID to redact again (repeatable).")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would change; write nothing.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout: the calls changed (fields: "
+                                                         "CallChange in pipeline/privacy/redact.py), the errors.")] = False,
+) -> None:
+    """Apply the redactor again to stored calls: their transcripts, the QA text quoting them, and their kept
+    recordings (what the text still held is silenced); per call what changed. Running it again changes nothing.
+
+    Writes to CALLQA_CLICKHOUSE_URL: a server, or a stopped worker's embedded store."""
+    from pipeline.privacy.redact import parse_since, print_report, redact_stored
+    from pipeline.qa.call import QaConfig
+    from pipeline.store.client import connect
+    from pipeline.store.migrations import migrate
+    from pipeline.tables import print_json
+
+    settings = get_settings()
+    moment = parse_since(since)
+    config = QaConfig.from_settings(settings)
+    client = connect(settings.writer_url, settings.clickhouse_database)
+    migrate(client, settings.clickhouse_database)
+    with Progress(TextColumn("[bold]redact[/bold]"), BarColumn(), MofNCompleteColumn(), TextColumn("calls"),
+                  TimeElapsedColumn(), console=err_console, transient=True,
+                  disable=not err_console.is_terminal) as progress:  # a pipe gets the errors alone
+        task = progress.add_task("calls", total=None)
+        report = redact_stored(client, settings, config, since=moment, call_ids=call or (), dry_run=dry_run,
+                               progress=lambda n, total: progress.update(task, completed=n, total=total))
+    if as_json:
+        print_json(report.as_json())
+        for failed in report.errors:
+            err_console.print(f"[red]error:[/red] {escape(failed.error)}")
+    else:
+        print_report(report, console, err_console)
+    if report.errors:
+        raise typer.Exit(1)
 
 
 @users_app.command("add")

@@ -179,9 +179,10 @@ def _job_of(stored: dict[str, Any], frames: list[AudioFrame], model: str, tp: To
     for f in frames:
         counts[f.leg] = max(counts.get(f.leg, 0), f.seq + 1)
     holds = [JobHold(start, end) for start, end in stored_holds(stored)]
+    pauses = [JobHold(start, end) for start, end in stored_holds(stored, "pauses")]
     return PostCallJob(call_id=stored["call_id"], revision=int(stored.get("revision") or 0) + 1, model=model,
                        audio_topic=tp.topic, audio_partition=tp.partition, audio_from_ms=from_ms, audio_end_offset=end,
-                       frame_counts=counts, audio_ms=int(stored.get("audio_ms") or 0), holds=holds)
+                       frame_counts=counts, audio_ms=int(stored.get("audio_ms") or 0), holds=holds, pauses=pauses)
 
 
 def _recognizer_decode(engine: Engine) -> Decode:

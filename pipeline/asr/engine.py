@@ -37,6 +37,7 @@ from pipeline.asr.recognizer import Recognizer
 from pipeline.asr.results import SegmentAudio, TranscriptResult
 from pipeline.asr.streams import LegStream, StreamDecoder, StreamResult
 from pipeline.audio import codecs
+from pipeline.audio.dtmf import KeypadDetector, KeypadSnapshot, ToneSpan
 from pipeline.audio.files import load_audio
 from pipeline.audio.mel import SAMPLE_RATE
 from pipeline.audio.resample import ResamplerSnapshot, StreamResampler
@@ -49,13 +50,18 @@ FILE_CHUNK_S = 1.0
 
 class LegFrontEnd:
     """One leg's audio path: bytes (or samples) at any rate -> 16 kHz -> closed SpeechSegments. An 8 kHz
-    leg with ``vad_sample_rate`` 8000 goes to its segmenter at 8 kHz (VAD at 8 kHz, segments at 16 kHz)."""
+    leg with ``vad_sample_rate`` 8000 goes to its segmenter at 8 kHz (VAD at 8 kHz, segments at 16 kHz).
+
+    Keypad tones (``keypad_tones``) are silenced first, at the leg's own rate, so neither the VAD nor the
+    recogniser ever hears one; the detector holds its input back ~66 ms (longer while a tone may be under
+    way) to decide before it lets it through, and lets everything out at a long gap and at the leg's end."""
 
     def __init__(self, sample_rate: int, encoding: str, settings: Settings) -> None:
         codecs.bytes_per_sample(encoding)  # rejects an unknown encoding now, not at the first frame
         self.sample_rate = sample_rate
         self.encoding = encoding
         self._settings = settings
+        self._keypad = KeypadDetector(sample_rate) if settings.keypad_tones else None
         self._set_input_rate(sample_rate if sample_rate == settings.vad_sample_rate == 8000 else SAMPLE_RATE)
 
     def _set_input_rate(self, rate: int) -> None:
@@ -75,22 +81,33 @@ class LegFrontEnd:
         """Take float samples at the leg's rate; the segments that closed."""
         return self._segmenter.accept(self.to_segmenter(samples))
 
+    @property
+    def keypad_tones(self) -> list[ToneSpan]:
+        """The leg's keypad tones so far, on its clock: when, never which key."""
+        return self._keypad.spans if self._keypad is not None else []
+
     def to_segmenter(self, samples: np.ndarray) -> np.ndarray:
         """The resampling half of ``accept_samples``: the samples at the segmenter's ``input_rate`` (16 kHz,
-        or the leg's own 8 kHz ones); callers that batch the VAD over many legs
-        (``segmentation.accept_many``) feed the segmenter themselves."""
+        or the leg's own 8 kHz ones), keypad tones silenced, as far as the keypad detector lets them out;
+        callers that batch the VAD over many legs (``segmentation.accept_many``) feed the segmenter themselves."""
+        if self._keypad is not None:
+            samples = self._keypad.process(samples)
         return self._resampler.process(samples)
 
     def silence_to_segmenter(self, samples: int) -> list[np.ndarray | Silence]:
         """``to_segmenter(np.zeros(samples))`` without making the zeros: what the resampler gives for
         ``samples`` zero samples at the leg's rate, with its runs of zeros given by their length (the
-        segmenter's ``take``). A 20-minute gap costs what 0.1 s costs here."""
+        segmenter's ``take``). A 20-minute gap costs what 0.1 s costs here. What the keypad detector held
+        goes first; the gap's zeros pass it by (no tone is in digital silence), its clock moving past them."""
+        out: list[np.ndarray | Silence] = []
+        if self._keypad is not None and (held := self._keypad.skip(samples)).size:
+            out.append(self._resampler.process(held))
         if self.sample_rate == self._segmenter.input_rate:  # nothing resampled: the run as it is
             self._resampler.samples_in += samples
             self._resampler.samples_out += samples
-            return [Silence(samples)] if samples else []
+            return out + ([Silence(samples)] if samples else [])
         head = min(samples, max(1, self.sample_rate // 10))  # flushes the filter's memory of earlier input
-        out: list[np.ndarray | Silence] = [self.to_segmenter(np.zeros(head, dtype=np.float32))]
+        out.append(self._resampler.process(np.zeros(head, dtype=np.float32)))
         rest = samples - head
         snap = self._resampler.snapshot()
         if rest and not snap.history.any():
@@ -104,21 +121,33 @@ class LegFrontEnd:
             out.append(Silence(skipped * up // down))
             rest -= skipped
         if rest:
-            out.append(self.to_segmenter(np.zeros(rest, dtype=np.float32)))
-        return out
+            out.append(self._resampler.process(np.zeros(rest, dtype=np.float32)))
+        return [a for a in out if isinstance(a, Silence) or a.size]
 
     def finish(self) -> list[SpeechSegment]:
         """End of the leg: the last segments."""
-        return self._segmenter.accept(self._resampler.flush()) + self._segmenter.flush()
+        held = self._keypad.flush() if self._keypad is not None else np.zeros(0, dtype=np.float32)
+        closed = self._segmenter.accept(self._resampler.process(held)) if held.size else []
+        return closed + self._segmenter.accept(self._resampler.flush()) + self._segmenter.flush()
 
-    def snapshot(self) -> tuple[ResamplerSnapshot, SegmenterSnapshot]:
-        """Where this leg's audio path stands, between segments (a call checkpoint holds it)."""
-        return self._resampler.snapshot(), self._segmenter.snapshot()
+    def snapshot(self) -> tuple[ResamplerSnapshot, SegmenterSnapshot, KeypadSnapshot | None]:
+        """Where this leg's audio path stands, between segments (a call checkpoint holds it): the resampler,
+        the segmenter, and the keypad detector (the samples it holds back, the tones so far; None when off)."""
+        keypad = self._keypad.snapshot() if self._keypad is not None else None
+        return self._resampler.snapshot(), self._segmenter.snapshot(), keypad
 
-    def restore(self, resampler: ResamplerSnapshot, segmenter: SegmenterSnapshot) -> None:
+    def restore(self, resampler: ResamplerSnapshot, segmenter: SegmenterSnapshot,
+                keypad: KeypadSnapshot | None = None) -> None:
         """Go on from a snapshot: the next samples continue the same stream of segments. The leg goes on
         at the VAD rate it was snapshotted at, whatever ``vad_sample_rate`` says now (so a snapshot from
-        before 8 kHz VAD, or from a worker set otherwise, continues exactly)."""
+        before 8 kHz VAD, or from a worker set otherwise, continues exactly). A keypad detector's state goes
+        on too, whatever ``keypad_tones`` says now (the samples it held are in it). A snapshot without one
+        (taken before detection existed) starts a detector where the leg's audio is: a tone under way
+        then may go unnoticed, nothing else changes."""
+        if keypad is not None:
+            self._keypad = KeypadDetector.restored(self.sample_rate, keypad)
+        elif self._keypad is not None:
+            self._keypad = KeypadDetector.at(self.sample_rate, resampler.samples_in)
         rate = segmenter.input_rate
         if rate != SAMPLE_RATE and rate != self.sample_rate:
             raise ValueError(f"a leg snapshotted with its segmenter at {rate} Hz does not restore at {self.sample_rate} Hz")

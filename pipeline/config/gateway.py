@@ -81,6 +81,12 @@ class GatewaySettings(BaseModel):
     gateway_metrics_port: int = Field(
         9465, ge=0, le=65535, description="Port of that listener; 0: a free one, printed at start.",
     )
+    # Secure pause (pipeline/gateway/pause.py) is asked of the gateway that holds the call; behind a load
+    # balancer the command line does not know which one, so it asks each in turn.
+    gateway_control_urls: str = Field(
+        "", description="The gateways' operators' listeners (http://host:port, comma-separated) that `callqa "
+        "pause` and `callqa resume` ask in turn; empty: this host's (gateway_metrics_host:gateway_metrics_port).",
+    )
     # Limits at the door (pipeline/gateway/limits.py): each refusal is a close (1013 for a source over its
     # limits, 1008 for a session's message rate), counted in callqa_gateway_limit_refusals_total.
     gateway_source_max_sessions: int = Field(

@@ -46,8 +46,10 @@ class AudioFrame(Message):
     produced_at_ms: int = field(default_factory=now_ms)
 
 
-CallEventType = Literal["start", "end", "abort", "hold", "resume"]
+CallEventType = Literal["start", "end", "abort", "hold", "resume", "pause", "unpause"]
 HOLD_CHANGES = ("hold", "resume")
+# A secure pause and its end: ``event_type`` in Python, the ``pause`` field's symbol on the wire.
+PAUSE_CHANGES = {"pause": "pause", "unpause": "resume"}
 
 
 @dataclass
@@ -59,6 +61,11 @@ class CallEvent(Message):
     two new enum symbols: a reader of version 1 fails on an enum symbol it does not know, while it skips
     a field it does not know, so it reads a hold change as a repeated start (which a worker ignores
     except for the start time it records). In Python ``event_type`` says hold or resume directly.
+
+    A secure pause (``pause``) and its end (``unpause``) are written the same way in version 3, as a start
+    with the ``pause`` field (``pause`` / ``resume``): the call's capture was paused on purpose (payment), its
+    audio dropped at the gateway, which QA keeps apart from holds. ``reason`` says why an unpause came
+    without being asked for (the call ended while paused).
     """
 
     SCHEMA: ClassVar[str] = "io.callqa.CallEvent"
@@ -74,25 +81,34 @@ class CallEvent(Message):
     frame_counts: dict[str, int] = field(default_factory=dict)
     reason: str | None = None
     at_ms: int = field(default_factory=now_ms)
-    offset_ms: int = -1  # hold and resume only: ms from the start of the call
+    offset_ms: int = -1  # hold, resume, pause and unpause only: ms from the start of the call
 
     @property
     def is_hold_change(self) -> bool:
         return self.event_type in HOLD_CHANGES
 
+    @property
+    def is_pause_change(self) -> bool:
+        return self.event_type in PAUSE_CHANGES
+
     def to_record(self) -> dict[str, Any]:
         record = asdict(self)
         record["hold"] = self.event_type if self.is_hold_change else None
-        if self.is_hold_change:
+        record["pause"] = PAUSE_CHANGES.get(self.event_type)
+        if self.is_hold_change or self.is_pause_change:
             record["event_type"] = "start"
         return record
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> CallEvent:
-        hold = record.get("hold")
-        event = super().from_record({k: v for k, v in record.items() if k != "hold"})
+        hold, pause = record.get("hold"), record.get("pause")
+        event = super().from_record({k: v for k, v in record.items() if k not in ("hold", "pause")})
         if hold in HOLD_CHANGES:
             event.event_type = hold
+        elif pause == "pause":
+            event.event_type = "pause"
+        elif pause == "resume":
+            event.event_type = "unpause"
         return event
 
 
@@ -188,6 +204,8 @@ class CallQA(Message):
     longest_monologue_ms: int = 0
     hold_ms: int = 0
     holds: list[CallHold] = field(default_factory=list)  # when: the intervals hold_ms is the total of
+    paused_ms: int = 0  # secure pauses: capture paused on purpose, no audio (not hold time)
+    pauses: list[CallHold] = field(default_factory=list)
     revision: int = 0  # the pass this result is of: 0 live, 1, 2, ... post-call passes (store migration 5)
 
     @classmethod
@@ -196,6 +214,7 @@ class CallQA(Message):
         record["items"] = [QaItem(**i) for i in record.get("items", [])]
         record["events"] = [QaEvent(**e) for e in record.get("events", [])]
         record["holds"] = [CallHold(**h) for h in record.get("holds", [])]
+        record["pauses"] = [CallHold(**h) for h in record.get("pauses", [])]
         return super().from_record(record)
 
 
@@ -277,6 +296,13 @@ class LegCheckpoint:
     emitted: int
     audio_start: int
     audio: bytes
+    # The keypad detector (pipeline/audio/dtmf.py ``KeypadSnapshot``): -1 when the record has none (written
+    # before it, or with it off); the samples it held back (float32 bytes), where its analysis resumes, and
+    # the leg's tones so far as [start, end) sample pairs, flat. No key: which one was typed is never kept.
+    keypad_released: int = -1
+    keypad_rescan: int = 0
+    keypad_audio: bytes = b""
+    keypad_spans: list[int] = field(default_factory=list)
 
 
 CheckpointStatus = Literal["open", "closed", "finished"]
@@ -305,6 +331,8 @@ class CallCheckpoint(Message):
     holds: list[HoldSpan] = field(default_factory=list)
     held_from_ms: int = -1
     resumed_at_ms: int = 0
+    pauses: list[HoldSpan] = field(default_factory=list)  # secure pauses, kept as holds are
+    paused_from_ms: int = -1
     published: list[str] = field(default_factory=list)  # outputs a replay from here must not publish again
 
     @classmethod
@@ -313,6 +341,7 @@ class CallCheckpoint(Message):
         record["segments"] = [CheckpointSegment(**s) for s in record.get("segments", [])]
         record["legs"] = [LegCheckpoint(**leg) for leg in record.get("legs", [])]
         record["holds"] = [HoldSpan(**h) for h in record.get("holds", [])]
+        record["pauses"] = [HoldSpan(**h) for h in record.get("pauses", [])]
         return super().from_record(record)
 
 
@@ -341,6 +370,15 @@ class JobRedaction:
 
 
 @dataclass
+class JobKeypadTone:
+    """A keypad tone found in a leg (pipeline/audio/dtmf.py): [start_ms, end_ms) on the leg's clock, no key."""
+
+    leg: str
+    start_ms: int
+    end_ms: int
+
+
+@dataclass
 class PostCallJob(Message):
     """A finished call for the post-call pass (see schemas/PostCallJob.avsc): where its audio is on the
     audio topic, and what its revision rows keep from the live pass."""
@@ -363,21 +401,28 @@ class PostCallJob(Message):
     end_reason: str = ""
     audio_ms: int = 0
     holds: list[JobHold] = field(default_factory=list)
+    pauses: list[JobHold] = field(default_factory=list)  # secure pauses, [start_ms, end_ms) on the call's clock
     live_score_pct: float = 0.0
     live_auto_failed: bool = False
     requested_at_ms: int = field(default_factory=now_ms)
     redacted: list[JobRedaction] = field(default_factory=list)
+    keypad: list[JobKeypadTone] = field(default_factory=list)  # the call's keypad tones, silenced in its recording
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> PostCallJob:
         record = dict(record)
         record["holds"] = [JobHold(**h) for h in record.get("holds", [])]
+        record["pauses"] = [JobHold(**h) for h in record.get("pauses", [])]
         record["redacted"] = [JobRedaction(**{**r, "cuts": [JobCut(**c) for c in r.get("cuts", [])]})
                               for r in record.get("redacted", [])]
+        record["keypad"] = [JobKeypadTone(**t) for t in record.get("keypad", [])]
         return super().from_record(record)
 
     def hold_intervals(self) -> list[tuple[int, int]]:
         return [(h.start_ms, h.end_ms) for h in self.holds]
+
+    def pause_intervals(self) -> list[tuple[int, int]]:
+        return [(h.start_ms, h.end_ms) for h in self.pauses]
 
 
 ALL_MESSAGES: tuple[type[Message], ...] = (

@@ -1,6 +1,9 @@
 """The calls this gateway has open: streams attach to them, audio is placed on their legs, and each
 call sends one start event, its frames, and one end event.
 
+A call whose capture is securely paused (``pause.py``) keeps its streams and clock, but its audio is
+dropped here, never built into frames, until the pause ends (at the latest with the call).
+
 A call outlives its streams by ``end_grace_s``: a stream for the same call within it (a Twilio stream
 restarted after a transfer, an AudioHook session continued) goes on with the call's clock instead of
 starting a new call. Streams of one call that are open at the same time (Twilio allows one per track)
@@ -51,6 +54,7 @@ class LiveCall:
     detached_at: float | None = None  # when its last stream closed
     end_reason: str = ""
     held_at_ms: int | None = None
+    paused_at_ms: int | None = None  # a secure pause under way: since when on the call's clock
     message_ms: int = FRAME_MS  # audio per frame message (CALLQA_AUDIO_MESSAGE_MS)
 
     @property
@@ -122,6 +126,11 @@ class OpenCalls:
             return False
         call = self.calls[att.call_id]
         timeline = call.timeline(leg)
+        if call.paused_at_ms is not None:
+            # Never built into a frame: the leg's clock moves past it, so audio after the pause lines up.
+            self._send(call, leg, timeline.skip(att.base + at + len(payload) - timeline.position))
+            self.metrics.paused_audio_dropped.inc(len(payload) / SAMPLE_RATE)
+            return True
         counts = timeline.counts
         before = (counts.silence_samples, counts.overlap_samples, counts.skipped_samples)
         self._send(call, leg, timeline.write(att.base + at, payload))
@@ -150,6 +159,22 @@ class OpenCalls:
             self.sink.call_resumed(call.call_id, at_ms, at_ms - call.held_at_ms)
             call.held_at_ms = None
 
+    def pause(self, call: LiveCall) -> int:
+        """Secure pause: from now on the call's audio is dropped (``write``); returns where on its clock."""
+        call.paused_at_ms = self._call_ms(call)
+        self.sink.call_paused(call.call_id, call.paused_at_ms)
+        return call.paused_at_ms
+
+    def unpause(self, call: LiveCall, reason: str | None = None) -> tuple[int, int]:
+        """The secure pause ends: audio is taken again; returns (where on the call's clock, how long it lasted)."""
+        assert call.paused_at_ms is not None
+        at_ms = self._call_ms(call)
+        paused_ms = max(0, at_ms - call.paused_at_ms)
+        call.paused_at_ms = None
+        self.sink.call_unpaused(call.call_id, at_ms, paused_ms, reason)
+        self.metrics.paused_seconds.inc(paused_ms / 1000)
+        return at_ms, paused_ms
+
     def detach(self, stream_id: str, call_id: str, reason: str) -> None:
         """The stream closed; the call ends ``end_grace_s`` after its last stream (see ``tick``)."""
         call = self.calls.get(call_id)
@@ -175,6 +200,8 @@ class OpenCalls:
     def end(self, call_id: str, reason: str | None = None) -> None:
         """Send the call's last frames and its one end event (frames per leg, as replay counts them)."""
         call = self.calls.pop(call_id)
+        if call.paused_at_ms is not None:  # a pause never resumed ends with the call, before its end event
+            self.unpause(call, "call ended")
         for leg, timeline in call.timelines.items():
             self._send(call, leg, timeline.flush())
         counts: dict[str, int] = {leg: t.next_seq for leg, t in call.timelines.items() if t.next_seq > 0}

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 import uvloop
 from rich.console import Console
+from rich.markup import escape
 
 if TYPE_CHECKING:
     from pipeline.broker.producer import ContractProducer
@@ -72,8 +73,9 @@ async def _serve(settings: Settings, host: str, port: int, producer: ContractPro
     server = GatewayServer(settings, producer)
     bound = await server.start(host, port)
     scheme = "wss" if server.tls is not None else "ws"
-    console.print(f"gateway on {scheme}://{host}:{bound}: /twilio, /audiohook, /healthz; /metrics on "
-                  f"http://{settings.gateway_metrics_host}:{server.metrics_port} (Kafka {settings.bootstrap})")
+    console.print(f"gateway on {scheme}://{host}:{bound}: /twilio, /audiohook, /healthz; /metrics and secure pause "
+                  f"(POST /calls/<id>/pause|resume) on http://{settings.gateway_metrics_host}:{server.metrics_port} "
+                  f"(Kafka {settings.bootstrap})")
     if sip_port is not None:
         sip, sips = await server.start_siprec(host, sip_port, sips_port)
         console.print(f"SIPREC on sip:{host}:{sip} (UDP, TCP)" + (f", sips:{host}:{sips} (TLS)" if sips else ""))
@@ -147,3 +149,37 @@ def simulate_command(
         raise typer.Exit(1) from None
     for call_id in report.call_ids:
         console.print(call_id)
+
+
+# `callqa pause` / `callqa resume` (registered by pipeline/cli.py): the secure pause of a call (pause.py).
+def _secure_pause(action: str, call_id: str, urls: list[str] | None) -> None:
+    from pipeline.config import get_settings
+    from pipeline.gateway.pause import request
+
+    answer = request(get_settings(), call_id, "pause" if action == "pause" else "resume", urls or None)
+    body = answer.body
+    if action == "pause":
+        console.print(f"call {escape(call_id)} paused at {body.get('paused_at_ms', 0) / 1000:.1f} s of the call by "
+                      f"{escape(answer.url)}: its audio is dropped there until `callqa resume {escape(call_id)}`",
+                      soft_wrap=True)
+    else:
+        console.print(f"call {escape(call_id)} resumed at {body.get('resumed_at_ms', 0) / 1000:.1f} s of the call "
+                      f"by {escape(answer.url)}, after {body.get('paused_ms', 0) / 1000:.1f} s paused", soft_wrap=True)
+
+
+GATEWAY_URLS = typer.Option("--url", help="A gateway's operators' listener (http://host:port) to ask; repeat for "
+                                          "several. Default: CALLQA_GATEWAY_CONTROL_URLS, else this host's.")
+
+
+def pause_call(call_id: Annotated[str, typer.Argument(help="The call (Twilio CallSid, AudioHook conversationId, "
+                                                           "SIP Call-ID).")],
+               url: Annotated[list[str] | None, GATEWAY_URLS] = None) -> None:
+    """Secure pause: the gateway holding the call stops capturing it (its audio is dropped there, never sent)
+    until `callqa resume`, or the call's end; the call's events say when, and QA leaves the span out."""
+    _secure_pause("pause", call_id, url)
+
+
+def resume_call(call_id: Annotated[str, typer.Argument(help="The paused call.")],
+                url: Annotated[list[str] | None, GATEWAY_URLS] = None) -> None:
+    """End a secure pause: the gateway holding the call captures its audio again."""
+    _secure_pause("resume", call_id, url)

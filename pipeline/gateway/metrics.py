@@ -86,6 +86,14 @@ class GatewayMetrics:
                               ["reason"], registry=r)
         self.holds_seconds = Counter("callqa_gateway_hold_seconds_total", "Time calls spent in a client pause (PCI).",
                                      registry=r)
+        self.secure_pauses = Counter("callqa_gateway_secure_pauses_total",
+                                     "Secure pause requests (callqa pause / resume, POST /calls/{id}/pause|resume), "
+                                     "by action and outcome.", ["action", "outcome"], registry=r)
+        self.paused_seconds = Counter("callqa_gateway_secure_pause_seconds_total",
+                                      "Time calls spent with their capture securely paused.", registry=r)
+        self.paused_audio_dropped = Counter("callqa_gateway_secure_pause_dropped_seconds_total",
+                                            "Audio received during a secure pause and dropped here, never produced "
+                                            "(per leg: a second of both legs counts 2).", registry=r)
         self.buffered_frames = Gauge("callqa_gateway_buffered_frames", "Frames waiting for Kafka.", registry=r)
         self.delivery_failures = Counter("callqa_gateway_delivery_failures_total",
                                          "Messages Kafka did not take.", registry=r)

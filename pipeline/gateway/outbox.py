@@ -6,7 +6,7 @@ pings and ``opened`` stay on time whatever the broker does. Each leg holds at mo
 gap it leaves is filled with silence by the worker). AudioHook sessions read ``buffered_fraction`` and
 pause their client before that happens; Twilio has no flow control, so its audio is what gets dropped.
 
-The sender produces what is buffered (start, hold and resume events first, in the order they came, then frames round-robin over the legs, then
+The sender produces what is buffered (start, hold, pause and resume events first, in the order they came, then frames round-robin over the legs, then
 the end events of calls with no frame left), waits for the broker's acknowledgement of the batch
 (acks=all, idempotent: ``ContractProducer``), and only then takes the next one: the buffers fill up
 exactly when Kafka is slower than the calls.
@@ -52,7 +52,7 @@ class Outbox:
         # A plain lock (Condition's default is an RLock, slower to take 50 times a second per leg).
         self._lock = threading.Condition(threading.Lock())
         self._sender_waiting = False  # notify only then: most frames arrive while the sender is busy
-        self._starts: deque[CallEvent] = deque()  # starts, holds and resumes
+        self._starts: deque[CallEvent] = deque()  # starts, holds, pauses and their ends
         self._opened: dict[str, CallEvent] = {}  # call -> its start event, whose fields holds repeat
         self._ends: deque[CallEvent] = deque()
         self._legs: dict[tuple[str, str], deque[AudioFrame]] = {}
@@ -100,13 +100,27 @@ class Outbox:
         log.info("call %s: client resumed the audio at %d ms after %d ms", call_id, at_ms, held_ms)
         self._hold_change(call_id, "resume", at_ms)
 
-    def _hold_change(self, call_id: str, kind: Literal["hold", "resume"], at_ms: int) -> None:
+    def call_paused(self, call_id: str, at_ms: int) -> None:
+        """A secure pause began: a ``pause`` call event (the worker keeps the call open and leaves the span out
+        of its talk and silence)."""
+        log.info("call %s: capture paused at %d ms (secure pause)", call_id, at_ms)
+        self._hold_change(call_id, "pause", at_ms)
+
+    def call_unpaused(self, call_id: str, at_ms: int, paused_ms: int, reason: str | None = None) -> None:
+        """A secure pause ended: an ``unpause`` call event (``resume`` on the wire)."""
+        log.info("call %s: capture resumed at %d ms after %d ms%s", call_id, at_ms, paused_ms,
+                 f" ({reason})" if reason else "")
+        self._hold_change(call_id, "unpause", at_ms, reason)
+
+    def _hold_change(self, call_id: str, kind: Literal["hold", "resume", "pause", "unpause"], at_ms: int,
+                     reason: str | None = None) -> None:
         # The start's fields are repeated: a reader of CallEvent version 1 takes a hold change for a
         # repeated start, and must not read a call with no tenant or agent from it.
         with self._lock:
             start = self._opened.get(call_id) or CallEvent(call_id, "start")
             self._starts.append(CallEvent(call_id, kind, tenant=start.tenant, agent_id=start.agent_id,
-                                          queue=start.queue, legs=list(start.legs), offset_ms=at_ms))
+                                          queue=start.queue, legs=list(start.legs), offset_ms=at_ms,
+                                          reason=reason))
             self._lock.notify()
 
     # ---- the sender's side --------------------------------------------------------------------------------

@@ -33,6 +33,14 @@ class CallLifecycleSink(Protocol):
     def call_resumed(self, call_id: str, at_ms: int, held_ms: int) -> None:
         """The client's pause ended at call time ``at_ms``, ``held_ms`` after it began."""
 
+    def call_paused(self, call_id: str, at_ms: int) -> None:
+        """An operator paused the call's capture (secure pause, ``pause.py``) at call time ``at_ms``: its audio
+        is dropped here until the capture resumes."""
+
+    def call_unpaused(self, call_id: str, at_ms: int, paused_ms: int, reason: str | None = None) -> None:
+        """The secure pause ended at call time ``at_ms``, ``paused_ms`` after it began; ``reason`` when nobody
+        asked (the call ended while paused)."""
+
 
 class CallSink(FrameSink, CallLifecycleSink, Protocol):
     """Everything the core sends out."""

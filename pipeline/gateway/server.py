@@ -1,6 +1,7 @@
 """The websocket shell around the gateway's core: one asyncio server, paths /twilio and /audiohook, and
 plain HTTP /healthz answered before any upgrade; /metrics on a listener of its own
-(``gateway_metrics_host``/``_port``, loopback by default), not on the public port.
+(``gateway_metrics_host``/``_port``, loopback by default), not on the public port, beside the operator's
+secure pause requests (``pause.py``).
 
 Everything that can refuse a connection happens on the upgrade request (``process_request``): the
 session limit (503), the credentials (Twilio 403, AudioHook 401), unknown paths (404). After the
@@ -39,6 +40,7 @@ from pipeline.gateway.calls import OpenCalls
 from pipeline.gateway.limits import SourceLimits, TokenBucket, message_bucket, source_of
 from pipeline.gateway.metrics import GatewayMetrics
 from pipeline.gateway.outbox import KafkaSender, Outbox
+from pipeline.gateway.pause import SecurePause, operator_token
 from pipeline.gateway.protocol import (
     CLOSE_GOING_AWAY,
     CLOSE_IDLE,
@@ -75,6 +77,7 @@ class GatewayServer:
         self.calls = OpenCalls(self.outbox, self.metrics, settings.gateway_end_grace_s, clock, settings.audio_message_ms)
         self.sender = KafkaSender(self.outbox, producer, settings.topic_audio, settings.topic_call_events,
                                   self.metrics, settings.gateway_send_batch)
+        self.secure_pause = SecurePause(self.calls, self.metrics)  # its token is resolved by start()
         self.audiohook_auth = AudioHookAuthenticator(
             settings.audiohook_api_key.get_secret_value(), settings.audiohook_client_secret.get_secret_value(),
             settings.audiohook_signature_max_age_s, settings.audiohook_clock_skew_s)
@@ -107,6 +110,7 @@ class GatewayServer:
                                    open_timeout=self.settings.gateway_handshake_timeout_s,
                                    logger=logging.getLogger("callqa.gateway.websockets"))
         self._ticker = asyncio.create_task(self._tick())
+        self.secure_pause.use_token(operator_token(self.settings, _is_loopback(self.settings.gateway_metrics_host)))
         self.metrics_port = await self._serve_metrics(self.settings.gateway_metrics_host,
                                                       self.settings.gateway_metrics_port)
         bound: int = self._server.sockets[0].getsockname()[1]
@@ -132,10 +136,12 @@ class GatewayServer:
         return bound, tls_bound
 
     async def _serve_metrics(self, host: str, port: int) -> int:
-        """/metrics and /healthz over plain HTTP on the operators' listener; returns its port."""
+        """/metrics and /healthz over plain HTTP on the operators' listener, and secure pause (with the
+        operator's token: pause.py); returns its port."""
         app = aioweb.Application()
         app.router.add_get("/metrics", self._metrics_view)
         app.router.add_get("/healthz", self._healthz_view)
+        self.secure_pause.add_routes(app)
         self._metrics_runner = aioweb.AppRunner(app, access_log=None)
         await self._metrics_runner.setup()
         site = aioweb.TCPSite(self._metrics_runner, host, port)

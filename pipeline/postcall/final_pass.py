@@ -63,7 +63,8 @@ async def transcribe_call(job: PostCallJob, audio: CallAudio, front_end: Engine,
                 leg, seg = pairs[i]
                 raise PostCallError(f"call {job.call_id}: {leg} segment at {seg.start_ms} ms: {outcome}") from outcome
             results[i] = transcript_or_none(outcome)
-    scored = score_transcripts(job.call_id, pairs, results, config, job.audio_ms, job.hold_intervals())
+    scored = score_transcripts(job.call_id, pairs, results, config, job.audio_ms, job.hold_intervals(),
+                               job.pause_intervals())
     rates = {leg.sample_rate for leg in audio.legs.values()}
     analysis = CallAnalysis(
         call_id=job.call_id, file=f"{job.audio_topic}[{job.audio_partition}]", duration_ms=job.audio_ms,

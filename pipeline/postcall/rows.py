@@ -45,7 +45,10 @@ def job_calls_row(job: PostCallJob) -> dict[str, Any]:
         "customer_sentiment_start": 0.0, "customer_sentiment_end": 0.0, "agent_sentiment_start": 0.0,
         "agent_sentiment_end": 0.0, "longest_monologue_ms": 0,
         "hold_ms": sum(max(0, h.end_ms - h.start_ms) for h in job.holds),
-        "holds": [(max(0, h.start_ms), max(0, h.end_ms)) for h in job.holds], "revision": job.revision - 1,
+        "holds": [(max(0, h.start_ms), max(0, h.end_ms)) for h in job.holds],
+        "paused_ms": sum(max(0, h.end_ms - h.start_ms) for h in job.pauses),
+        "pauses": [(max(0, h.start_ms), max(0, h.end_ms)) for h in job.pauses],
+        "keypad": [(t.leg, max(0, t.start_ms), max(0, t.end_ms)) for t in job.keypad], "revision": job.revision - 1,
     }
 
 
@@ -54,7 +57,8 @@ def revision_rows(stored: dict[str, Any], analysis: CallAnalysis, revision: int,
     """The rows of the call's new revision, from its stored (or job's) calls row and the pass's analysis."""
     call_id = stored["call_id"]
     start = CallEvent(call_id, "start", tenant=stored["tenant"], agent_id=stored["agent_id"], queue=stored["queue"])
-    qa = replace(call_qa_message(call_id, analysis.qa, start, stored_holds(stored)), computed_at_ms=written_ms, revision=revision)
+    qa = replace(call_qa_message(call_id, analysis.qa, start, stored_holds(stored), stored_holds(stored, "pauses")),
+                 computed_at_ms=written_ms, revision=revision)
     calls = {k: v for k, v in stored.items() if k not in ("score_pct", "auto_failed", "questions", "passed")}
     calls.update(revision=revision, updated_at=to_datetime(written_ms), segments=len(analysis.segments),
                  customer_sentiment=qa.customer_sentiment, customer_sentiment_start=qa.customer_sentiment_start,
@@ -70,10 +74,11 @@ def revision_rows(stored: dict[str, Any], analysis: CallAnalysis, revision: int,
     return RevisionRows(calls, call_qa_row(qa), [segment_row(t) for t in transcripts], events, qa, transcripts)
 
 
-def stored_holds(stored: dict[str, Any]) -> list[tuple[int, int]]:
-    """A calls row's hold intervals, whether the store gave them as tuples or (through the API) as objects."""
+def stored_holds(stored: dict[str, Any], column: str = "holds") -> list[tuple[int, int]]:
+    """A calls row's hold intervals (``column`` "pauses": its secure pauses), whether the store gave them as
+    tuples or (through the API) as objects."""
     return [(int(h["start_ms"]), int(h["end_ms"])) if isinstance(h, dict) else (int(h[0]), int(h[1]))
-            for h in stored.get("holds") or []]
+            for h in stored.get(column) or []]
 
 
 def model_of(label: str) -> tuple[str, int]:

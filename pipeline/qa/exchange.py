@@ -100,7 +100,8 @@ _BACKCHANNEL_WORDS = {
 _DIGRESSION = re.compile(
     r"\b(one moment|one sec(ond)?|just a (sec|second|moment|minute)|hold on|hang on|bear with me|let me (get|grab|find"
     r"|check|look)|my (wallet|purse|bag)|where did i|i('ve| have) (got )?it here|take your time|no rush|no problem"
-    r"|still there|can you hear me|sorry about that|didn'?t catch|say (that|it) again|repeat that)\b"
+    r"|still there|can you hear me|sorry about that|didn'?t catch|say (that|it) again|repeat that|found it"
+    r"|here it is|got it (now|here)|i'?m (here|back|ready)|ready when you are)\b"
 )
 _WORD = re.compile(r"[a-z']+")
 
@@ -115,10 +116,15 @@ class Cues:
     label: bool  # names an order, claim or policy number (not personal data)
 
 
-def cues(text: str) -> Cues:
-    """The cues of a segment's lower-cased text (markers from earlier redaction already taken out)."""
-    found = sorted((m.start(), marker) for marker, pattern in ASKS.items() for m in pattern.finditer(text))
-    asks = tuple(dict.fromkeys(marker for _, marker in found))
+def named(text: str) -> list[tuple[int, int, str]]:
+    """(start, end, marker) of each thing ``text`` names, in order."""
+    return sorted((m.start(), m.end(), marker) for marker, pattern in ASKS.items() for m in pattern.finditer(text))
+
+
+def cues(text: str, found: list[tuple[int, int, str]] | None = None) -> Cues:
+    """The cues of a segment's lower-cased text (markers from earlier redaction already taken out);
+    ``found``: ``named(text)`` when the caller has it already."""
+    asks = tuple(dict.fromkeys(marker for _, _, marker in (named(text) if found is None else found)))
     words = _WORD.findall(text)
     keeps = bool(_DIGRESSION.search(text)) or (len(words) <= 6 and all(w in _BACKCHANNEL_WORDS for w in words))
     return Cues(asks, bool(_CLOSES.search(text)), keeps, bool(NOT_PERSONAL_LABEL.search(text)))
@@ -138,6 +144,7 @@ class ExchangeState:
     asked_by: str = ""
     idle_ms: int = 0
     card_digits: str = ""
+    said: tuple[tuple[str, str], ...] = ()  # (words, marker): what was redacted as words, for read-backs
 
     def opened(self, markers: tuple[str, ...], leg: str) -> ExchangeState:
         """Naming ``markers`` opens their exchanges and moves the focus to the last one named."""
@@ -154,7 +161,8 @@ class ExchangeState:
         return replace(self, open=frozenset(opens), focus=focus, asked_by=leg, idle_ms=0, card_digits=digits)
 
     def closed(self) -> ExchangeState:
-        return ExchangeState()
+        # What was said as words stays known for the call: an agent reads a password or street back later.
+        return ExchangeState(said=self.said)
 
     def after(self, duration_ms: int, sensitive: bool, keeps: bool, idle_limit_ms: int) -> ExchangeState:
         """After a segment: sensitive talk keeps the exchange open; a backchannel or digression neither

@@ -29,6 +29,12 @@ Definitions (the why behind each choice is in the comments of the function that 
 - hold_ms, holds: the call's holds (PCI pauses, on-hold music: the telephony sent no audio), from the
   hold and resume call events; total duration (overlapping holds count once) and count. The hold's time
   stays in duration_ms and non_talk_ms: the call lasted that long, and the clock of the audio ran on.
+- paused_ms, pauses: the call's secure pauses (an operator paused its capture during payment: the gateway
+  dropped its audio), from the pause and unpause call events; total (overlapping ones once) and count. Not
+  holds: nobody was on hold, the talk was just not captured. So a paused span is neither talk nor silence:
+  it stays in duration_ms, but non_talk_ms and the talk and non-talk percentages are of the time that was
+  captured (duration less paused_ms), and a gap between speech is cut at the pause's edges, each part a
+  silence on its own if it is longer than the threshold (a 20 s payment does not make a 20 s silence).
 """
 
 from __future__ import annotations
@@ -68,6 +74,8 @@ class ConversationMetrics:
     turn_count: int
     hold_ms: int = 0
     holds: int = 0
+    paused_ms: int = 0
+    pauses: int = 0
     agent_longest_monologue_ms: int = 0
     customer_longest_monologue_ms: int = 0
     longest_monologue_ms: int = 0
@@ -100,6 +108,22 @@ def intersect_intervals(a: Sequence[Interval], b: Sequence[Interval]) -> list[In
             i += 1
         else:
             j += 1
+    return out
+
+
+def subtract_intervals(a: Sequence[Interval], b: Sequence[Interval]) -> list[Interval]:
+    """The parts of the sorted disjoint intervals ``a`` outside the sorted disjoint intervals ``b``."""
+    out: list[Interval] = []
+    for start, end in a:
+        cursor = start
+        for b_start, b_end in b:
+            if b_end <= cursor or b_start >= end:
+                continue
+            if b_start > cursor:
+                out.append((cursor, b_start))
+            cursor = max(cursor, b_end)
+        if cursor < end:
+            out.append((cursor, end))
     return out
 
 
@@ -175,6 +199,11 @@ def turn_count(segments: Sequence[Segment]) -> int:
     return turns
 
 
+def _gaps(intervals: Sequence[Interval]) -> list[Interval]:
+    """The gaps between consecutive disjoint sorted intervals, as intervals."""
+    return [(cur[1], nxt[0]) for cur, nxt in zip(intervals, intervals[1:], strict=False) if nxt[0] > cur[1]]
+
+
 def _pct(part: float, whole: float) -> float:
     return 100.0 * part / whole if whole > 0 else 0.0
 
@@ -186,8 +215,10 @@ def compute_metrics(
     silence_threshold_ms: int = 5000,
     interruption_min_overlap_ms: int = 500,
     holds_ms: Sequence[Interval] = (),
+    pauses_ms: Sequence[Interval] = (),
 ) -> ConversationMetrics:
-    """Conversation metrics of one call from the final segments of both legs (and its holds, if any)."""
+    """Conversation metrics of one call from the final segments of both legs (and its holds and secure pauses,
+    if any)."""
     held = merge_intervals((start, end) for start, end in holds_ms if end > start)
     agent_segments = [s for s in segments if s.leg == "agent"]
     customer_segments = [s for s in segments if s.leg == "customer"]
@@ -197,9 +228,13 @@ def compute_metrics(
     overtalk = intersect_intervals(agent, customer)
     last_end = max((s.end_ms for s in segments), default=0)
     duration = max(call_end_ms or 0, last_end)
+    paused = intersect_intervals(merge_intervals((s, e) for s, e in pauses_ms if e > s), [(0, duration)])
+    captured = duration - total_ms(paused)  # the call time whose audio was heard
     talk = total_ms(speech)
+    non_talk = duration - total_ms(merge_intervals([*speech, *paused]))
     agent_talk, customer_talk = total_ms(agent), total_ms(customer)
-    silences = [gap for gap in gaps_between(speech) if gap > silence_threshold_ms]
+    gaps = [end - start for start, end in subtract_intervals(_gaps(speech), paused)]
+    silences = [gap for gap in gaps if gap > silence_threshold_ms]
     agent_words, customer_words = count_words(agent_segments), count_words(customer_segments)
     monologues = (longest_monologue(agent, customer, silence_threshold_ms),
                   longest_monologue(customer, agent, silence_threshold_ms))
@@ -208,12 +243,12 @@ def compute_metrics(
         agent_talk_ms=agent_talk,
         customer_talk_ms=customer_talk,
         talk_ms=talk,
-        non_talk_ms=duration - talk,
-        non_talk_pct=_pct(duration - talk, duration),
-        agent_talk_pct=_pct(agent_talk, duration),
-        customer_talk_pct=_pct(customer_talk, duration),
+        non_talk_ms=non_talk,
+        non_talk_pct=_pct(non_talk, captured),
+        agent_talk_pct=_pct(agent_talk, captured),
+        customer_talk_pct=_pct(customer_talk, captured),
         agent_talk_share_pct=_pct(agent_talk, agent_talk + customer_talk),
-        longest_silence_ms=max(gaps_between(speech), default=0),
+        longest_silence_ms=max(gaps, default=0),
         silence_count=len(silences),
         silence_avg_ms=sum(silences) / len(silences) if silences else 0.0,
         overtalk_count=len(overtalk),
@@ -229,6 +264,8 @@ def compute_metrics(
         turn_count=turn_count(segments),
         hold_ms=total_ms(held),
         holds=len(held),
+        paused_ms=total_ms(paused),
+        pauses=len(paused),
         agent_longest_monologue_ms=monologues[0],
         customer_longest_monologue_ms=monologues[1],
         longest_monologue_ms=max(monologues),

@@ -30,6 +30,7 @@ TENS = {
     "ninety": 90,
 }
 REPEATS = {"double": 2, "triple": 3}
+_NUMBER_START = {*UNITS, *TEENS, *TENS, *REPEATS, "a"}
 # What ASR writes for a digit said on a phone line ("zero to one": 0 2 1; "four for one": 4 4 1): read as the
 # digit only beside a digit said alone (``digit_runs(..., lenient=True)``, inside a sensitive exchange), so
 # "two for one" in a sentence stays words.
@@ -108,6 +109,8 @@ def _tens_value(tokens: list[Token], i: int) -> tuple[str, int] | None:
 def _item_at(tokens: list[Token], i: int) -> NumberItem | None:
     """The number starting at token i, or None."""
     word = tokens[i].lower
+    if not (word.isdigit() or word in _NUMBER_START):
+        return None
     thousands = _thousands_at(tokens, i)
     if thousands is not None:
         return thousands
@@ -202,12 +205,35 @@ def number_items(tokens: list[Token]) -> list[NumberItem]:
 
 
 def _sound_alikes(tokens: list[Token], items: list[NumberItem]) -> list[NumberItem]:
-    """``items`` with the sound-alike words ("to", "for") that stand between or beside digits said alone."""
-    single = {item.first for item in items if len(item.digits) == 1} | {item.last for item in items if len(item.digits) == 1}
+    """``items`` with the sound-alike words ("to", "for") beside a number, and "double for" as two digits;
+    again until none is added ("seven to for": both). A turn that is nothing but such words ("for.") is a
+    chunk of digits on its own."""
+    words = [i for i, t in enumerate(tokens) if t.text[0].isalnum()]
+    if not items and words and all(tokens[i].lower in SOUND_ALIKE for i in words):
+        return [NumberItem(str(SOUND_ALIKE[tokens[i].lower]), i, i) for i in words]
+    while True:
+        added = _sound_alikes_once(tokens, items)
+        if len(added) == len(items):
+            return added
+        items = added
+
+
+def _sound_alikes_once(tokens: list[Token], items: list[NumberItem]) -> list[NumberItem]:
+    beside = {item.first - 1 for item in items} | {item.last + 1 for item in items}
+    for item in items:  # past a comma or dash too: "4111, for 5123"
+        if item.first >= 2 and tokens[item.first - 1].text in ",-":
+            beside.add(item.first - 2)
+        if item.last + 2 < len(tokens) and tokens[item.last + 1].text in ",-":
+            beside.add(item.last + 2)
     taken = {i for item in items for i in range(item.first, item.last + 1)}
     extra = []
     for i, token in enumerate(tokens):
-        if token.lower in SOUND_ALIKE and i not in taken and (i - 1 in single or i + 1 in single):
+        if token.lower not in SOUND_ALIKE or i in taken:
+            continue
+        repeat = REPEATS.get(tokens[i - 1].lower) if i > 0 and i - 1 not in taken else None
+        if repeat is not None:
+            extra.append(NumberItem(str(SOUND_ALIKE[token.lower]) * repeat, i - 1, i))
+        elif i in beside:
             extra.append(NumberItem(str(SOUND_ALIKE[token.lower]), i, i))
     return sorted(items + extra, key=lambda item: item.first)
 

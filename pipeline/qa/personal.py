@@ -43,7 +43,9 @@ CONTEXT_KEYWORDS: dict[str, re.Pattern[str]] = {
 }
 
 _NUMBER_WORDS = {*UNITS, *TEENS, *TENS, "hundred", "thousand"}
-_NUMBER = rf"(?:\d+[a-z]?|(?:{'|'.join(sorted(_NUMBER_WORDS))})(?:[\s-]+(?:{'|'.join(sorted(_NUMBER_WORDS))})){{0,5}})"
+# A house number: numerals, or up to ten number words ("one two three double four five").
+_HOUSE_WORDS = "|".join(sorted(_NUMBER_WORDS | {"double", "triple"}))
+_NUMBER = rf"(?:\d+[a-z]?|(?:{_HOUSE_WORDS})(?:[\s-]+(?:{_HOUSE_WORDS})){{0,9}})"
 _SUFFIXES = ("street", "st", "avenue", "ave", "road", "rd", "lane", "ln", "drive", "dr", "boulevard", "blvd",
              "court", "ct", "way", "place", "pl", "terrace", "circle", "crescent", "close", "parkway", "highway",
              "square", "trail", "row")

@@ -37,8 +37,18 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
-from pipeline.qa.exchange import ASKS, NOT_PERSONAL_LABEL, ExchangeState, cues
-from pipeline.qa.numbers import DigitRun, NumberItem, Token, digit_runs, luhn_valid, tokenize
+from pipeline.qa.exchange import NOT_PERSONAL_LABEL, Cues, ExchangeState, cues, named
+from pipeline.qa.numbers import (
+    TEENS,
+    TENS,
+    UNITS,
+    DigitRun,
+    NumberItem,
+    Token,
+    digit_runs,
+    luhn_valid,
+    tokenize,
+)
 from pipeline.qa.personal import MONTHS, address_spans, date_spans, name_spans, routing_valid
 from pipeline.qa.segment import Segment
 
@@ -48,6 +58,7 @@ MARKERS = ("PAN", "SSN", "PHONE", "EMAIL", "CVV", "EXPIRY", "DOB", "ADDRESS", "A
 _MARKER_IN_TEXT = re.compile(r"\[(" + "|".join(MARKERS) + r")\]")
 CARD_DATA = frozenset({"PAN", "EXPIRY", "CVV"})
 
+_NUMBER_WORDS = {*UNITS, *TEENS, *TENS, "hundred", "thousand", "double", "triple"}
 _MONEY_BEFORE = {"$", "£", "€"}
 _MONEY_AFTER = {"dollar", "dollars", "cents", "cent", "bucks", "percent", "%", "pounds", "euros", "usd", "quid",
                 "grand", "k"}
@@ -281,19 +292,20 @@ class CallRedactor:
         stored = Counter(_MARKER_IN_TEXT.findall(text))
         # Markers out first: a resumed call's stored text says "[DOB]", "[PIN]": their words are gone.
         lowered = _MARKER_IN_TEXT.sub(" ", text).lower()
-        said = cues(lowered)
+        names_here = named(lowered)
+        said = cues(lowered, names_here)
         state = self._state_before(order)
         if (said.closes or (said.label and not said.asks)) and not stored:
             state = state.closed()
         state = state.opened(said.asks, segment.leg)
         if assume_context:
             state = replace(state, open=frozenset(MARKERS), focus=state.focus)
-        starts = tuple(sorted(m.start() for pattern in ASKS.values() for m in pattern.finditer(lowered)))
-        judging = _Judging(text, tokenize(text), state, _labels(lowered), starts)
+        judging = _Judging(text, tokenize(text), state, _labels(lowered, names_here),
+                           tuple(a for a, _, _ in names_here))
         spans = self._spans(judging, segment.leg)
         counts = Counter(s.marker for s in spans)
         if remember:
-            after = self._after(state, judging, spans, stored, said.keeps, segment)
+            after = self._after(state, judging, spans, stored, said, segment)
             bisect.insort(self._states, (order, after), key=lambda entry: entry[0])
         found = tuple(sorted((s.start, s.end, s.marker) for s in spans))
         for span in sorted(spans, key=lambda s: s.start, reverse=True):
@@ -310,6 +322,7 @@ class CallRedactor:
             spans += [_Span(p.start, p.end, p.marker) for p in name_spans(judging.tokens, {"NAME"} if named else set())
                       if not _overlaps(_Span(p.start, p.end, p.marker), spans)]
         spans += [s for s in _password_spans(judging, leg) if not _overlaps(s, spans)]
+        spans += [s for s in _said_before(judging) if not _overlaps(s, spans)]
         # Dates last: a card number read out while a date of birth is still asked for is a [PAN], whatever
         # the date finder would make of a run of numbers. But a year inside a date with its month ("the second of
         # July, 1990") is the date's, though a card is in context too.
@@ -321,7 +334,7 @@ class CallRedactor:
         return _merge(spans, text, judging.open)
 
     def _after(self, state: ExchangeState, judging: _Judging, spans: list[_Span], stored: Counter[str],
-               keeps: bool, segment: Segment) -> ExchangeState:
+               said: Cues, segment: Segment) -> ExchangeState:
         """The call's exchanges after this segment."""
         found = Counter(s.marker for s in spans) + stored
         if found and not state.open:
@@ -333,10 +346,12 @@ class CallRedactor:
             state = replace(state, card_digits=(state.card_digits + given)[-19:])
             if stored.get("PAN"):
                 state = replace(state, card_digits="4111111111111111")  # a card was given: its digits are gone
-        if state.focus == "PASSWORD" and any(s.marker == "PASSWORD" for s in spans) and segment.leg != state.asked_by:
-            state = replace(state, focus="PIN")  # answered: what comes next is not the password
-        sensitive = bool(found) or bool(cues(judging.text.lower()).asks)
-        return state.after(segment.end_ms - segment.start_ms, sensitive, keeps, self.idle_ms)
+        words = tuple((w, s.marker) for s in spans if s.marker in _WORD_VALUES
+                      for w in [_value_words(judging.text[s.start:s.end])] if w)
+        if words:
+            state = replace(state, said=(*state.said, *words)[-16:])
+        sensitive = bool(found) or bool(said.asks)
+        return state.after(segment.end_ms - segment.start_ms, sensitive, said.keeps, self.idle_ms)
 
 
 def _digits(text: str) -> str:
@@ -349,10 +364,9 @@ def card_given(state: ExchangeState) -> bool:
     return any(13 <= len(digits) - i <= 19 and luhn_valid(digits[i:]) for i in range(len(digits)))
 
 
-def _labels(lowered: str) -> list[tuple[int, str | None]]:
+def _labels(lowered: str, named_here: list[tuple[int, int, str]]) -> list[tuple[int, str | None]]:
     """What the segment names and where: the markers of exchange.ASKS, and non-personal numbers (order...)."""
-    found: list[tuple[int, str | None]] = [(m.end(), marker) for marker, pattern in ASKS.items()
-                                           for m in pattern.finditer(lowered)]
+    found: list[tuple[int, str | None]] = [(end, marker) for _, end, marker in named_here]
     found += [(m.end(), None) for m in NOT_PERSONAL_LABEL.finditer(lowered)]
     return sorted(found, key=lambda entry: entry[0])
 
@@ -505,18 +519,21 @@ def _address_spans(judging: _Judging) -> list[_Span]:
     text = judging.text
     found = [_Span(p.start, p.end, p.marker) for p in address_spans(text, judging.state.open)]
     found += [_Span(m.start(), m.end(), "ADDRESS") for m in _PO_BOX.finditer(text) if not _overlaps_at(m, found)]
-    if found or judging.state.focus != "ADDRESS":
+    if judging.state.focus != "ADDRESS":
         return found
     # A street of a type no list holds, a house number of many words: from the first number to the end
-    # of the sentence ("it's 4 2 1 7 Kingsgate Ridge, apartment 5").
+    # of the sentence ("it's 4 2 1 7 Kingsgate Ridge, apartment 5"). A date said before it is not its start.
     tokens, runs = digit_runs(text, lenient=True)
-    if not runs:
+    dates = date_spans(tokens) if "DOB" in judging.state.open else []
+    runs = [r for r in runs if not any(d.start <= r.start < d.end for d in dates)
+            and not _not_personal(r, tokens, "ADDRESS")]
+    starts = [r.start for r in runs] + [s.start for s in found]
+    if not starts:
         return found
-    first = runs[0]
-    if _not_personal(first, tokens, None) and len(runs) == 1:
-        return found
-    end = re.search(r"[.?!](\s|$)", text[first.end:])
-    return [_Span(first.start, first.end + end.start() if end else len(text.rstrip()), "ADDRESS")]
+    start = min(starts)
+    end = re.search(r"[.?!](\s|$)", text[start:])
+    answer = _Span(start, start + end.start() if end else len(text.rstrip()), "ADDRESS")
+    return [answer] + [s for s in found if not _overlaps(s, [answer])]
 
 
 def _password_spans(judging: _Judging, leg: str) -> list[_Span]:
@@ -539,6 +556,27 @@ def _password_spans(judging: _Judging, leg: str) -> list[_Span]:
     if start >= end or cues(text[start:end].lower()).keeps:
         return []
     return [_Span(start, end, "PASSWORD")]
+
+
+# Values said as words, which a read-back repeats: the words stay known to the call (ExchangeState.said).
+_WORD_VALUES = frozenset({"PASSWORD", "ADDRESS", "EMAIL", "NAME"})
+_COMMON = {"street", "avenue", "road", "lane", "drive", "the", "and", "apartment", "unit", "box", "dot", "at", "com",
+           "p", "o", "po", "zip", "suite", "apt", "is", "it's", "my"}
+
+
+def _value_words(text: str) -> str:
+    """The distinctive words of a value said as words ("grandma rose", "kingsgate"), lower-cased."""
+    words = [w for w in re.findall(r"[a-z']{3,}", text.lower()) if w not in _COMMON and w not in _NUMBER_WORDS]
+    return " ".join(words)
+
+
+def _said_before(judging: _Judging) -> list[_Span]:
+    """A value said as words earlier in the call, said again (the agent reading a password back)."""
+    spans = []
+    for words, marker in judging.state.said:
+        pattern = r"\b" + r"\W+(?:\w+\W+){0,3}?".join(re.escape(w) for w in words.split()) + r"\b"
+        spans += [_Span(m.start(), m.end(), marker) for m in re.finditer(pattern, judging.text, re.IGNORECASE)]
+    return spans
 
 
 def _dates_of_birth(judging: _Judging) -> list[_Span]:

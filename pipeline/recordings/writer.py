@@ -1,6 +1,7 @@
 """A finished call's redacted recording: its legs read back (pipeline/postcall/audio.py), its redacted turns
-cut (cuts.py), encoded (encode.py), put where recordings are kept (storage.py), and described by a row of
-the ``recordings`` table, which is how pages, the API and erasure find it."""
+cut (cuts.py) and its keypad tones (keypad.py), encoded (encode.py), put where recordings are kept
+(storage.py), and described by a row of the ``recordings`` table, which is how pages, the API and erasure
+find it."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from pipeline.contracts.messages import PostCallJob
 from pipeline.postcall.audio import CallAudio
 from pipeline.recordings.cuts import Cut, Decode, place_cuts, silenced
 from pipeline.recordings.encode import CHANNELS, MEDIA_TYPE, RecordingError, encode_call
+from pipeline.recordings.keypad import keypad_cuts
 from pipeline.recordings.storage import RecordingStore
 from pipeline.worker.outputs import to_datetime
 
@@ -55,10 +57,16 @@ class CallRecorder:
         if len(rates) != 1:
             raise RecordingError(f"call {job.call_id}: its legs' rates differ ({sorted(rates)} Hz)")
         [rate] = rates
-        cuts = await place_cuts(job.redacted, legs, self.decode, self.settings.recordings_cut_margin_ms,
+        loop = asyncio.get_running_loop()
+        keypad = (await loop.run_in_executor(executor, keypad_cuts, job.keypad, legs)
+                  if self.settings.keypad_tones else [])
+        # The redacted turns are checked on the legs as they are kept: keypad tones silenced already.
+        heard = {leg: (silenced(samples, r, [(c.start_ms, c.end_ms, c.kind) for c in keypad if c.leg == leg]), r)
+                 for leg, (samples, r) in legs.items()} if keypad else legs
+        cuts = await place_cuts(job.redacted, heard, self.decode, self.settings.recordings_cut_margin_ms,
                                 self.settings.asr_lead_ms)
-        url, size, n = await asyncio.get_running_loop().run_in_executor(
-            executor, self._write, job.call_id, legs, rate, cuts)
+        cuts = sorted([*cuts, *keypad], key=lambda c: (c.leg, c.start_ms))
+        url, size, n = await loop.run_in_executor(executor, self._write, job.call_id, legs, rate, cuts)
         return RecordedCall(job.call_id, url, size, n * 1000 // rate, tuple(cuts))
 
     def _write(self, call_id: str, legs: dict[str, tuple[np.ndarray, int]], rate: int,

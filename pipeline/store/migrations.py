@@ -350,6 +350,25 @@ ORDER BY call_id
 SETTINGS concurrent_part_removal_threshold = 1000000
 """
 
+# Issue 57 item 5: secure pauses (an operator paused the call's capture during payment; the gateway dropped its
+# audio): how long and when, apart from holds, so the call page draws them as paused and QA does not count
+# them as hold time.
+_PAUSES_COLUMNS = (
+    "ALTER TABLE {db}.calls ADD COLUMN IF NOT EXISTS paused_ms UInt32 DEFAULT 0 "
+    "COMMENT 'total time the capture of the call was securely paused (no audio left the gateway)', "
+    "ADD COLUMN IF NOT EXISTS pauses Array(Tuple(start_ms UInt32, end_ms UInt32)) DEFAULT [] "
+    "COMMENT 'secure pauses [start_ms, end_ms) on the call clock; empty for rows written before'"
+)
+
+# Issue 57 item 4: keypad tones (in-band DTMF) the worker found in a leg and silenced (pipeline/audio/dtmf.py):
+# when, on which leg, so the call page shows them and counts them. Never which key: it is not known past the
+# detector.
+_KEYPAD_COLUMN = (
+    "ALTER TABLE {db}.calls ADD COLUMN IF NOT EXISTS keypad "
+    "Array(Tuple(leg LowCardinality(String), start_ms UInt32, end_ms UInt32)) DEFAULT [] "
+    "COMMENT 'keypad tones silenced in the audio, [start_ms, end_ms) on the leg clock; empty for rows written before'"
+)
+
 # Tables the query API reads beside TABLE_KEYS' (and their views); like every table since migration 8 they
 # remove their outdated parts with one thread.
 MORE_TABLES = ("reviews", "recordings")
@@ -379,6 +398,8 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(12, "erasures: who erased which call", (_ERASURES,)),
     Migration(13, "accounts", (_USERS,)),
     Migration(14, "recordings", (_RECORDINGS,)),
+    Migration(15, "secure pauses of a call", (_PAUSES_COLUMNS, _latest_revision_view("calls"))),
+    Migration(16, "keypad tones of a call", (_KEYPAD_COLUMN, _latest_revision_view("calls"))),
 )
 
 

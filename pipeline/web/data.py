@@ -303,6 +303,11 @@ class CallPage:
     sentiment: SentimentSummary
     hold_ms: int | None
     holds: tuple[tuple[int, int], ...] = ()  # hold intervals, where the store keeps them
+    # Secure pauses: the call's capture paused on purpose (payment), its audio never captured; not holds.
+    paused_ms: int | None = None
+    pauses: tuple[tuple[int, int], ...] = ()
+    # Keypad tones found in the audio and silenced, (leg, start_ms, end_ms): how many and when, never which keys.
+    keypad: tuple[tuple[str, int, int], ...] = ()
     longest_monologue_ms: int | None = None
     automatic_score_pct: float | None = None  # the score before any review; None: never reviewed
     reviewed_by: str = ""
@@ -406,6 +411,9 @@ def read_call_page(source: RowSource, db: str, call_id: str) -> CallPage | None:
         sentiment=_sentiment_summary(call, metrics),
         hold_ms=_optional_int(call, "hold_ms", metrics.get("hold_ms")),
         holds=_holds(call.get("holds")),
+        paused_ms=_optional_int(call, "paused_ms", metrics.get("paused_ms")) or None,
+        pauses=_holds(call.get("pauses")),
+        keypad=_keypad(call.get("keypad")),
         longest_monologue_ms=_optional_int(call, "longest_monologue_ms", metrics.get("longest_monologue_ms")),
         automatic_score_pct=_optional_float(q, "automatic_score_pct") if q else None,
         reviewed_by=(q or {}).get("reviewed_by") or "",
@@ -468,6 +476,15 @@ def _holds(value: Any) -> tuple[tuple[int, int], ...]:
         return ()
     pairs = ((h["start_ms"], h["end_ms"]) if isinstance(h, Mapping) else (h[0], h[1]) for h in value)
     return tuple(sorted((int(a), int(b)) for a, b in pairs))
+
+
+def _keypad(value: Any) -> tuple[tuple[str, int, int], ...]:
+    """Keypad tones, [(leg, start_ms, end_ms)], where the store keeps them (migration 16; none before), as
+    ``_holds`` reads its intervals: mappings from the store or JSON objects, plain triples otherwise."""
+    if not value:
+        return ()
+    tones = ((t["leg"], t["start_ms"], t["end_ms"]) if isinstance(t, Mapping) else (t[0], t[1], t[2]) for t in value)
+    return tuple(sorted(((str(leg), int(a), int(b)) for leg, a, b in tones), key=lambda t: (t[1], t[0])))
 
 
 def _duration_ms(metrics: Mapping[str, float], turns: Sequence[Turn], started: datetime,

@@ -72,6 +72,8 @@ METRIC_LABELS: dict[str, tuple[str, str]] = {
     "customer_longest_monologue_ms": ("customer's longest monologue", "ms"),
     "hold_ms": ("on hold", "ms"),
     "holds": ("holds", ""),
+    "paused_ms": ("capture paused", "ms"),
+    "pauses": ("secure pauses", ""),
     "agent_wpm": ("agent words/min", ""),
     "customer_wpm": ("customer words/min", ""),
     "agent_words": ("agent words", ""),
@@ -229,7 +231,8 @@ def call_timeline(page: CallPage, silence_threshold_ms: int) -> timeline.Timelin
     spans = [timeline.Span(t.leg, t.start_ms, t.end_ms, t.anchor, t.sentiment) for t in page.turns]
     alerts = [timeline.AlertMark(a.offset_ms, f"{a.rule}: {a.text}" if a.text else a.rule, a.anchor)
               for a in page.alerts]
-    return timeline.layout(page.duration_ms, spans, page.holds, alerts, silence_threshold_ms)
+    return timeline.layout(page.duration_ms, spans, page.holds, alerts, silence_threshold_ms, pauses=page.pauses,
+                           keypad=page.keypad)
 
 
 @dataclass(frozen=True)

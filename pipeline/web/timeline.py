@@ -3,9 +3,12 @@
 Lanes, top to bottom: the agent's speech, the customer's speech, then one lane for what is between them:
 overtalk (both speak) and silence (neither speaks for longer than the QA silence threshold, lead-in and tail
 not counted, as pipeline/qa/metrics.py counts them). A hold (the telephony sent no audio) is a band across
-both legs' lanes and the one between them, drawn beneath the speech, and not as the silence it also is. When turns carry sentiment, a last lane plots each
-turn's score (−5..+5) at its middle, one line per leg. Live alerts are markers across the lanes.
-Every box and marker that belongs to a turn names the turn's anchor, so the SVG links to the transcript.
+both legs' lanes and the one between them, drawn beneath the speech, and not as the silence it also is. A
+secure pause (the call's capture paused during payment: no audio was captured) is such a band of its own kind,
+"paused", neither speech nor silence: a gap between speech is cut at its edges, as the metrics cut it. When turns carry sentiment, a last lane plots each
+turn's score (−5..+5) at its middle, one line per leg. Live alerts are markers across the lanes. A keypad
+tone (the caller typed on the keypad; the tone was silenced) is a "keypad" box on its leg's lane, drawn over
+the speech. Every box and marker that belongs to a turn names the turn's anchor, so the SVG links to the transcript.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ class Span:
 
 @dataclass(frozen=True)
 class Box:
-    kind: str  # agent, customer, overtalk, silence, hold
+    kind: str  # agent, customer, overtalk, silence, hold, paused, keypad
     x: float
     y: float
     width: float
@@ -130,10 +133,12 @@ def subtract_intervals(a: Sequence[Interval], b: Sequence[Interval]) -> list[Int
     return out
 
 
-def silences(speech: Sequence[Interval], threshold_ms: int) -> list[Interval]:
-    """Gaps between consecutive speech (of either leg) longer than ``threshold_ms``: not the lead-in, not the tail."""
+def silences(speech: Sequence[Interval], threshold_ms: int, paused: Sequence[Interval] = ()) -> list[Interval]:
+    """Gaps between consecutive speech (of either leg) longer than ``threshold_ms``: not the lead-in, not the tail;
+    a gap is cut at the edges of the secure pauses in ``paused`` (sorted, disjoint), each part judged alone."""
     merged = merge_intervals(speech)
-    return [(a[1], b[0]) for a, b in zip(merged, merged[1:], strict=False) if b[0] - a[1] > threshold_ms]
+    gaps = subtract_intervals([(a[1], b[0]) for a, b in zip(merged, merged[1:], strict=False) if b[0] > a[1]], paused)
+    return [(a, b) for a, b in gaps if b - a > threshold_ms]
 
 
 def tick_step_s(duration_ms: int, most: int = 10) -> int:
@@ -171,10 +176,14 @@ def layout(
     alerts: Sequence[AlertMark] = (),
     silence_threshold_ms: int = 5000,
     width: float = 960.0,
+    pauses: Sequence[Interval] = (),
+    keypad: Sequence[tuple[str, int, int]] = (),
 ) -> Timeline:
-    """The timeline of a call lasting ``duration_ms`` (spans or holds past it are cut at its end)."""
+    """The timeline of a call lasting ``duration_ms`` (spans or holds past it are cut at its end); ``pauses``:
+    its secure pauses; ``keypad``: its keypad tones, (leg, start_ms, end_ms)."""
     spans = sorted(spans, key=lambda s: (s.start_ms, s.leg))
-    end = max([duration_ms, *(s.end_ms for s in spans), *(h[1] for h in holds)], default=0)
+    end = max([duration_ms, *(s.end_ms for s in spans), *(h[1] for h in holds), *(p[1] for p in pauses)],
+              default=0)
     scale = _Scale(end, width)
     lanes = [Lane(leg, TOP + i * (LANE_H + LANE_GAP), LANE_H) for i, leg in enumerate(LEGS)]
     between = Lane("between", TOP + 2 * (LANE_H + LANE_GAP), LANE_H)
@@ -183,11 +192,14 @@ def layout(
     held = merge_intervals(h for h in holds if h[1] > h[0])
     band = Lane("hold", lanes[0].y, between.y + between.height - lanes[0].y)
     boxes = [scale.box("hold", a, b, band) for a, b in held]
+    paused = merge_intervals(p for p in pauses if p[1] > p[0])
+    boxes += [scale.box("paused", a, b, band) for a, b in paused]
     boxes += [scale.box(s.leg, s.start_ms, s.end_ms, lane_of[s.leg], s.anchor) for s in spans if s.leg in lane_of]
+    boxes += [scale.box("keypad", a, b, lane_of[leg]) for leg, a, b in keypad if leg in lane_of and b > a]
 
     speech = {leg: merge_intervals((s.start_ms, s.end_ms) for s in spans if s.leg == leg) for leg in LEGS}
     overtalk = intersect_intervals(speech["agent"], speech["customer"])
-    quiet = subtract_intervals(silences([*speech["agent"], *speech["customer"]], silence_threshold_ms), held)
+    quiet = subtract_intervals(silences([*speech["agent"], *speech["customer"]], silence_threshold_ms, paused), held)
     boxes += [scale.box("silence", a, b, between) for a, b in quiet]
     boxes += [scale.box("overtalk", a, b, between) for a, b in overtalk]
 

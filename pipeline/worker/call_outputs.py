@@ -97,7 +97,7 @@ class CallOutputs:
         as one, its rows being keyed by call and revision)."""
         start = call.start or call.end
         ended_ms = now_ms()
-        qa = call_qa_message(call.call_id, result, start, call.hold_intervals(audio_ms))
+        qa = call_qa_message(call.call_id, result, start, call.hold_intervals(audio_ms), call.pause_intervals(audio_ms))
         if not qa.tenant:  # its gateway or producer named none: the default tenant's accounts see it
             qa = replace(qa, tenant=self.settings.default_tenant)
         async with self.publishing:

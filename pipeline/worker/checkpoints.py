@@ -26,6 +26,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from pipeline.asr.engine import LegFrontEnd
+from pipeline.audio.dtmf import KeypadSnapshot
 from pipeline.audio.resample import ResamplerSnapshot
 from pipeline.contracts.messages import (
     CallCheckpoint,
@@ -106,8 +107,8 @@ def checkpoint_written(call: CallState, legs: dict[str, LegSnapshot]) -> None:
 
 
 def leg_checkpoint(leg: LegState) -> LegCheckpoint:
-    resampler, segmenter = leg.front_end.snapshot()
-    return LegCheckpoint(
+    resampler, segmenter, keypad = leg.front_end.snapshot()
+    checkpoint = LegCheckpoint(
         leg=leg.leg, sample_rate=leg.front_end.sample_rate, encoding=leg.front_end.encoding,
         frame_ms=leg.frame_ms, next_seq=leg.reorder.next_seq, frames_released=leg.frames_released,
         samples_in=resampler.samples_in, samples_out=resampler.samples_out,
@@ -116,6 +117,13 @@ def leg_checkpoint(leg: LegState) -> LegCheckpoint:
         windows_done=segmenter.windows_done, last_end=segmenter.last_end, emitted=segmenter.emitted,
         audio_start=segmenter.audio_start, audio=_f32(segmenter.audio),
     )
+    # The keypad detector holds back the samples it has not decided on: they are past the resampler's
+    # count but before next_seq, so without them a resumed leg would lose them and its clock would slip.
+    if keypad is not None:
+        checkpoint.keypad_released, checkpoint.keypad_rescan = keypad.released, keypad.rescan
+        checkpoint.keypad_audio = _f32(keypad.audio)
+        checkpoint.keypad_spans = [v for span in keypad.spans for v in span]
+    return checkpoint
 
 
 def call_checkpoint(call: CallState, status: CheckpointStatus, legs: dict[str, LegSnapshot] | None = None,
@@ -134,6 +142,8 @@ def call_checkpoint(call: CallState, status: CheckpointStatus, legs: dict[str, L
     checkpoint.holds = [HoldSpan(start, end) for start, end in call.holds_ms]
     checkpoint.held_from_ms = -1 if call.held_from_ms is None else call.held_from_ms
     checkpoint.resumed_at_ms = call.resumed_at_ms
+    checkpoint.pauses = [HoldSpan(start, end) for start, end in call.pauses_ms]
+    checkpoint.paused_from_ms = -1 if call.paused_from_ms is None else call.paused_from_ms
     assert call.analyzer is not None
     covered = None if legs is None else {
         sid for name, snap in legs.items() for sid in call.announced.get(name, [])[: snap.announced]
@@ -172,6 +182,8 @@ def restore_call(checkpoint: CallCheckpoint, qa_config: QaConfig,
     call.holds_ms = [(h.start_ms, h.end_ms) for h in checkpoint.holds]
     call.held_from_ms = None if checkpoint.held_from_ms < 0 else checkpoint.held_from_ms
     call.resumed_at_ms = checkpoint.resumed_at_ms
+    call.pauses_ms = [(h.start_ms, h.end_ms) for h in checkpoint.pauses]
+    call.paused_from_ms = None if checkpoint.paused_from_ms < 0 else checkpoint.paused_from_ms
     call.published = set(checkpoint.published)
     call.analyzer = CallAnalyzer(call.call_id, qa_config)
     for s in checkpoint.segments:
@@ -193,10 +205,15 @@ def restore_call(checkpoint: CallCheckpoint, qa_config: QaConfig,
 
 def restore_leg(cp: LegCheckpoint, call_id: str, front_end: LegFrontEnd, max_segment_ms: int,
                 reorder_window_ms: int) -> LegState:
+    keypad = None
+    if cp.keypad_released >= 0:
+        spans = tuple(zip(cp.keypad_spans[::2], cp.keypad_spans[1::2], strict=True))
+        keypad = KeypadSnapshot(cp.keypad_released, cp.keypad_rescan, _arr(cp.keypad_audio), spans)
     front_end.restore(
         ResamplerSnapshot(cp.samples_in, cp.samples_out, _arr(cp.resampler_history)),
         SegmenterSnapshot(_arr(cp.vad_state), _arr(cp.vad_context), _arr(cp.vad_pending), cp.windows_done,
                           cp.last_end, cp.emitted, cp.audio_start, _arr(cp.audio)),
+        keypad,
     )
     leg = LegState.open(call_id, cp.leg, front_end, cp.frame_ms, max_segment_ms, reorder_window_ms)
     leg.reorder.next_seq = leg.resumed_from_seq = cp.next_seq

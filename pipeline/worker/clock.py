@@ -51,10 +51,11 @@ def close_reason(call: CallState, lag: int, partition_now_ms: int, wall_ms: int,
     stream_now = wall_ms if caught_up else partition_now_ms
     if call.end is not None and end_due(call, lag, caught_up, stream_now, wall_ms, grace_ms, end_wait_ms):
         return call.end.event_type
-    # A held call sends no frames by design: inactivity is not judged while it is held, and counts from
-    # the hold's end after it (the last-resort rule below still bounds a hold whose resume never comes).
+    # A held (or securely paused) call sends no frames by design: inactivity is not judged while it is held,
+    # and counts from the hold's end after it (the last-resort rule below still bounds a hold whose resume
+    # never comes).
     last = max(call.last_frame_produced_ms or call.opened_at_ms, call.resumed_at_ms)
-    if call.held_from_ms is None and stream_now - last >= timeout_ms:
+    if call.held_from_ms is None and call.paused_from_ms is None and stream_now - last >= timeout_ms:
         return "timeout"
     # Last resort for a partition whose position is unknown: a call cannot stay open forever.
     if wall_ms - call.last_activity_ms >= 10 * timeout_ms:

@@ -157,7 +157,7 @@ class FrameIntake:
             return  # the leg's first frame sets its format
         check_leg_format(frame, known.front_end.sample_rate, known.front_end.encoding)
         # A pause longer than the timeout closes the call; twice that is no pause, it is corrupt. Unless a
-        # hold the call announced (hold/resume events) spans it: a caller may hold for any length of time.
+        # hold or secure pause the call announced (its events) spans it: either may last any length of time.
         next_seq = known.reorder.next_seq
         max_gap = int(2 * self.settings.call_inactivity_timeout_s * 1000 / known.frame_ms)
         if frame.seq - next_seq > max_gap:  # only then are the holds looked at: not on every frame

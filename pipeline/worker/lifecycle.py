@@ -1,7 +1,7 @@
 """Call lifecycle: start and end events, closing calls, and completing them.
 
 Hold and resume events keep a call open through a hold (no frames come while it is held) and measure
-its hold time. A call closes on its end event once all the frames it announced came; without them, once
+its hold time; pause and unpause events do the same for a secure pause, kept apart from holds. A call closes on its end event once all the frames it announced came; without them, once
 the audio partition's stream time has passed the end event plus a grace and, with nothing left to read
 there, ``CALLQA_END_WAIT_MAX_S`` of wall time after the event (frames still in flight: clock.py); such a
 close is logged and counted (``callqa_calls_closed_incomplete_total``). An abort closes it at once, a
@@ -68,6 +68,9 @@ class CallLifecycle:
             call.audio_tp = (self.settings.topic_audio, tp[1])
         if event.is_hold_change:
             self._hold_change(call, event)
+            return
+        if event.is_pause_change:
+            self._pause_change(call, event)
             return
         if event.event_type == "start":
             call.start = event
@@ -146,6 +149,20 @@ class CallLifecycle:
             call.held_from_ms = None
         call.resumed_at_ms = max(call.resumed_at_ms, event.at_ms)
 
+    @staticmethod
+    def _pause_change(call: CallState, event: CallEvent) -> None:
+        """A secure pause begins or ends; a repeated pause (or an unpause while not paused) changes nothing.
+        No frames come while paused, so inactivity counts from its end, as from a hold's."""
+        at = max(event.offset_ms, 0)
+        if event.event_type == "pause":
+            if call.paused_from_ms is None:
+                call.paused_from_ms = at
+            return
+        if call.paused_from_ms is not None:
+            call.pauses_ms.append((call.paused_from_ms, max(at, call.paused_from_ms)))
+            call.paused_from_ms = None
+        call.resumed_at_ms = max(call.resumed_at_ms, event.at_ms)
+
     def _due(self, call: CallState, wall: int, timeout_ms: float, grace_ms: int) -> str | None:
         """How the call should be closed now ("end", "abort", "timeout"), or None to keep it open."""
         tp = call.audio_tp
@@ -160,7 +177,10 @@ class CallLifecycle:
         assert call.analyzer is not None
         await self.gate.flush(call)
         audio_ms = max((leg.audio_ms for leg in call.legs.values()), default=0)
-        result = call.analyzer.finalize(audio_ms, call.hold_intervals(audio_ms))
+        pauses = call.pause_intervals(audio_ms)
+        # A call that ended while paused lasted until its pause ended, past its last audio.
+        call_end_ms = max([audio_ms, *(end for _, end in pauses)])
+        result = call.analyzer.finalize(call_end_ms, call.hold_intervals(audio_ms), pauses)
         audio_end = self.offsets.consumed_up_to(call.audio_tp) if call.audio_tp else None
         await self.outputs.call_result(call, result, how, audio_ms, audio_end)
         self.registry.retire(call, how)

@@ -12,6 +12,7 @@ from pipeline.contracts.messages import (
     CallQA,
     JobCut,
     JobHold,
+    JobKeypadTone,
     JobRedaction,
     LatencyMetric,
     PostCallJob,
@@ -79,9 +80,10 @@ def event_message(e: QaEvent) -> QaEventMessage:
 
 
 def call_qa_message(call_id: str, result: CallQaResult, start: CallEvent | None,
-                    holds: Sequence[tuple[int, int]] = ()) -> CallQA:
-    """The call's scorecard result; ``start``: the start (else end) event, for tenant and agent; ``holds``:
-    the call's hold intervals on its clock (``CallState.hold_intervals``, as the QA measured them)."""
+                    holds: Sequence[tuple[int, int]] = (), pauses: Sequence[tuple[int, int]] = ()) -> CallQA:
+    """The call's scorecard result; ``start``: the start (else end) event, for tenant and agent; ``holds``,
+    ``pauses``: the call's hold and secure pause intervals on its clock (``CallState.hold_intervals``,
+    ``pause_intervals``, as the QA measured them)."""
     customer = result.sentiment.leg("customer") if result.sentiment else None
     agent = result.sentiment.leg("agent") if result.sentiment else None
     return CallQA(
@@ -101,6 +103,8 @@ def call_qa_message(call_id: str, result: CallQaResult, start: CallEvent | None,
         longest_monologue_ms=int(result.metrics.get("longest_monologue_ms", 0)),
         hold_ms=int(result.metrics.get("hold_ms", 0)),
         holds=[CallHold(int(a), int(b)) for a, b in holds],
+        paused_ms=int(result.metrics.get("paused_ms", 0)),
+        pauses=[CallHold(int(a), int(b)) for a, b in pauses],
     )
 
 
@@ -119,11 +123,20 @@ def post_call_job(call: CallState, qa: CallQA, start: CallEvent | None, how: str
         tenant=qa.tenant, agent_id=qa.agent_id, queue=start.queue if start else "",
         direction=start.direction if start else "inbound", started_at_ms=call.started_at_ms, ended_at_ms=ended_ms,
         end_reason=how, audio_ms=audio_ms, holds=[JobHold(h.start_ms, h.end_ms) for h in qa.holds],
+        pauses=[JobHold(h.start_ms, h.end_ms) for h in qa.pauses],
         live_score_pct=qa.score_pct, live_auto_failed=qa.auto_failed, requested_at_ms=ended_ms,
         redacted=[] if call.analyzer is None else [
             JobRedaction(t.leg, t.start_ms, t.end_ms, t.digits_kept, [JobCut(a, b, kind) for a, b, kind in t.cuts])
             for t in call.analyzer.redacted_turns],
+        keypad=[JobKeypadTone(leg, a, b) for leg, a, b in keypad_tones(call)],
     )
+
+
+def keypad_tones(call: CallState) -> list[tuple[str, int, int]]:
+    """The call's keypad tones, (leg, start_ms, end_ms) on its clock in time order (its legs' front ends
+    silenced them): when, never which key."""
+    tones = [(leg.leg, t.start_ms, t.end_ms) for leg in call.legs.values() for t in leg.front_end.keypad_tones]
+    return sorted(tones, key=lambda t: (t[1], t[0]))
 
 
 # ---- rows ------------------------------------------------------------------------------------------
@@ -140,6 +153,8 @@ def call_row(call: CallState, qa: CallQA, start: CallEvent | None, how: str, aud
         "hold_ms": qa.hold_ms,
         # UInt32 columns: a hold's times are on the call's clock, never before its start.
         "holds": [(max(0, h.start_ms), max(0, h.end_ms)) for h in qa.holds],
+        "paused_ms": qa.paused_ms, "pauses": [(max(0, h.start_ms), max(0, h.end_ms)) for h in qa.pauses],
+        "keypad": keypad_tones(call),
         "revision": qa.revision, "categories": list(categories),
     }
 

@@ -59,6 +59,10 @@ class CallState:
     holds_ms: list[tuple[int, int]] = field(default_factory=list)
     held_from_ms: int | None = None
     resumed_at_ms: int = 0
+    # Secure pauses (pause/unpause call events): the call's capture paused on purpose, its audio dropped at
+    # the gateway. Kept as holds are, apart from them: QA leaves them out of talk and silence, not as holds.
+    pauses_ms: list[tuple[int, int]] = field(default_factory=list)
+    paused_from_ms: int | None = None
     # Exactly once (pipeline/broker/transactions.py): the outputs this call has published (final segment ids,
     # "qa" for its QA result), with those a checkpoint it resumed from listed; a replay publishes none of
     # them again. ``unrecorded``: some are not in a checkpoint record yet (the next commit writes one).
@@ -75,10 +79,18 @@ class CallState:
             return list(self.holds_ms)
         return [*self.holds_ms, (self.held_from_ms, max(self.held_from_ms, call_end_ms))]
 
+    def pause_intervals(self, call_end_ms: int) -> list[tuple[int, int]]:
+        """The call's secure pauses; one still open at the end (never resumed) lasts until ``call_end_ms``."""
+        if self.paused_from_ms is None:
+            return list(self.pauses_ms)
+        return [*self.pauses_ms, (self.paused_from_ms, max(self.paused_from_ms, call_end_ms))]
+
     def held_ms_between(self, from_ms: int, to_ms: int) -> int:
-        """Call time in [from_ms, to_ms) that announced holds cover; one still open (its resume not read
-        yet: events and frames are separate topics) covers up to ``to_ms``."""
-        return sum(max(0, min(end, to_ms) - max(start, from_ms)) for start, end in self.hold_intervals(to_ms))
+        """Call time in [from_ms, to_ms) that announced holds or secure pauses cover (no frames come in
+        either); one still open (its resume not read yet: events and frames are separate topics) covers up
+        to ``to_ms``."""
+        return sum(max(0, min(end, to_ms) - max(start, from_ms))
+                   for start, end in [*self.hold_intervals(to_ms), *self.pause_intervals(to_ms)])
 
     def frames_complete(self) -> bool:
         """The end event came and every leg has received (or holds) the frames it announced."""
@@ -86,12 +98,16 @@ class CallState:
 
     def frames_missing(self) -> dict[str, int]:
         """Per leg, how many of the frames its end event announced have not come (none before the end
-        event). A gap the jitter buffer filled with silence counts as come: a later seq showed it missing."""
+        event). A gap the jitter buffer filled with silence counts as come: a later seq showed it missing.
+        So do the frames after a leg's last one that a secure pause (or hold) covers: the call ended while
+        paused, and the gateway counts the time it dropped, as it counts a pause's seq jump."""
         counts = self.end.frame_counts if self.end is not None else {}
         missing: dict[str, int] = {}
         for name, n in counts.items():
             leg = self.legs.get(name)
             have = 0 if leg is None else leg.frames_released + leg.reorder.held
+            if have < n and leg is not None and (self.pauses_ms or self.paused_from_ms is not None):
+                have += self.held_ms_between(have * leg.frame_ms, n * leg.frame_ms) // leg.frame_ms
             if have < n:
                 missing[name] = n - have
         return missing

@@ -43,6 +43,7 @@ class RecordingSink:
     frames: list[AudioFrame] = field(default_factory=list)
     ends: list[CallEvent] = field(default_factory=list)
     holds: list[tuple[str, str, int]] = field(default_factory=list)  # (call, "held"/"resumed", ms)
+    pauses: list[tuple[str, str, int, str | None]] = field(default_factory=list)  # (call, "paused"/"unpaused", ms, why)
     fullness: float = 0.0
 
     def call_started(self, event: CallEvent) -> None:
@@ -62,6 +63,12 @@ class RecordingSink:
 
     def call_resumed(self, call_id: str, at_ms: int, held_ms: int) -> None:
         self.holds.append((call_id, "resumed", held_ms))
+
+    def call_paused(self, call_id: str, at_ms: int) -> None:
+        self.pauses.append((call_id, "paused", at_ms, None))
+
+    def call_unpaused(self, call_id: str, at_ms: int, paused_ms: int, reason: str | None = None) -> None:
+        self.pauses.append((call_id, "unpaused", at_ms, reason))
 
     def leg_frames(self, leg: str) -> list[AudioFrame]:
         return [f for f in self.frames if f.leg == leg]
@@ -221,6 +228,9 @@ def audiohook_client():  # type: ignore[no-untyped-def]
 
 
 # ---- an in-process gateway on the real broker ------------------------------------------------------------
+OPERATOR_TOKEN = "callqa-test-operator-token-0123456789"  # secure pause requests (pipeline/gateway/pause.py)
+
+
 @dataclass
 class RunningGateway:
     server: Any
@@ -235,6 +245,8 @@ class RunningGateway:
 async def start_gateway(kafka_settings) -> AsyncIterator[Any]:  # type: ignore[no-untyped-def]
     """``await start_gateway(producer=None, **settings)``: a gateway on 127.0.0.1 (a free port) writing to
     this test's topics; every gateway started is shut down (drained) at the end of the test."""
+    from pydantic import SecretStr
+
     from pipeline.broker.producer import ContractProducer
     from pipeline.contracts import Serde
     from pipeline.gateway.server import GatewayServer
@@ -245,10 +257,11 @@ async def start_gateway(kafka_settings) -> AsyncIterator[Any]:  # type: ignore[n
         # The tests send audio faster than real time: a leg buffer of 30 s takes their bursts without
         # back-pressure, unless a test asks for a small one. They count 20 ms frames (Twilio's chunk): the
         # default message span has test_a_twilio_call_reaches_the_topics_as_sent and tests/gateway/test_end_to_end.py.
-        # Without credentials (most tests) streams are taken unauthenticated: an explicit opt-out.
+        # Without credentials (most tests) streams are taken unauthenticated: an explicit opt-out. An operator
+        # token of their own: a loopback gateway without one would make the checkout's .callqa/api-token.
         values = {"gateway_end_grace_s": 0.3, "gateway_drain_s": 0.0, "gateway_leg_buffer_s": 30.0,
                   "audio_message_ms": 20, "gateway_auth": "off", "gateway_metrics_port": 0,
-                  "gateway_session_messages_per_s": 0, **overrides}
+                  "gateway_session_messages_per_s": 0, "api_token": SecretStr(OPERATOR_TOKEN), **overrides}
         settings = kafka_settings.model_copy(update=values)
         producer = producer or ContractProducer.from_settings(settings, Serde.from_settings(""))
         server = GatewayServer(settings, producer)

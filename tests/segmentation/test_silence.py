@@ -104,7 +104,9 @@ def _made(pieces: list[np.ndarray | Silence]) -> np.ndarray:
 
 @pytest.mark.parametrize("rate", [8000, 11025, 16000, 44100])
 def test_resampling_silence_by_its_length_gives_what_resampling_its_zeros_gives(rate: int) -> None:
-    settings = Settings(vad_sample_rate=16000)  # an 8 kHz leg resampled before its VAD, as every other rate
+    # An 8 kHz leg resampled before its VAD, as every other rate. The keypad detector is off: it holds a leg's
+    # last ~66 ms back until a gap lets them out, and here the resampler's output is compared piece by piece.
+    settings = Settings(vad_sample_rate=16000, keypad_tones=False)
     signal = np.random.default_rng(rate).standard_normal(rate).astype(np.float32) * 0.1
     for gap in (rate // 50, rate * 2 + 7, rate * 5):
         skipped, made = LegFrontEnd(rate, "pcm16", settings), LegFrontEnd(rate, "pcm16", settings)
@@ -116,6 +118,6 @@ def test_resampling_silence_by_its_length_gives_what_resampling_its_zeros_gives(
         after = [skipped.to_segmenter(signal), made.to_segmenter(signal)]
         np.testing.assert_array_equal(np.concatenate([before[0], _made(pieces), after[0]]),
                                       np.concatenate([before[1], zeros, after[1]]))
-        (resampler, _), (reference, _) = skipped.snapshot(), made.snapshot()
+        (resampler, *_), (reference, *_) = skipped.snapshot(), made.snapshot()
         assert (resampler.samples_in, resampler.samples_out) == (reference.samples_in, reference.samples_out)
         np.testing.assert_array_equal(resampler.history, reference.history)

@@ -169,12 +169,12 @@ def test_front_end_snapshots_restore_at_the_vad_rate_they_were_taken_at(legs_8k)
             if closed and not first.segmenter.in_speech:  # between segments, after the first one
                 break
         resumed = LegFrontEnd(8000, "mulaw", Settings(vad_sample_rate=restored_as))
-        resampler, segmenter = first.snapshot()
-        resumed.restore(resampler, segmenter)
+        resampler, segmenter, keypad = first.snapshot()
+        resumed.restore(resampler, segmenter, keypad)
         assert resumed.segmenter.input_rate == (8000 if taken == 8000 else 16000)
         closed += [s for f in frames_list[cut + 1:] for s in resumed.accept(f)] + resumed.finish()
         _same(closed, reference, f"taken at {taken}, restored set to {restored_as}")
-    _, snap = LegFrontEnd(8000, "mulaw", Settings()).snapshot()
+    _, snap, _ = LegFrontEnd(8000, "mulaw", Settings()).snapshot()
     with pytest.raises(ValueError, match="context"):
         LegFrontEnd(8000, "mulaw", Settings()).restore(resampler, type(snap)(
             snap.vad_state, np.zeros(48, np.float32), snap.vad_pending, 0, 0, 0, 0, snap.audio))

@@ -39,7 +39,7 @@ CALLS = [
         ("agent", 0, 4, "Yeah, what do you want?"),
         ("customer", 4.5, 12, f"My card {CARD} was charged twice, I want to speak to the manager"),
         ("agent", 11, 15, "That's not my problem, whatever."),
-        ("customer", 22, 25, "Then cancel my account <script>alert(1)</script>."),
+        ("customer", 22, 25, "Then cancel my account <script>alert(document.cookie)</script>."),
     ], 26),
     ("call-open", "agent-1", "sales", [
         ("agent", 0, 3, "Hello, you are through to Acme."),
