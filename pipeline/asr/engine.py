@@ -53,7 +53,7 @@ class LegFrontEnd:
     leg with ``vad_sample_rate`` 8000 goes to its segmenter at 8 kHz (VAD at 8 kHz, segments at 16 kHz).
 
     Keypad tones (``keypad_tones``) are silenced first, at the leg's own rate, so neither the VAD nor the
-    recogniser ever hears one; the detector holds its input back ~66 ms (longer while a tone may be under
+    recogniser ever hears one; the detector holds its input back 66-100 ms (longer while a tone may be under
     way) to decide before it lets it through, and lets everything out at a long gap and at the leg's end."""
 
     def __init__(self, sample_rate: int, encoding: str, settings: Settings) -> None:

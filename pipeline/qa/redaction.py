@@ -344,8 +344,6 @@ class CallRedactor:
         if state.focus == "PAN" or ("PAN" in found and state.focus in CARD_DATA):
             given = "".join(_digits(judging.text[s.start:s.end]) for s in spans if s.marker == "PAN")
             state = replace(state, card_digits=(state.card_digits + given)[-19:])
-            if stored.get("PAN"):
-                state = replace(state, card_digits="4111111111111111")  # a card was given: its digits are gone
         words = tuple((w, s.marker) for s in spans if s.marker in _WORD_VALUES
                       for w in [_value_words(judging.text[s.start:s.end])] if w)
         if words:
@@ -429,6 +427,10 @@ def _asked_marker(run: DigitRun, focus: str | None, judging: _Judging, after_car
             return "PAN"
         if _looks_like_expiry(run) or (_after_month(run, judging.tokens) and n in (2, 4)):
             return "EXPIRY"
+        if focus in ("EXPIRY", "CVV"):
+            # The answer to the question asked: the same marker for a call resumed from its stored text, where
+            # "[PAN]" no longer says whether the card number was complete.
+            return focus
         return "CVV" if n in (3, 4) and (focus == "CVV" or given) else (focus or "PAN")
     if focus == "ROUTING":
         return "ROUTING" if n != 9 or routing_valid(digits) else "ACCOUNT"
@@ -462,9 +464,20 @@ def _shape_marker(run: DigitRun, tokens: list[Token]) -> str | None:
     international = run.items[0].first > 0 and tokens[run.items[0].first - 1].text == "+"
     if international and 8 <= n <= 15:
         return "PHONE"
-    if n == 4 and (digits.startswith(_CARD_START) or 2221 <= int(digits) <= 2720) and not _is_year(run, tokens):
+    if n == 4 and (digits.startswith(_CARD_START) or 2221 <= int(digits) <= 2720) and not _is_year(run, tokens) \
+            and _stands_alone(run, tokens):
         return "PAN"  # a card's first chunk, read before any card word: redacted before the rest shows it
     return None
+
+
+def _stands_alone(run: DigitRun, tokens: list[Token]) -> bool:
+    """Said as numbers, not glued to letters ("b4949ee" is an identifier ASR or a test wrote, not a chunk)."""
+    first, last = tokens[run.items[0].first], tokens[run.items[-1].last]
+    glued_before = run.items[0].first > 0 and tokens[run.items[0].first - 1].end == first.start \
+        and tokens[run.items[0].first - 1].text[0].isalpha()
+    glued_after = run.items[-1].last + 1 < len(tokens) and tokens[run.items[-1].last + 1].start == last.end \
+        and tokens[run.items[-1].last + 1].text[0].isalpha()
+    return not (glued_before or glued_after)
 
 
 def _not_personal(run: DigitRun, tokens: list[Token], focus: str | None) -> bool:

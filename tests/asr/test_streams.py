@@ -72,7 +72,7 @@ def test_ready_streams_decode_together_and_each_gets_its_own_text(
 def test_finals_fill_the_batch_before_partials_and_partials_wait_their_turn(
     counting: CountingRecognizer, asr_settings: Settings, eval_sets: dict[str, list[EvalUtterance]]
 ) -> None:
-    # The keypad detector off: it holds ~66 ms of each stream back, and partials are timed to the sample here.
+    # The keypad detector off: it holds 66-100 ms of each stream back, and partials are timed to the sample here.
     engine, _ = _engine(counting, asr_settings, max_batch=2, partial_interval_ms=500, keypad_tones=False)
     long = [u for u in eval_sets["16k"] if u.audio.size > 3 * 16000][:3]
     closed, open_a, open_b = (engine.create_stream(16000, "pcm16") for _ in range(3))

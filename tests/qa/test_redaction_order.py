@@ -151,7 +151,7 @@ def test_phone_number_said_with_oh_after_call_me_and_a_slashed_date_in_card_cont
 
 def test_a_call_resumed_from_its_redacted_finals_keeps_the_card_context(qa_config: QaConfig) -> None:
     """A worker taking over a call rebuilds its redaction context from the stored finals, whose card numbers
-    are already "[PAN]": the card must still count as given, or an expiry or code said after it leaks (a
+    are already "[PAN]": the card's exchange must still be open, or an expiry or code said after it leaks (a
     chaos run stored "L227", the expiry "oh two twenty seven", after a kill -9 moved call 12 between its card
     number and its expiry)."""
     said = [
@@ -169,5 +169,5 @@ def test_a_call_resumed_from_its_redacted_finals_keeps_the_card_context(qa_confi
     resumed = CallAnalyzer("c", qa_config)  # as pipeline/worker/checkpoints.py restores a call
     for segment in stored:
         resumed.process(segment)
-    assert expected == "L[CVV]"
+    assert expected == "L[EXPIRY]"
     assert resumed.process(answer).redacted.segment.text == expected

@@ -105,7 +105,7 @@ def _made(pieces: list[np.ndarray | Silence]) -> np.ndarray:
 @pytest.mark.parametrize("rate", [8000, 11025, 16000, 44100])
 def test_resampling_silence_by_its_length_gives_what_resampling_its_zeros_gives(rate: int) -> None:
     # An 8 kHz leg resampled before its VAD, as every other rate. The keypad detector is off: it holds a leg's
-    # last ~66 ms back until a gap lets them out, and here the resampler's output is compared piece by piece.
+    # last 66-100 ms back until a gap lets them out, and here the resampler's output is compared piece by piece.
     settings = Settings(vad_sample_rate=16000, keypad_tones=False)
     signal = np.random.default_rng(rate).standard_normal(rate).astype(np.float32) * 0.1
     for gap in (rate // 50, rate * 2 + 7, rate * 5):

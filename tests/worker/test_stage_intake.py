@@ -19,7 +19,7 @@ SILENCE = b"\xff" * 160  # 20 ms of mu-law silence at 8 kHz
 
 
 def _intake() -> tuple[FrameIntake, CallRegistry, OffsetTracker, WorkerMetrics]:
-    # The keypad detector holds a leg's first ~66 ms back (tests/audio/test_dtmf.py): off here, where three
+    # The keypad detector holds a leg's first 66-100 ms back (tests/audio/test_dtmf.py): off here, where three
     # 20 ms frames must come out of the jitter buffer as audio.
     settings, metrics, offsets = Settings(topic_audio="audio", keypad_tones=False), WorkerMetrics(), OffsetTracker()
 
