@@ -86,9 +86,11 @@ class SegmentationSettings(BaseModel):
     # audio. Silenced before the VAD, they never reach a segment, a transcript or the kept recording; only when
     # each tone was is kept (pipeline/audio/dtmf.py). Off: the tones go through as any other sound.
     keypad_tones: bool = Field(
-        True,
+        False,
         description="Find in-band keypad tones (DTMF) in each leg and silence them before the VAD and the "
-        "recogniser; the call keeps how many and when, never which keys.",
+        "recogniser; the call keeps how many and when, never which keys. Off by default for now: the "
+        "detector costs about 9-18 ms of CPU per leg per audio-second at 20 ms messages, and with it on a "
+        "2-core make test ran its timing-bound worker tests late; recordings still cut any tone they find.",
     )
 
     @field_validator("vad_sample_rate")

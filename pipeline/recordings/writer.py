@@ -58,8 +58,9 @@ class CallRecorder:
             raise RecordingError(f"call {job.call_id}: its legs' rates differ ({sorted(rates)} Hz)")
         [rate] = rates
         loop = asyncio.get_running_loop()
-        keypad = (await loop.run_in_executor(executor, keypad_cuts, job.keypad, legs)
-                  if self.settings.keypad_tones else [])
+        # Always, whatever keypad_tones says of the live path: found on the whole legs once per call, it is
+        # cheap, and a recording must not keep a card typed on the keypad.
+        keypad = await loop.run_in_executor(executor, keypad_cuts, job.keypad, legs)
         # The redacted turns are checked on the legs as they are kept: keypad tones silenced already.
         heard = {leg: (silenced(samples, r, [(c.start_ms, c.end_ms, c.kind) for c in keypad if c.leg == leg]), r)
                  for leg, (samples, r) in legs.items()} if keypad else legs

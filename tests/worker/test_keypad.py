@@ -141,7 +141,7 @@ async def _run_call(legs: dict[str, bytes], settings: Settings) -> tuple[MemoryP
 
 def test_keypad_tones_are_silenced_before_the_segmenter_stored_as_times_and_cut_from_the_recording(
         tmp_path: Path, chdb_path: str, unique_name: str) -> None:
-    settings = Settings(topic_audio=AUDIO_TP[0], topic_call_events=EVENTS_TP[0])
+    settings = Settings(topic_audio=AUDIO_TP[0], topic_call_events=EVENTS_TP[0], keypad_tones=True)
     legs = call_legs()
     ports, transcriber, front_ends, frames = asyncio.run(_run_call(legs, settings))
 
@@ -212,7 +212,7 @@ def test_a_leg_checkpointed_anywhere_resumes_with_its_keypad_tones(detector_stat
     """Snapshots wherever the leg is quiet, while a tone is under way too: the resumed leg closes the same
     segments and knows the same tones. A record without the detector's state (a worker that had none wrote
     it) resumes with a fresh detector: the tones after it are found, the leg keeps its clock, nothing fails."""
-    settings = Settings()
+    settings = Settings(keypad_tones=True)
     payload = call_legs()["customer"]
     frames = [(seq, payload[seq * FRAME:(seq + 1) * FRAME]) for seq in range(len(payload) // FRAME)]
 
