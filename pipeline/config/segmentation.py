@@ -82,7 +82,7 @@ class SegmentationSettings(BaseModel):
                     "reset and the rest skipped (ms); 0: never.",
     )
 
-    # Issue 57: callers type card numbers and PINs on the keypad while the agent listens; the tones are in the
+    # Callers type card numbers and PINs on the keypad while the agent listens; the tones are in the
     # audio. Silenced before the VAD, they never reach a segment, a transcript or the kept recording; only when
     # each tone was is kept (pipeline/audio/dtmf.py). Off: the tones go through as any other sound.
     keypad_tones: bool = Field(

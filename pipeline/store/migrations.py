@@ -350,7 +350,7 @@ ORDER BY call_id
 SETTINGS concurrent_part_removal_threshold = 1000000
 """
 
-# Issue 57 item 5: secure pauses (an operator paused the call's capture during payment; the gateway dropped its
+# Secure pauses (an operator paused the call's capture during payment; the gateway dropped its
 # audio): how long and when, apart from holds, so the call page draws them as paused and QA does not count
 # them as hold time.
 _PAUSES_COLUMNS = (
@@ -360,7 +360,7 @@ _PAUSES_COLUMNS = (
     "COMMENT 'secure pauses [start_ms, end_ms) on the call clock; empty for rows written before'"
 )
 
-# Issue 57 item 4: keypad tones (in-band DTMF) the worker found in a leg and silenced (pipeline/audio/dtmf.py):
+# Keypad tones (in-band DTMF) the worker found in a leg and silenced (pipeline/audio/dtmf.py):
 # when, on which leg, so the call page shows them and counts them. Never which key: it is not known past the
 # detector.
 _KEYPAD_COLUMN = (

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from pipeline.qa.metrics import intersect_intervals, merge_intervals
+from pipeline.qa.metrics import intersect_intervals, merge_intervals, subtract_intervals
 
 Interval = tuple[int, int]
 LEGS = ("agent", "customer")
@@ -115,22 +115,6 @@ class AlertMark:
     offset_ms: int
     label: str
     anchor: str | None = None
-
-
-def subtract_intervals(a: Sequence[Interval], b: Sequence[Interval]) -> list[Interval]:
-    """The parts of the sorted disjoint intervals ``a`` outside the sorted disjoint intervals ``b``."""
-    out: list[Interval] = []
-    for start, end in a:
-        cursor = start
-        for b_start, b_end in b:
-            if b_end <= cursor or b_start >= end:
-                continue
-            if b_start > cursor:
-                out.append((cursor, b_start))
-            cursor = max(cursor, b_end)
-        if cursor < end:
-            out.append((cursor, end))
-    return out
 
 
 def silences(speech: Sequence[Interval], threshold_ms: int, paused: Sequence[Interval] = ()) -> list[Interval]:
