@@ -139,29 +139,14 @@ class CallLifecycle:
     @staticmethod
     def _hold_change(call: CallState, event: CallEvent) -> None:
         """A hold begins or ends; a repeated hold (or a resume while not held) changes nothing."""
-        at = max(event.offset_ms, 0)
-        if event.event_type == "hold":
-            if call.held_from_ms is None:
-                call.held_from_ms = at
-            return
-        if call.held_from_ms is not None:
-            call.holds_ms.append((call.held_from_ms, max(at, call.held_from_ms)))
-            call.held_from_ms = None
-        call.resumed_at_ms = max(call.resumed_at_ms, event.at_ms)
+        call.held_from_ms = _span_change(call, event, event.event_type == "hold", call.held_from_ms, call.holds_ms)
 
     @staticmethod
     def _pause_change(call: CallState, event: CallEvent) -> None:
         """A secure pause begins or ends; a repeated pause (or an unpause while not paused) changes nothing.
         No frames come while paused, so inactivity counts from its end, as from a hold's."""
-        at = max(event.offset_ms, 0)
-        if event.event_type == "pause":
-            if call.paused_from_ms is None:
-                call.paused_from_ms = at
-            return
-        if call.paused_from_ms is not None:
-            call.pauses_ms.append((call.paused_from_ms, max(at, call.paused_from_ms)))
-            call.paused_from_ms = None
-        call.resumed_at_ms = max(call.resumed_at_ms, event.at_ms)
+        call.paused_from_ms = _span_change(call, event, event.event_type == "pause", call.paused_from_ms,
+                                           call.pauses_ms)
 
     def _due(self, call: CallState, wall: int, timeout_ms: float, grace_ms: int) -> str | None:
         """How the call should be closed now ("end", "abort", "timeout"), or None to keep it open."""
@@ -184,3 +169,16 @@ class CallLifecycle:
         audio_end = self.offsets.consumed_up_to(call.audio_tp) if call.audio_tp else None
         await self.outputs.call_result(call, result, how, audio_ms, audio_end)
         self.registry.retire(call, how)
+
+
+def _span_change(call: CallState, event: CallEvent, begins: bool, open_from: int | None,
+                 spans: list[tuple[int, int]]) -> int | None:
+    """A hold's or a pause's start or end on the call's clock: the span's new open start (None: closed),
+    a closed span appended to ``spans``. Frames stop during either, so inactivity counts from its end."""
+    at = max(event.offset_ms, 0)
+    if begins:
+        return at if open_from is None else open_from
+    if open_from is not None:
+        spans.append((open_from, max(at, open_from)))
+    call.resumed_at_ms = max(call.resumed_at_ms, event.at_ms)
+    return None
