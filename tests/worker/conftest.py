@@ -17,6 +17,8 @@ from pipeline.config import Settings
 def start_worker(kafka_settings: Settings, tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
     """Start workers on this test's topics, with a store of their own; all stopped at the end."""
     started: list[WorkerProcess] = []
+    # Numbered when asked for, not when up: two workers started at once from threads get their own logs.
+    numbers = itertools.count()
     base = {
         "bootstrap_servers": kafka_settings.bootstrap,
         "topic_audio": kafka_settings.topic_audio,
@@ -42,9 +44,9 @@ def start_worker(kafka_settings: Settings, tmp_path: Path) -> Iterator[Callable[
         """A worker; ``fault_file``: its store refuses inserts while that file exists (bench/store_fault.py)."""
         port = free_port()
         w = WorkerProcess(worker_env({**base, "web_port": str(port), **overrides}), port,
-                          tmp_path / f"worker{len(started)}.log", loglevel=loglevel, fault_file=fault_file)
+                          tmp_path / f"worker{next(numbers)}.log", loglevel=loglevel, fault_file=fault_file)
+        started.append(w)  # before it is up: one that never comes up is still stopped at the end
         w.start()
-        started.append(w)
         return w
 
     yield start
