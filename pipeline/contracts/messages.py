@@ -334,6 +334,10 @@ class CallCheckpoint(Message):
     pauses: list[HoldSpan] = field(default_factory=list)  # secure pauses, kept as holds are
     paused_from_ms: int = -1
     published: list[str] = field(default_factory=list)  # outputs a replay from here must not publish again
+    # What the stored text no longer says for redaction (qa.redaction.RedactionMemory): a whole card number
+    # given, values said as words by digest ("MARKER:N:HEX").
+    card_given: bool = False
+    said_values: list[str] = field(default_factory=list)
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> CallCheckpoint:

@@ -26,7 +26,14 @@ from pathlib import Path
 from pipeline.config.qa import QaSettings
 from pipeline.qa.categories import Category, categorize, load_categories
 from pipeline.qa.metrics import compute_metrics
-from pipeline.qa.redaction import CallRedactor, RedactedText, RedactedTurn, redacted_turn
+from pipeline.qa.redaction import (
+    CallRedactor,
+    RedactedText,
+    RedactedTurn,
+    RedactionMemory,
+    redacted_turn,
+    segment_order,
+)
 from pipeline.qa.rules import QaEvent, RuleEngine, RuleSet, load_rules
 from pipeline.qa.scorecard import CallQaResult, Scorecard, load_scorecard, score_call
 from pipeline.qa.segment import Segment
@@ -94,7 +101,7 @@ class CallAnalyzer:
     _out_of_order: bool = False  # a segment was processed after a later one (see finalize)
 
     def __post_init__(self) -> None:
-        self._redactor = CallRedactor(self.config.exchange_idle_ms, names=self.config.redact_names)
+        self._redactor = CallRedactor(self.config.exchange_idle_ms, names=self.config.redact_names, salt=self.call_id)
         self._rules = RuleEngine(self.config.rule_set, self.config.fuzzy_threshold)
 
     def redact(self, segment: Segment) -> RedactedText:
@@ -102,6 +109,14 @@ class CallAnalyzer:
         if not self.config.redaction_enabled:
             return RedactedText(segment, {})
         return self._redactor.redact(segment)
+
+    def redaction_memory(self, through: Segment | None = None) -> RedactionMemory:
+        """What a checkpoint keeps of the redactor beside the stored text, as of ``through`` (None: now)."""
+        return self._redactor.memory(None if through is None else segment_order(through))
+
+    def restore_redaction(self, memory: RedactionMemory) -> None:
+        """After the stored segments were processed again (a resumed call): what their text no longer says."""
+        self._redactor.restore(memory)
 
     def redact_partial(self, segment: Segment, watermarks: Mapping[str, int] | None = None) -> RedactedText:
         """Redact a partial (still growing) segment without advancing the call's redaction context.

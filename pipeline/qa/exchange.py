@@ -22,6 +22,7 @@ redaction.py), under the marker of what was asked for last (``focus``).
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass, replace
 
@@ -131,20 +132,50 @@ def cues(text: str, found: list[tuple[int, int, str]] | None = None) -> Cues:
 
 
 @dataclass(frozen=True)
+class ValueDigest:
+    """A value said as words, known by a keyed digest of its distinctive words (never the words): what a
+    checkpoint carries so that a resumed call still redacts the value's read-back."""
+
+    marker: str
+    words: int  # how many distinctive words the value has
+    digest: str  # hex SHA-256 over the salt and the words (see value_digest)
+
+    def encoded(self) -> str:
+        return f"{self.marker}:{self.words}:{self.digest}"
+
+    @classmethod
+    def decoded(cls, text: str) -> ValueDigest:
+        """Raises ValueError naming the text when it is not ``MARKER:N:HEX``."""
+        parts = text.split(":")
+        if len(parts) != 3 or not parts[1].isascii() or not parts[1].isdigit() or not parts[0]:
+            raise ValueError(f"not a value digest (MARKER:N:HEX): {text[:40]!r}")
+        return cls(parts[0], int(parts[1]), parts[2])
+
+
+def value_digest(salt: str, words: str) -> str:
+    """The digest of a value's distinctive words, salted by the call (the same words in two calls differ)."""
+    return hashlib.sha256(f"{salt}\0{words}".encode()).hexdigest()
+
+
+@dataclass(frozen=True)
 class ExchangeState:
     """The call's open exchanges as of one segment.
 
     ``focus``: the marker asked for last (what an answer's numbers are); ``asked_by``: the leg that named
     it (a password is the other leg's answer); ``idle_ms``: talk since anything sensitive was said;
     ``card_digits``: digits given while the card number was the focus, joined over segments (the card's
-    chunks), which tells a card number complete (Luhn) from one still being read."""
+    chunks), which tells a card number complete (Luhn) from one still being read; ``card_complete``: a
+    whole card number was given, known without its digits (a call resumed from its checkpoint)."""
 
     open: frozenset[str] = frozenset()
     focus: str | None = None
     asked_by: str = ""
     idle_ms: int = 0
     card_digits: str = ""
+    card_complete: bool = False
     said: tuple[tuple[str, str], ...] = ()  # (words, marker): what was redacted as words, for read-backs
+    # The same for a resumed call, as ValueDigest: its words are known only by their digest.
+    said_digests: tuple[ValueDigest, ...] = ()
 
     def opened(self, markers: tuple[str, ...], leg: str) -> ExchangeState:
         """Naming ``markers`` opens their exchanges and moves the focus to the last one named."""
@@ -157,12 +188,13 @@ class ExchangeState:
         # "the card number and the expiry": the first thing asked is what the answer starts with.
         if focus in ("EXPIRY", "CVV") and "PAN" in markers and self.focus != "PAN":
             focus = "PAN"
-        digits = self.card_digits if focus in ("PAN", "EXPIRY", "CVV") else ""
-        return replace(self, open=frozenset(opens), focus=focus, asked_by=leg, idle_ms=0, card_digits=digits)
+        card = focus in ("PAN", "EXPIRY", "CVV")
+        return replace(self, open=frozenset(opens), focus=focus, asked_by=leg, idle_ms=0,
+                       card_digits=self.card_digits if card else "", card_complete=self.card_complete and card)
 
     def closed(self) -> ExchangeState:
         # What was said as words stays known for the call: an agent reads a password or street back later.
-        return ExchangeState(said=self.said)
+        return ExchangeState(said=self.said, said_digests=self.said_digests)
 
     def after(self, duration_ms: int, sensitive: bool, keeps: bool, idle_limit_ms: int) -> ExchangeState:
         """After a segment: sensitive talk keeps the exchange open; a backchannel or digression neither

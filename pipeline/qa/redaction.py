@@ -37,7 +37,15 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
-from pipeline.qa.exchange import NOT_PERSONAL_LABEL, Cues, ExchangeState, cues, named
+from pipeline.qa.exchange import (
+    NOT_PERSONAL_LABEL,
+    Cues,
+    ExchangeState,
+    ValueDigest,
+    cues,
+    named,
+    value_digest,
+)
 from pipeline.qa.numbers import (
     TEENS,
     TENS,
@@ -272,13 +280,48 @@ def _looks_like_expiry(run: DigitRun) -> bool:
     return 1 <= month <= 12 and year_ok
 
 
+@dataclass(frozen=True)
+class RedactionMemory:
+    """What the redactor knows that the redacted text no longer says: whether a whole card number was given
+    (its chunks are all "[PAN]" now) and the values said as words (by digest), for read-backs. A call's
+    checkpoint carries it: rebuilt from the stored text alone, a resumed call would judge an expiry after
+    the card as more of the card, and would keep a password read back after the resume."""
+
+    card_given: bool = False
+    said: tuple[ValueDigest, ...] = ()
+
+
 @dataclass
 class CallRedactor:
     """Redacts the segments of one call, following its sensitive exchanges by segment time."""
 
     idle_ms: int = 30_000  # qa_exchange_idle_ms: talk on something else that ends an exchange
     names: bool = False  # qa_redact_names: personal names too
+    salt: str = ""  # the call's id: what a value's digest is salted with (RedactionMemory)
     _states: list[tuple[tuple[int, int, str], ExchangeState]] = field(default_factory=list)  # by time order
+
+    def memory(self, through: tuple[int, int, str] | None = None) -> RedactionMemory:
+        """The memory after the segment at time order ``through`` (None: the latest)."""
+        at = len(self._states) if through is None else bisect.bisect_right(
+            self._states, through, key=lambda entry: entry[0])
+        if not at:
+            return RedactionMemory()
+        state = self._states[at - 1][1]
+        said = tuple(ValueDigest(marker, len(words.split()), value_digest(self.salt, words))
+                     for words, marker in state.said)
+        return RedactionMemory(card_given(state), tuple(dict.fromkeys(said + state.said_digests)))
+
+    def restore(self, memory: RedactionMemory) -> None:
+        """Add ``memory`` to the state after the segments processed so far (a call resumed from its stored text)."""
+        if not memory.card_given and not memory.said:
+            return
+        order, state = self._states[-1] if self._states else ((-1, -1, ""), ExchangeState())
+        state = replace(state, card_complete=state.card_complete or memory.card_given,
+                        said_digests=tuple(dict.fromkeys(state.said_digests + memory.said)))
+        if self._states:
+            self._states[-1] = (order, state)
+        else:
+            self._states.append((order, state))
 
     def _state_before(self, order: tuple[int, int, str]) -> ExchangeState:
         at = bisect.bisect_left(self._states, order, key=lambda entry: entry[0])
@@ -287,7 +330,7 @@ class CallRedactor:
     def redact(self, segment: Segment, *, remember: bool = True, assume_context: bool = False) -> RedactedText:
         """The segment with its PII replaced. ``remember=False`` (a partial) leaves the call's state as is;
         ``assume_context`` redacts as if every exchange were open (when what came before is not known yet)."""
-        order = _order(segment)
+        order = segment_order(segment)
         text = segment.text
         stored = Counter(_MARKER_IN_TEXT.findall(text))
         # Markers out first: a resumed call's stored text says "[DOB]", "[PIN]": their words are gone.
@@ -322,7 +365,7 @@ class CallRedactor:
             spans += [_Span(p.start, p.end, p.marker) for p in name_spans(judging.tokens, {"NAME"} if named else set())
                       if not _overlaps(_Span(p.start, p.end, p.marker), spans)]
         spans += [s for s in _password_spans(judging, leg) if not _overlaps(s, spans)]
-        spans += [s for s in _said_before(judging) if not _overlaps(s, spans)]
+        spans += [s for s in _said_before(judging, self.salt) if not _overlaps(s, spans)]
         # Dates last: a card number read out while a date of birth is still asked for is a [PAN], whatever
         # the date finder would make of a run of numbers. But a year inside a date with its month ("the second of
         # July, 1990") is the date's, though a card is in context too.
@@ -359,7 +402,7 @@ def _digits(text: str) -> str:
 def card_given(state: ExchangeState) -> bool:
     """A whole card number was given in this exchange (its chunks joined pass Luhn)."""
     digits = state.card_digits
-    return any(13 <= len(digits) - i <= 19 and luhn_valid(digits[i:]) for i in range(len(digits)))
+    return state.card_complete or any(13 <= len(digits) - i <= 19 and luhn_valid(digits[i:]) for i in range(len(digits)))
 
 
 def _labels(lowered: str, named_here: list[tuple[int, int, str]]) -> list[tuple[int, str | None]]:
@@ -583,12 +626,21 @@ def _value_words(text: str) -> str:
     return " ".join(words)
 
 
-def _said_before(judging: _Judging) -> list[_Span]:
+def _said_before(judging: _Judging, salt: str) -> list[_Span]:
     """A value said as words earlier in the call, said again (the agent reading a password back)."""
     spans = []
     for words, marker in judging.state.said:
         pattern = r"\b" + r"\W+(?:\w+\W+){0,3}?".join(re.escape(w) for w in words.split()) + r"\b"
         spans += [_Span(m.start(), m.end(), marker) for m in re.finditer(pattern, judging.text, re.IGNORECASE)]
+    if judging.state.said_digests:
+        # Known by digest only (said before a resume): each run of as many distinctive words, hashed.
+        found = [m for m in re.finditer(r"[a-z']{3,}", judging.text.lower())
+                 if m.group() not in _COMMON and m.group() not in _NUMBER_WORDS]
+        for value in judging.state.said_digests:
+            for i in range(len(found) - value.words + 1):
+                window = found[i : i + value.words]
+                if value_digest(salt, " ".join(m.group() for m in window)) == value.digest:
+                    spans.append(_Span(window[0].start(), window[-1].end(), value.marker))
     return spans
 
 
@@ -681,6 +733,6 @@ def _widen(span: _Span, text: str, tokens: list[Token]) -> _Span:
     return _Span(start, span.end, span.marker)
 
 
-def _order(segment: Segment) -> tuple[int, int, str]:
+def segment_order(segment: Segment) -> tuple[int, int, str]:
     """Time order of a call's segments (agent first on a tie: a question precedes its answer)."""
     return (segment.start_ms, 0 if segment.leg == "agent" else 1, segment.segment_id)

@@ -19,6 +19,7 @@ own rate: ``LegFrontEnd.restore``), whatever ``vad_sample_rate`` the restoring w
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -37,10 +38,14 @@ from pipeline.contracts.messages import (
     LegCheckpoint,
 )
 from pipeline.qa.call import CallAnalyzer, QaConfig
+from pipeline.qa.exchange import ValueDigest
+from pipeline.qa.redaction import RedactionMemory, segment_order
 from pipeline.qa.segment import Segment
 from pipeline.segmentation.segmenter import SegmenterSnapshot
 from pipeline.worker.legs import LegState
 from pipeline.worker.state import CallState
+
+log = logging.getLogger(__name__)
 
 
 class CheckpointStore(Protocol):
@@ -151,6 +156,10 @@ def call_checkpoint(call: CallState, status: CheckpointStatus, legs: dict[str, L
     segments = [s for s in call.analyzer.segments if covered is None or s.segment_id in covered]
     checkpoint.segments = [CheckpointSegment(s.segment_id, s.leg, s.start_ms, s.end_ms, s.text) for s in segments]
     checkpoint.segments_done = len(segments)
+    # As of the last segment kept here (in time order), not of those after: the resumed call decodes those again.
+    memory = call.analyzer.redaction_memory(max(segments, key=segment_order) if segments else None) if (
+        covered is None or segments) else RedactionMemory()
+    checkpoint.card_given, checkpoint.said_values = memory.card_given, [v.encoded() for v in memory.said]
     if legs is not None:
         checkpoint.legs = [snap.state for snap in legs.values()]
         # No leg snapshot yet ({}): the call replays from its first frame; the record carries what it published.
@@ -190,6 +199,7 @@ def restore_call(checkpoint: CallCheckpoint, qa_config: QaConfig,
         # Redaction context and rule state come back from the stored (already redacted) finals; their
         # live alerts were raised by the owner that decoded them.
         call.analyzer.process(Segment(call.call_id, s.leg, s.segment_id, s.start_ms, s.end_ms, s.text))  # type: ignore[arg-type]
+    call.analyzer.restore_redaction(memory_of(checkpoint))
     call.segments_done = checkpoint.segments_done
     for seg in checkpoint.segments:
         call.announced.setdefault(seg.leg, []).append(seg.segment_id)
@@ -249,3 +259,16 @@ def _f32(a: np.ndarray) -> bytes:
 
 def _arr(b: bytes) -> np.ndarray:
     return np.frombuffer(b, dtype="<f4").astype(np.float32)
+
+
+def memory_of(checkpoint: CallCheckpoint) -> RedactionMemory:
+    """The redaction memory a checkpoint carries. A value digest that does not read is left out, with a
+    warning: the rest of the checkpoint is sound, and without it only that value's read-back goes by."""
+    said = []
+    for text in checkpoint.said_values:
+        try:
+            said.append(ValueDigest.decoded(text))
+        except ValueError as exc:
+            log.warning("call %s: checkpoint value digest left out: %s", checkpoint.call_id, exc)
+    return RedactionMemory(checkpoint.card_given, tuple(said))
+
