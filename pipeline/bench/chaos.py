@@ -82,6 +82,10 @@ TEST_PLAN: tuple[tuple[float, str], ...] = ((15.0, "kill9"), (35.0, "store"), (4
                                             (70.0, "broker"), (95.0, "kill9"))
 LEG_AUDIO = "callqa_leg_audio_seconds_total"  # audio fed to the legs' segmenters
 ACTIVE_CALLS = "callqa_active_calls"
+STORE_RETRIES = "callqa_store_retries"
+# A store outage lasts its planned time and until every worker alive at its start has had an insert refused
+# (so it reached the sink of each), at most this many times its planned time.
+OUTAGE_MAX_FACTOR = 5.0
 REDECODED = re.compile(r"callqa_\w*re_?decod\w*")  # the worker's own re-decoding counter, if it has one
 MAX_CALL_MS = MAX_LOAD_CALL_MS  # the longest library call replayed by default
 IDS = "has(splitByChar(',', {ids:String}), call_id)"
@@ -153,11 +157,29 @@ class Workers:
         return round(time.monotonic() - self.began, 1)
 
     def start(self, slot: int) -> None:
+        """Start a slot's worker and wait until it serves (the run's first workers)."""
         if slot < len(self.slots):
             self.group.restart(self.slots[slot], timeout_s=300)
         else:
             self.group.start(f"worker{slot}", timeout_s=300)
         self.lives.append(Life(slot, self.slots[slot].pid, self.now()))
+
+    def restart_soon(self, slot: int) -> None:
+        """Restart a slot's worker without waiting for it to serve, as systemd would: the run's clock and
+        its next faults go on meanwhile (a restart that blocked the loop for 35 s on a busy machine put the
+        store outage and the SIGTERM planned 6 s apart at one moment). One that exits at start is seen by
+        ``supervise`` and started again."""
+        worker = self.slots[slot]
+        worker.new_web_port()
+        worker.spawn()
+        self.lives.append(Life(slot, worker.pid, self.now()))
+
+    def store_retries(self, slot: int) -> tuple[int, float] | None:
+        """(pid, inserts the store refused and were retried so far) of a live slot's worker, None if dead."""
+        worker = self.slots[slot]
+        if not worker.alive():
+            return None
+        return worker.pid, self.life(slot).metrics.get(STORE_RETRIES, 0.0)
 
     def life(self, slot: int) -> Life:
         return next(x for x in reversed(self.lives) if x.slot == slot)
@@ -191,8 +213,9 @@ class Workers:
         for slot, worker in enumerate(self.slots):
             if worker.proc is not None and not worker.alive():
                 self.unplanned.append(f"{self.now():.0f} s: worker{slot} exited ({worker.exit_code}): {worker.why()}")
+                self.say(f"  {self.now():6.1f} s  worker{slot} exited by itself ({worker.exit_code}): restarted")
                 self.ended(slot, f"exited {worker.exit_code}")
-                self.start(slot)
+                self.restart_soon(slot)
 
     def stop_all(self) -> None:
         self.poll_all()
@@ -253,7 +276,7 @@ class Faults:
     workers: Workers
     outage_s: float
     done: list[dict[str, Any]] = field(default_factory=list)
-    timers: list[threading.Timer] = field(default_factory=list)
+    timers: list[threading.Thread] = field(default_factory=list)  # store outages under way
     measuring: list[threading.Thread] = field(default_factory=list)  # take-over times after kills
 
     def apply(self, kind: str, turn: int) -> None:
@@ -282,18 +305,18 @@ class Faults:
                 worker.stop(timeout_s=90)
                 entry["exit_code"] = worker.exit_code
             self.workers.ended(slot, kind)
-            self.workers.start(slot)
+            self.workers.restart_soon(slot)
         elif kind == "broker":
             self.kafka.stop()
             entry["down_s"] = round(time.monotonic() - began, 1)
             self.kafka.start()
         else:
+            self.workers.poll_all()
+            before = {slot: r for slot in range(len(self.workers.slots)) if (r := self.workers.store_retries(slot))}
             self.workers.fault_file.write_text("the store refuses writes\n")
-            timer = threading.Timer(self.outage_s, self.workers.fault_file.unlink, kwargs={"missing_ok": True})
-            timer.daemon = True  # a run that fails mid-outage must not wait for it to end
-            timer.start()
+            timer = threading.Thread(target=self._hold_outage, args=(entry, before), name="chaos-outage", daemon=True)
+            timer.start()  # daemon: a run that fails mid-outage must not wait for it to end
             self.timers.append(timer)
-            entry["outage_s"] = self.outage_s
         entry["took_s"] = round(time.monotonic() - began, 1)
         victim = f" worker{entry['worker']}" if "worker" in entry else ""
         self.workers.say(f"  {at:6.1f} s  {kind}{victim} ({entry['took_s']:.0f} s)")
@@ -316,6 +339,31 @@ class Faults:
         thread = threading.Thread(target=measure, name="chaos-takeover", daemon=True)
         thread.start()
         self.measuring.append(thread)
+
+    def _hold_outage(self, entry: dict[str, Any], before: dict[int, tuple[int, float]]) -> None:
+        """Keep the store refusing writes for ``outage_s`` and until each worker alive at its start had an
+        insert refused (its retries rose), or it died; a fixed timer alone let an outage pass without any
+        insert inside it when the plan put a SIGTERM and its rebalances there. ``entry["outage_s"]``: how
+        long it lasted; ``entry["outage_reached"]``: the workers whose sink it reached."""
+        began = time.monotonic()
+        reached: set[int] = set()
+        while True:
+            waited = time.monotonic() - began
+            gone = set()
+            for slot, (pid, retries) in before.items():
+                now = self.workers.store_retries(slot)
+                if now is None or now[0] != pid:
+                    gone.add(slot)  # killed or restarted since: a new life has no outage to see
+                elif now[1] > retries:
+                    reached.add(slot)
+            if (waited >= self.outage_s and set(before) <= reached | gone) or waited >= self.outage_s * OUTAGE_MAX_FACTOR:
+                break
+            time.sleep(0.5)
+        self.workers.fault_file.unlink(missing_ok=True)
+        entry["outage_s"] = round(time.monotonic() - began, 1)
+        entry["outage_reached"] = sorted(reached)
+        self.workers.say(f"  {self.workers.now():6.1f} s  store writes back after {entry['outage_s']:.0f} s "
+                         f"(refused inserts seen on workers {sorted(reached)})")
 
     def outage_over(self) -> bool:
         return not any(t.is_alive() for t in self.timers)
@@ -476,7 +524,11 @@ class ChaosResult:
             "assignments_received": sum(m.get("callqa_rebalances_total", 0.0) for m in metrics),
             "calls_resumed": sum(m.get("callqa_calls_resumed_total", 0.0) for m in metrics),
             "stall": self.stalls, "checkpoint_topic": self.checkpoints, "open_calls_at_end": len(self.unfinished),
-            "worker_lives": [dataclasses.asdict(life) | {"metrics": None} for life in self.lives],
+            # Per life, what its frames became beside decoding: a take-over that lost audio shows as gap frames
+            # (filled with silence) or frames dropped (before a checkpoint, late, after the call's end).
+            "worker_lives": [dataclasses.asdict(life) | {"metrics": None} | {
+                k: life.metrics.get(f"callqa_{k}_total") for k in ("gap_frames", "frames_dropped", "calls_resumed")}
+                for life in self.lives],
             "problems": self.problems()[:50], "wall_s": self.wall_s,
         }
 

@@ -102,6 +102,14 @@ class WorkerProcess:
         self._spawn()
         self._wait_web(time.monotonic() + timeout_s)
 
+    def spawn(self) -> None:
+        """Start the worker and return at once (``wait_serving`` waits for its web port)."""
+        self._spawn()
+
+    def wait_serving(self, timeout_s: float = 120.0) -> None:
+        """Until the started worker's web port answers; raises a one-line RuntimeError."""
+        self._wait_web(time.monotonic() + timeout_s)
+
     def hand_over(self, timeout_s: float = 120.0) -> tuple[int | None, float]:
         """Restart a static member by hand-over, as a rolling deployment with a standby does: its successor
         (same settings and instance id, a new web port) starts beside it and loads its model; once it stands

@@ -4,9 +4,10 @@ is restarted and the store refuses writes for 12 s; every call must come out as 
 Real processes throughout: a Kafka broker of the test's own (it is restarted, which the session's shared
 broker must not be), three `callqa worker` processes of one group with embedded stores of their own, four
 library calls replayed in real time 5 s apart (live from 0 to about 80 s). Every kind of fault, once or
-twice, while calls are live (``PLAN``): kill -9 at 12 s; inserts refused from 22 s to 34 s with a SIGTERM at
-28 s inside that outage; the broker restarted at 44 s; kill -9 at 58 s. Each killed or stopped worker is
-restarted at once. `callqa bench check` (``chaos``) runs the longer plan (eight calls, ``TEST_PLAN``) and
+twice, while calls are live (``PLAN``): kill -9 at 12 s; inserts refused from 22 s for 12 s, and on until
+every worker's sink has had one refused, with a SIGTERM at 28 s inside that outage; the broker restarted at
+44 s; kill -9 at 58 s. Each killed or stopped worker is restarted at once, in the background: the faults keep
+their times however long a restart takes. `callqa bench check` (``chaos``) runs the longer plan (eight calls, ``TEST_PLAN``) and
 `callqa bench chaos` a plan of any length.
 
 Checked against an independent reference, `callqa analyze` of the same recordings: each call's finals over
@@ -19,11 +20,12 @@ any worker log. About two minutes.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from rich.console import Console
 
-from pipeline.bench.chaos import ChaosOptions, run_chaos
+from pipeline.bench.chaos import ChaosOptions, ChaosResult, run_chaos
 from pipeline.bench.tables import show
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
@@ -31,6 +33,17 @@ pytestmark = [pytest.mark.broker, pytest.mark.slow]
 # Calls of about a minute without holds, with PII spans (cards, SSN, e-mail, phone) for the scan.
 CALLS = ("02_card_payment", "14_email_and_phone", "13_social_security", "12_card_with_pause")
 PLAN = ((12.0, "kill9"), (22.0, "store"), (28.0, "sigterm"), (44.0, "broker"), (58.0, "kill9"))
+
+
+def explain(result: ChaosResult, figures: dict[str, Any], work: Path) -> None:
+    """What a failed run's workers said of each call with a problem, and each worker life's frame counts:
+    CI keeps only the output, and the logs of a failed run are gone with its temporary folder."""
+    for life in figures["worker_lives"]:
+        print(f"  life {life}")
+    for call in sorted({p.split(":")[0] for p in result.problems() if p.split(":")[0] in result.call_ids}):
+        for log in sorted(work.glob("worker*.log")):
+            lines = [line[:200] for line in log.read_text(errors="replace").splitlines() if call in line]
+            print(f"  {log.name}, lines naming {call}: {' | '.join(lines[-10:]) or '-'}")
 
 
 def test_live_calls_survive_kills_a_sigterm_a_broker_restart_and_a_store_outage(tmp_path: Path) -> None:
@@ -48,11 +61,15 @@ def test_live_calls_survive_kills_a_sigterm_a_broker_restart_and_a_store_outage(
     assert all(f["active_calls"] > 0 for f in worker_faults), f"a fault hit an idle worker: {worker_faults}"
     assert [f["exit_code"] for f in result.faults if f["kind"] == "sigterm"] == [0], "SIGTERM: not a clean exit"
     assert result.fault_log_lines > 0, "no worker logged a refused insert: the outage did not reach the sink"
+    outages = [f for f in result.faults if f["kind"] == "store"]
+    assert all(f.get("outage_reached") for f in outages), f"the outage reached no worker's sink: {outages}"
     # Each killed worker was evicted by a surviving peer (not left to its session); none that was stopped.
     assert result.evictions_logged == counts["kills"], f"{result.evictions_logged} evictions for {counts['kills']} kills"
     # Every call finished once, with the offline finals and QA; no PII anywhere.
     # Short on purpose: CI shows the end of the output, and a full diff of 60 problems pushed the printed
     # summary and problem lines (the run's own account, above) out of it.
     problems = result.problems()
+    if problems:
+        explain(result, figures, tmp_path / "chaos")
     assert not problems, f"{len(problems)} problems (all printed above); first: {problems[:3]}"
     assert result.scanned["messages"] > 0 and result.scanned["rows"] > 0 and result.scanned["log lines"] > 0
