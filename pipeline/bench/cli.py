@@ -168,6 +168,19 @@ def bench_moonshine(
     _done(*run_moonshine(MoonshineBenchOptions(threads=threads, out=out or RESULTS), console))
 
 
+@bench_app.command("redaction")
+def bench_redaction(
+    rounds: Annotated[int, typer.Option(min=1, help="How many times the library's turns are redacted.")] = 20,
+    core: Annotated[int | None, typer.Option(help="Pin the run to this CPU core.")] = None,
+    out: Out = None,
+) -> None:
+    """What redacting a final costs per segment on one core: the call library's turns, each timed alone."""
+    from pipeline.bench.redaction import RedactionBenchOptions, run_redaction
+    from pipeline.bench.results import RESULTS
+
+    _done(*run_redaction(RedactionBenchOptions(rounds=rounds, core=core, out=out or RESULTS), console))
+
+
 @bench_app.command("recordings")
 def bench_recordings(out: Out = None) -> None:
     """The call library's PII calls as redacted recordings: where the cuts land, leaks heard again, WER, size."""

@@ -117,8 +117,14 @@ class Cues:
     label: bool  # names an order, claim or policy number (not personal data)
 
 
+# Any of ASKS at all: most segments name nothing, and one search says so for the price of one pattern.
+_ANY_ASK = re.compile("|".join(f"(?:{pattern.pattern})" for pattern in ASKS.values()))
+
+
 def named(text: str) -> list[tuple[int, int, str]]:
     """(start, end, marker) of each thing ``text`` names, in order."""
+    if _ANY_ASK.search(text) is None:
+        return []
     return sorted((m.start(), m.end(), marker) for marker, pattern in ASKS.items() for m in pattern.finditer(text))
 
 
@@ -202,7 +208,7 @@ class ExchangeState:
         if not self.open:
             return self
         if sensitive:
-            return replace(self, idle_ms=0)
+            return self if self.idle_ms == 0 else replace(self, idle_ms=0)
         if keeps:
             return self
         idle = self.idle_ms + max(0, duration_ms)

@@ -8,8 +8,10 @@ text into runs of digits, each with the character span it covers, so the redacto
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
+from typing import NamedTuple
 
 UNITS = {
     "zero": 0, "oh": 0, "o": 0, "one": 1, "two": 2, "three": 3, "four": 4,
@@ -43,15 +45,11 @@ SEPARATORS = {"-", ".", ",", "/", ":", "(", ")", "dash", "hyphen", "um", "uh", "
 _TOKEN = re.compile(r"\d+|[A-Za-z]+(?:'[A-Za-z]+)?|[^\sA-Za-z\d]")
 
 
-@dataclass(frozen=True)
-class Token:
+class Token(NamedTuple):
     text: str
     start: int
     end: int
-
-    @property
-    def lower(self) -> str:
-        return self.text.lower()
+    lower: str  # the text lower-cased, once: the readers ask for it tens of times per token
 
 
 @dataclass(frozen=True)
@@ -81,7 +79,20 @@ class DigitRun:
 
 
 def tokenize(text: str) -> list[Token]:
-    return [Token(m.group(), m.start(), m.end()) for m in _TOKEN.finditer(text)]
+    """The words, digit groups and marks of ``text``. Cached: one segment's text is read by several
+    finders (numbers, dates, labels), and the callers only read the list."""
+    return list(_tokens(text))
+
+
+def clear_caches() -> None:
+    """Forget the texts read so far (a benchmark's rounds each start cold, as a live final is new)."""
+    _tokens.cache_clear()
+    _digit_runs.cache_clear()
+
+
+@functools.lru_cache(maxsize=256)
+def _tokens(text: str) -> tuple[Token, ...]:
+    return tuple(Token(m.group(), m.start(), m.end(), m.group().lower()) for m in _TOKEN.finditer(text))
 
 
 def _unit_at(tokens: list[Token], i: int) -> int | None:
@@ -241,6 +252,12 @@ def _sound_alikes_once(tokens: list[Token], items: list[NumberItem]) -> list[Num
 def digit_runs(text: str, lenient: bool = False) -> tuple[list[Token], list[DigitRun]]:
     """The tokens of text and its runs of numbers joined only by separators (``lenient``: sound-alike words
     beside digits count as digits)."""
+    tokens, runs = _digit_runs(text, lenient)
+    return list(tokens), list(runs)
+
+
+@functools.lru_cache(maxsize=256)
+def _digit_runs(text: str, lenient: bool) -> tuple[tuple[Token, ...], tuple[DigitRun, ...]]:
     tokens = tokenize(text)
     items = number_items(tokens)
     if lenient:
@@ -251,9 +268,9 @@ def digit_runs(text: str, lenient: bool = False) -> tuple[list[Token], list[Digi
             runs[-1].append(item)
         else:
             runs.append([item])
-    return tokens, [
+    return tuple(tokens), tuple(
         DigitRun(tuple(run), tokens[run[0].first].start, tokens[run[-1].last].end) for run in runs
-    ]
+    )
 
 
 def luhn_valid(digits: str) -> bool:

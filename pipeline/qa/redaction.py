@@ -104,6 +104,7 @@ _SPOKEN_EMAIL = re.compile(
     re.IGNORECASE,
 )
 # In an e-mail exchange: a mailbox said with spelled letters or an unheard domain ("j smith at gmail").
+_AT = re.compile(r"@|\sat\s", re.IGNORECASE)
 _ASKED_EMAIL = re.compile(
     r"\b(?:[a-z0-9]+[\s._-]+){0,8}?[a-z0-9]+\s+(?:at|@)\s+[a-z0-9]+(?:(?:\s+dot\s+|\.)[a-z0-9]+)*", re.IGNORECASE
 )
@@ -208,6 +209,8 @@ class _Judging:
 
 
 def _email_spans(text: str, asked: bool) -> list[_Span]:
+    if _AT.search(text) is None:  # every mailbox has its "@" or its "at": most segments have neither
+        return []
     spans = [_Span(m.start(), m.end(), "EMAIL") for m in _WRITTEN_EMAIL.finditer(text)]
     for m in _SPOKEN_EMAIL.finditer(text):
         local_words = re.split(r"\s+|[._-]", m.group("local").lower())
