@@ -489,8 +489,8 @@ def users_add(
     password: Annotated[bool, typer.Option("--password", help="Ask for a password for the call pages' login "
                                                               "(12+ characters; kept as its scrypt hash).")] = False,
 ) -> None:
-    """Add an account (or replace one of that name); its API token is printed on the last line, once: only its
-    SHA-256 is kept."""
+    """Add an account (a name is unique across tenants: one already held is refused; remove it first); its API
+    token is printed on the last line, once: only its SHA-256 is kept."""
     from pipeline.access.commands import add_user
 
     secret = typer.prompt("password", hide_input=True, confirmation_prompt=True) if password else ""

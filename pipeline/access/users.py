@@ -5,9 +5,12 @@ tenant's calls, and reviews them; an **admin** its tenant's calls, reviews and e
 tenant's accounts. The operator's local token (``CALLQA_API_TOKEN`` or ``<state_dir>/api-token``) is above
 them: every tenant, every account (``Principal.operator``).
 
-``users`` is a ReplacingMergeTree by name: adding a name again replaces the account (a new token), removing
-it writes a row with ``removed = 1``. Tokens are 32 random bytes (``secrets.token_urlsafe``): a SHA-256 of such a
-token cannot be turned back into it, so a stored digest needs no slow hash.
+``users`` is a ReplacingMergeTree by name, so a name is one account across every tenant: adding a name that a
+live account holds is refused (``AccountExistsError``; remove it first), removing it writes a row with
+``removed = 1``. Each account has a random ``account_id``: its page sessions name that id, never the name, so a
+session of a removed account never becomes the account added later under the same name. Tokens are 32 random
+bytes (``secrets.token_urlsafe``): a SHA-256 of such a token cannot be turned back into it, so a stored digest
+needs no slow hash.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import hashlib
 import hmac
 import re
 import secrets
+import threading
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -32,6 +36,10 @@ class AccountError(ValueError):
     """An account request that cannot be done (bad name, role, tenant; unknown account); one line."""
 
 
+class AccountExistsError(AccountError):
+    """The name is held by a live account (of any tenant): adding it again would take that account over."""
+
+
 @dataclass(frozen=True)
 class Principal:
     """Who a request is: an account, or the operator (its local token: every tenant)."""
@@ -40,10 +48,19 @@ class Principal:
     role: str
     tenant: str = ""
     agent_id: str = ""
+    account_id: str = ""  # the account's, which its page sessions name; "" for the operator
 
     @classmethod
     def operator(cls) -> Principal:
         return cls("operator", "operator")
+
+    def audit_name(self, claimed: str) -> str:
+        """Who an audit row (a review, an erasure) names: an account is itself, whatever the request claims.
+        The operator's token is the local CLI's (its holder may write the store directly too), which says
+        whom it acts for (``--reviewer``, ``--by``, default $USER); "operator" when it says nobody."""
+        if not self.is_operator:
+            return self.name
+        return claimed.strip() or self.name
 
     @property
     def is_operator(self) -> bool:
@@ -69,10 +86,12 @@ class Account:
     tenant: str
     agent_id: str
     created_at: datetime
+    account_id: str
 
 
 def token_digest(token: str) -> str:
-    return hashlib.sha256(token.strip().encode()).hexdigest()
+    # surrogatepass: a header's undecodable bytes arrive as surrogates, and a wrong token is not an error.
+    return hashlib.sha256(token.strip().encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def check_account(name: str, role: str, tenant: str, agent_id: str) -> None:
@@ -86,15 +105,29 @@ def check_account(name: str, role: str, tenant: str, agent_id: str) -> None:
         raise AccountError(f"account {name}: an agent needs its agent id (--agent-id), the calls it may see")
 
 
+# The name check and the insert of an add, one at a time in this process (the API's pool runs adds on several
+# threads): two adds of one name at once would both find it free.
+_ADDING = threading.Lock()
+
+
 def add_account(client: Client, database: str, name: str, role: str, tenant: str, agent_id: str = "",
                 now: datetime | None = None) -> str:
-    """Create (or replace) the account; its new API token, which is not kept."""
+    """Create the account; its new API token, which is not kept. A name a live account holds, in any tenant, is
+    refused (``AccountExistsError``): names are unique across tenants."""
     check_account(name, role, tenant, agent_id)
+    db = check_identifier(database)
     token = secrets.token_urlsafe(32)
     when = now or datetime.now(UTC)
-    client.insert("users", [[name, role, tenant.strip(), agent_id.strip(), token_digest(token), 0, when, when]],
-                  column_names=["name", "role", "tenant", "agent_id", "token_sha256", "removed", "created_at",
-                                "updated_at"], database=check_identifier(database))
+    with _ADDING:
+        taken = client.query(f"SELECT count() FROM {db}.users FINAL WHERE name = {{name:String}} AND removed = 0",
+                             parameters={"name": name}).result_rows[0][0]
+        if taken:
+            raise AccountExistsError(f"account name {name!r} is taken (names are unique across tenants): choose "
+                                     "another, or remove that account first")
+        client.insert("users", [[name, role, tenant.strip(), agent_id.strip(), token_digest(token), 0, when, when,
+                                 secrets.token_hex(16)]],
+                      column_names=["name", "role", "tenant", "agent_id", "token_sha256", "removed", "created_at",
+                                    "updated_at", "account_id"], database=db)
     return token
 
 
@@ -102,8 +135,8 @@ def list_accounts(client: Client, database: str, tenant: str | None = None) -> l
     """The accounts (of ``tenant`` only, when given), by name."""
     db = check_identifier(database)
     where = "removed = 0" + (" AND tenant = {tenant:String}" if tenant is not None else "")
-    rows = client.query(f"SELECT name, role, tenant, agent_id, created_at FROM {db}.users FINAL WHERE {where} "
-                        "ORDER BY name", parameters={"tenant": tenant or ""}).result_rows
+    rows = client.query(f"SELECT name, role, tenant, agent_id, created_at, account_id FROM {db}.users FINAL "
+                        f"WHERE {where} ORDER BY name", parameters={"tenant": tenant or ""}).result_rows
     return [Account(*r) for r in rows]
 
 
@@ -114,16 +147,17 @@ def remove_account(client: Client, database: str, name: str, tenant: str | None 
     if not found:
         raise AccountError(f"no account {name!r}" + (f" in tenant {tenant!r}" if tenant is not None else ""))
     a = found[0]
-    client.insert("users", [[a.name, a.role, a.tenant, a.agent_id, "", 1, a.created_at, now or datetime.now(UTC)]],
+    client.insert("users", [[a.name, a.role, a.tenant, a.agent_id, "", 1, a.created_at, now or datetime.now(UTC),
+                             a.account_id]],
                   column_names=["name", "role", "tenant", "agent_id", "token_sha256", "removed", "created_at",
-                                "updated_at"], database=check_identifier(database))
+                                "updated_at", "account_id"], database=check_identifier(database))
     return a
 
 
 def principal_of(client: Client, database: str, digest: str) -> Principal | None:
     """The account whose token has this SHA-256 (hex), or None."""
     db = check_identifier(database)
-    rows = client.query(f"SELECT name, role, tenant, agent_id FROM {db}.users FINAL "
+    rows = client.query(f"SELECT name, role, tenant, agent_id, account_id FROM {db}.users FINAL "
                         "WHERE token_sha256 = {digest:String} AND removed = 0 LIMIT 1",
                         parameters={"digest": digest}).result_rows
     return Principal(*rows[0]) if rows else None
@@ -157,32 +191,35 @@ def password_matches(stored: str, password: str) -> bool:
 def set_password(client: Client, database: str, name: str, password: str, now: datetime | None = None) -> None:
     """Give the account a page login password (kept as its scrypt hash)."""
     db = check_identifier(database)
-    rows = client.query(f"SELECT name, role, tenant, agent_id, token_sha256, created_at FROM {db}.users FINAL "
-                        "WHERE name = {name:String} AND removed = 0", parameters={"name": name}).result_rows
+    rows = client.query(f"SELECT name, role, tenant, agent_id, token_sha256, created_at, account_id FROM {db}.users "
+                        "FINAL WHERE name = {name:String} AND removed = 0", parameters={"name": name}).result_rows
     if not rows:
         raise AccountError(f"no account {name!r}")
-    client.insert("users", [[*rows[0][:5], hash_password(password), 0, rows[0][5], now or datetime.now(UTC)]],
+    client.insert("users", [[*rows[0][:5], hash_password(password), 0, rows[0][5], now or datetime.now(UTC),
+                             rows[0][6]]],
                   column_names=["name", "role", "tenant", "agent_id", "token_sha256", "password_scrypt", "removed",
-                                "created_at", "updated_at"], database=db)
+                                "created_at", "updated_at", "account_id"], database=db)
 
 
 def login(client: Client, database: str, name: str, password: str) -> Principal | None:
     """The account of this name and password, or None (either wrong: the caller cannot tell which)."""
     db = check_identifier(database)
-    rows = client.query(f"SELECT name, role, tenant, agent_id, password_scrypt FROM {db}.users FINAL "
+    rows = client.query(f"SELECT name, role, tenant, agent_id, account_id, password_scrypt FROM {db}.users FINAL "
                         "WHERE name = {name:String} AND removed = 0", parameters={"name": name}).result_rows
-    if not rows or not rows[0][4]:
+    if not rows or not rows[0][5]:
         password_matches(_DUMMY, password)  # the same time for an unknown name
         return None
-    return Principal(*rows[0][:4]) if password_matches(rows[0][4], password) else None
+    return Principal(*rows[0][:5]) if password_matches(rows[0][5], password) else None
 
 
-def account_principal(client: Client, database: str, name: str) -> Principal | None:
-    """The account of this name (a page session's), or None once removed."""
+def account_principal(client: Client, database: str, account_id: str) -> Principal | None:
+    """The account of this id (a page session's), or None once removed: a name removed and added again is
+    another account, with another id."""
     db = check_identifier(database)
-    rows = client.query(f"SELECT name, role, tenant, agent_id FROM {db}.users FINAL "
-                        "WHERE name = {name:String} AND removed = 0", parameters={"name": name}).result_rows
-    return Principal(*rows[0]) if rows else None
+    rows = client.query(f"SELECT name, role, tenant, agent_id, account_id FROM {db}.users FINAL "
+                        "WHERE account_id = {id:String} AND removed = 0 LIMIT 1",
+                        parameters={"id": account_id}).result_rows
+    return Principal(*rows[0]) if rows and account_id else None
 
 
 _DUMMY = f"scrypt${SCRYPT_N}${SCRYPT_R}${SCRYPT_P}${'00' * 16}${'00' * 32}"

@@ -6,8 +6,9 @@ build on it and neither on the other: it imports ``pipeline.config`` and ``pipel
 
 - Every path under /api/ (matched or not) needs ``Authorization: Bearer <CALLQA_API_TOKEN>``, checked
   in constant time by an aiohttp middleware (``auth.auth_middleware``), so a view added later cannot
-  forget it. ``/metrics`` stays open for Prometheus. With no token configured /api/* answers 503 and says
-  what to set; ``CALLQA_API_AUTH=off`` drops the check, and a worker refuses to start with it unless its
+  forget it. ``/metrics`` stays open for Prometheus; every route not declared public (``auth.PUBLIC_PATHS``:
+  /login, /logout, /metrics, /health) needs a principal, a page's login when it is not under /api/. With no
+  token configured /api/* answers 503 and says what to set; ``CALLQA_API_AUTH=off`` drops the check, and a worker refuses to start with it unless its
   web server binds a loopback address (``auth.check_api_settings``).
 - No token configured: a loopback worker uses the one kept in ``<state_dir>/api-token``, made at its
   first start (``auth.with_local_token``; ``token_file.py``); a worker bound to any other address

@@ -2,7 +2,9 @@
 a worker refuses to start with.
 
 The guard is one aiohttp middleware over every request, by its path and by the route it matched, so a
-view or page added later cannot forget it. Tokens are compared as SHA-256 digests in constant time.
+view or page added later cannot forget it: it denies by default. A route is open only when it is declared
+in ``PUBLIC_PATHS``; /api/* (matched or not) needs a bearer token, and every other route a page login.
+Tokens are compared as SHA-256 digests in constant time.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from pydantic import SecretStr
 
 from pipeline.access.users import Principal
 from pipeline.api import sessions
-from pipeline.api.accounts import AccountTokens, LoginThrottle
+from pipeline.api.accounts import AccountTokens, LoginThrottle, TokenLookupsThrottled
 from pipeline.api.refusals import ApiRefusals
 from pipeline.api.token_file import MIN_TOKEN_CHARS, TokenFileError, ensure_token_file, token_path
 from pipeline.config import Settings
@@ -46,6 +48,9 @@ def is_loopback(host: str) -> bool:
 
 # The pages' roots: a path under one of them needs a login (a new page goes under one, or is added here).
 PAGE_ROOTS = ("/calls", "/agents", "/calibration")
+# The routes open to anyone: the login itself, and the probes (Prometheus, a supervisor or load balancer).
+# Any other route needs a principal, whether or not it is declared (tests/api/test_routes.py lists them all).
+PUBLIC_PATHS = frozenset({"/login", "/logout", "/metrics", "/health"})
 
 
 def is_page_path(path: str) -> bool:
@@ -118,19 +123,20 @@ class ApiAuth:
         presented = presented.strip()
         return self.mode == "token" and bool(presented) and hmac.compare_digest(_digest(presented), self.token_digest)
 
-    def new_session(self, now_s: float, account: str = "") -> str:
-        """A session cookie value for a browser that just logged in (as ``account``, or with the token)."""
-        return sessions.new_session(sessions.session_key(self.token_digest), now_s, self.session_ttl_s, account)
+    def new_session(self, now_s: float, account_id: str = "") -> str:
+        """A session cookie value for a browser that just logged in (as the account of ``account_id``, or with
+        the token)."""
+        return sessions.new_session(sessions.session_key(self.token_digest), now_s, self.session_ttl_s, account_id)
 
     async def page_principal(self, cookie: str | None, authorization: str | None, now_s: float) -> Principal | None:
         """Who may see the call pages on this request (``page_allowed``'s rule), or None: a session of an account
-        is that account while it exists."""
+        is that account (by its id, never its name) while it exists."""
         if not self.page_allowed(cookie, authorization, now_s):
             return None
         if self.mode != "token" or self._live_session(cookie, now_s) is None:
             return Principal.operator()  # auth off, or the bearer token
-        account = sessions.session_account(cookie or "")
-        return Principal.operator() if not account else await self.accounts.of_name(account)
+        account_id = sessions.session_account(cookie or "")
+        return Principal.operator() if not account_id else await self.accounts.of_id(account_id)
 
     def form_token(self, cookie: str | None) -> str:
         """The CSRF token a page's form carries: a MAC of the session cookie under a key for forms only, so it
@@ -143,7 +149,8 @@ class ApiAuth:
         not a browser's ambient cookie)."""
         if authorization and self.mode == "token" and self.refusal(authorization) is None:
             return True
-        return bool(presented) and hmac.compare_digest(self.form_token(cookie), presented)
+        # compare_digest refuses a str that is not ASCII; a form token is base64url, so such a value is wrong.
+        return bool(presented) and presented.isascii() and hmac.compare_digest(self.form_token(cookie), presented)
 
     def page_allowed(self, cookie: str | None, authorization: str | None, now_s: float) -> bool:
         """May this request see the call pages: a valid session cookie not logged out, or the bearer token."""
@@ -168,14 +175,19 @@ class ApiAuth:
         session = sessions.signed_session(sessions.session_key(self.token_digest), cookie, now_s)
         return None if session is None or self.revocations.is_revoked(session[0]) else session
 
-    async def principal(self, authorization: str | None) -> tuple[Principal | None, tuple[int, str] | None]:
-        """Who a request to /api/* is: the operator (its token, or auth off), an account (its token), or
-        nobody, with the (status, reason) of the refusal."""
+    async def principal(self, authorization: str | None,
+                        source: str = "") -> tuple[Principal | None, tuple[int, str] | None]:
+        """Who a request to /api/* from ``source`` (the peer's address) is: the operator (its token, or auth
+        off), an account (its token), or nobody, with the (status, reason) of the refusal (429: the source sent
+        too many unknown tokens)."""
         refused = self.refusal(authorization)
         if refused is None:
             return Principal.operator(), None
         if refused[0] == 401 and refused[1] == "wrong bearer token":
-            account = await self.accounts.principal((authorization or "").strip().partition(" ")[2])
+            try:
+                account = await self.accounts.principal((authorization or "").strip().partition(" ")[2], source)
+            except TokenLookupsThrottled as exc:
+                return None, (429, str(exc))
             if account is not None:
                 return account, None
         return None, refused
@@ -195,11 +207,12 @@ class ApiAuth:
         return None
 
 
-PRINCIPAL = aioweb.RequestKey("callqa.principal", Principal)  # who a request is (set by the middleware on /api/*)
+PRINCIPAL = aioweb.RequestKey("callqa.principal", Principal)  # who a request is (set by the middleware)
 
 
 def principal_of(request: aioweb.Request) -> Principal:
-    """Who an /api/* request is (the middleware set it; a request it did not see is refused)."""
+    """Who a request is (the middleware set it on every route not public; a request it did not see is
+    refused)."""
     principal = request.get(PRINCIPAL)
     if principal is None:
         raise PermissionError("no principal on this request")
@@ -207,31 +220,47 @@ def principal_of(request: aioweb.Request) -> Principal:
 
 
 def _digest(token: str) -> bytes:
-    return hashlib.sha256(token.encode()).digest()
+    # surrogatepass: a header's undecodable bytes arrive as surrogates, and a wrong token is not an error.
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
 
 
 def _is_api_path(path: str) -> bool:
     return path == "/api" or path.startswith("/api/")
 
 
+def is_public_route(route: str) -> bool:
+    """A route anyone may use (``PUBLIC_PATHS``), by its canonical path."""
+    return route in PUBLIC_PATHS
+
+
+def is_declared(route: str) -> bool:
+    """Whether a route's canonical path is declared: public, /api/* or under a page root."""
+    return is_public_route(route) or _is_api_path(route) or is_page_path(route)
+
+
+_REFUSED_AS = {401: "unauthorized", 429: "token_throttled"}
+
+
 def auth_middleware(auth: ApiAuth) -> Callable[[aioweb.Request, Handler], Awaitable[aioweb.StreamResponse]]:
-    """aiohttp middleware guarding /api/* (bearer token) and the call pages (session cookie or bearer token,
-    else a redirect to /login) by the request's path and by the route it matched."""
+    """aiohttp middleware guarding /api/* (bearer token) and every other route not in ``PUBLIC_PATHS`` (a page:
+    session cookie or bearer token, else a redirect to /login), by the request's path and the route it matched.
+    A path no route matches is answered by the router (404) unless it is under /api/."""
 
     @aioweb.middleware
     async def require_api_token(request: aioweb.Request, handler: Handler) -> aioweb.StreamResponse:
         resource = request.match_info.route.resource
         route = resource.canonical if resource is not None else ""
         if _is_api_path(request.path) or _is_api_path(route):
-            principal, refused = await auth.principal(request.headers.get("Authorization"))
+            principal, refused = await auth.principal(request.headers.get("Authorization"), request.remote or "")
             if principal is not None:
                 request[PRINCIPAL] = principal
             if refused is not None:
                 status, reason = refused
-                auth.refusals.count("unauthorized" if status == 401 else "unconfigured")
-                headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+                auth.refusals.count(_REFUSED_AS.get(status, "unconfigured"))
+                headers = ({"WWW-Authenticate": "Bearer"} if status == 401
+                           else {"Retry-After": f"{auth.accounts.misses.window_s:.0f}"} if status == 429 else None)
                 return aioweb.json_response({"error": reason}, status=status, headers=headers)
-        elif is_page_path(request.path) or is_page_path(route):
+        elif (resource is not None and not is_public_route(route)) or is_page_path(request.path):
             cookie = request.cookies.get(sessions.SESSION_COOKIE)
             if cookie and auth.mode == "token":  # sessions logged out on other workers
                 await auth.revocations.sync(time.time(), time.monotonic())

@@ -9,7 +9,8 @@ In flight:
 The pool (pool.py) bounds what the worker gives every reader together: ``api_query_threads`` running and
 ``api_query_max_waiting`` waiting, then 503 for everyone. A single script or an over-eager dashboard
 looping on /api/query filled that line and every other reader got 503s. Now each source (the peer's
-address) may have ``api_source_max_concurrent`` requests on /api/* and the call pages in flight; one more
+address) may have ``api_source_max_concurrent`` requests on /api/*, the call pages and /login (a password's
+check is a scrypt hash on the API's pool) in flight; one more
 is answered 429 with ``Retry-After`` at once, counted as ``source_busy``. Behind a reverse proxy every
 request comes from the proxy's address: raise the limit there, or set 0 (no limit) and let the proxy limit.
 """
@@ -51,12 +52,13 @@ class SourceLimit:
 
 def source_limit_middleware(limit: SourceLimit, refusals: ApiRefusals) -> Callable[[aioweb.Request, Handler],
                                                                                    Awaitable[aioweb.StreamResponse]]:
-    """aiohttp middleware holding each source to ``limit`` on /api/* and the call pages (/metrics, /health,
-    /login and /logout stay open: they are cheap, and a prober must always get through)."""
+    """aiohttp middleware holding each source to ``limit`` on /api/*, the call pages and /login (/metrics,
+    /health and /logout stay open: they are cheap, and a prober must always get through)."""
 
     @aioweb.middleware
     async def hold_to_limit(request: aioweb.Request, handler: Handler) -> aioweb.StreamResponse:
-        limited = request.path == "/api" or request.path.startswith("/api/") or is_page_path(request.path)
+        limited = (request.path == "/api" or request.path.startswith("/api/") or is_page_path(request.path)
+                   or request.path == "/login")
         if not limited:
             return await handler(request)
         source = request.remote or "unknown"

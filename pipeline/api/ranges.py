@@ -6,7 +6,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-_RANGE = re.compile(r"^\s*bytes\s*=\s*(\d*)\s*-\s*(\d*)\s*$")
+# ASCII digits only (``\d`` takes any script's), of any length: a position past what int() should parse is past
+# the end of any file (_position).
+_RANGE = re.compile(r"^\s*bytes\s*=\s*([0-9]*)\s*-\s*([0-9]*)\s*$", re.ASCII)
+_MAX_DIGITS = 18  # 10**18 bytes: past any recording, and far inside int()'s limit on digits
 
 
 class RangeNotSatisfiable(ValueError):
@@ -33,14 +36,21 @@ def byte_range(header: str | None, size: int) -> ByteRange | None:
         return None
     first, last = m.group(1), m.group(2)
     if not first:  # the last N bytes
-        n = int(last)
+        n = _position(last)
         if n == 0:
             raise RangeNotSatisfiable(f"bytes */{size}")
         return ByteRange(max(0, size - n), size, size)
-    start = int(first)
+    start = _position(first)
     if start >= size:
         raise RangeNotSatisfiable(f"bytes */{size}")
-    end = size if not last else min(size, int(last) + 1)
+    end = size if not last else min(size, _position(last) + 1)
     if end <= start:
         return None
     return ByteRange(start, end, size)
+
+
+def _position(digits: str) -> int:
+    """A byte position or length as the header writes it; one too long to be a file's is 10**18 (leading zeros
+    are not length)."""
+    digits = digits.lstrip("0") or "0"
+    return int(digits) if len(digits) <= _MAX_DIGITS else 10**_MAX_DIGITS

@@ -18,6 +18,7 @@ import faust
 from pipeline.access.scope import ScopedClient, scope_settings
 from pipeline.access.users import (
     AccountError,
+    AccountExistsError,
     Principal,
     add_account,
     list_accounts,
@@ -66,7 +67,7 @@ def register_api_views(app: faust.App, settings: Settings, pool: QueryPool, auth
     pool.on_shutdown(readers.close)
     auth.revocations.source = StoredRevocations(settings, pool, readers)
     auth.accounts.source = stored_lookup(settings.clickhouse_database, pool, readers)
-    auth.accounts.named = stored_lookup(settings.clickhouse_database, pool, readers, by_name=True)
+    auth.accounts.by_id = stored_lookup(settings.clickhouse_database, pool, readers, by_id=True)
     server = ApiServer(app, settings, pool, readers, auth)
     _register_call_views(server)
     _register_review_view(server)
@@ -79,7 +80,8 @@ def register_api_views(app: faust.App, settings: Settings, pool: QueryPool, auth
 
 
 def _register_call_views(server: ApiServer) -> None:
-    """/api/calls (summaries, ``?agent=``) and /api/calls/{call_id} (summary and transcript)."""
+    """/api/calls (summaries, ``?agent=``) and /api/calls/{call_id} (summary and transcript; 404 for a call the
+    store has none of, or that was erased, or that is outside the principal's scope)."""
     readers, pool = server.readers, server.pool
 
     settings = server.settings
@@ -110,15 +112,23 @@ def _register_call_views(server: ApiServer) -> None:
     async def call_view(web: Any, request: Any, call_id: str) -> Any:
         who = principal_of(request)
 
-        def read() -> dict[str, Any]:
+        def read() -> dict[str, Any] | None:
             with readers.client() as reader:
                 client = scoped_client(reader, who, settings)
                 summary = queries.call_summary(client, call_id)
                 lines = queries.transcript(client, call_id)
+            if summary is None and not lines:
+                return None
             return {"summary": _jsonable(asdict(summary)) if summary else None,
                     "transcript": [_jsonable(asdict(line)) for line in lines]}
 
-        return await _answer(web, pool.run(read), server.auth.refusals)
+        async def found() -> dict[str, Any]:
+            call = await pool.run(read)
+            if call is None:
+                raise NoSuchCall(f"no call {call_id}")
+            return call
+
+        return await _answer(web, found(), server.auth.refusals)
 
 
 def _register_recording_view(server: ApiServer) -> None:
@@ -165,21 +175,29 @@ async def _raise(exc: BaseException) -> Any:
     raise exc
 
 
+class NoSuchCall(LookupError):
+    """No call of that id that the principal may see (none, erased, or another scope's): 404."""
+
+
 def _register_review_view(server: ApiServer) -> None:
     """POST /api/calls/{call_id}/reviews: a human review of one scorecard item (JSON ``item``, ``verdict``,
     ``reason``, ``reviewer``; pipeline/desk/review.py), written with the store's writer account; answers the
-    review and the call's new score. `callqa review` posts here while a worker holds the embedded store."""
+    review and the call's new score. The reviewer kept is the account signed in (``Principal.audit_name``: the
+    body's ``reviewer`` only for the operator's token). `callqa review` posts here while a worker holds the
+    embedded store."""
     settings = server.settings
     scorecard = QaConfig.from_settings(settings).scorecard
 
     class ReviewsView(faust.web.View):  # type: ignore[misc]
         async def post(self, request: Any, call_id: str) -> Any:
-            refused = await action_refusal(server, principal_of(request), "review", call_id)
+            who = principal_of(request)
+            refused = await action_refusal(server, who, "review", call_id)
             if refused is not None:
                 return self.json({"error": refused[1]}, status=refused[0])
             try:
                 body = await request.json()
                 fields = {name: str(body.get(name, "")) for name in ("item", "verdict", "reason", "reviewer")}
+                fields["reviewer"] = who.audit_name(fields["reviewer"])
             except (ValueError, AttributeError):
                 server.auth.refusals.count("bad_request")
                 return self.json({"error": "the body must be a JSON object: item, verdict, reason, reviewer"},
@@ -203,18 +221,20 @@ def _register_review_view(server: ApiServer) -> None:
 def _register_erasure_view(server: ApiServer) -> None:
     """POST /api/calls/{call_id}/erasure: every row of the call removed from the store and the erasure recorded
     (JSON ``erased_by``, ``force``, ``outside``; pipeline/privacy/erase.py); answers the rows removed per table.
-    `callqa erase` posts here while a worker holds the embedded store; 409 for a call that has not ended."""
+    ``erased_by`` kept is the account signed in (``Principal.audit_name``: the body's only for the operator's
+    token). `callqa erase` posts here while a worker holds the embedded store; 409 for a call that has not ended."""
     settings = server.settings
 
     class ErasureView(faust.web.View):  # type: ignore[misc]
         async def post(self, request: Any, call_id: str) -> Any:
-            refused = await action_refusal(server, principal_of(request), "erase", call_id)
+            who = principal_of(request)
+            refused = await action_refusal(server, who, "erase", call_id)
             if refused is not None:
                 return self.json({"error": refused[1]}, status=refused[0])
             try:
                 body = await request.json()
-                erased_by, force, outside = str(body.get("erased_by", "")), bool(body.get("force")), str(
-                    body.get("outside", ""))
+                erased_by = who.audit_name(str(body.get("erased_by", "")))
+                force, outside = bool(body.get("force")), str(body.get("outside", ""))
             except (ValueError, AttributeError):
                 server.auth.refusals.count("bad_request")
                 return self.json({"error": "the body must be a JSON object: erased_by, force, outside"}, status=400)
@@ -236,8 +256,8 @@ def _register_erasure_view(server: ApiServer) -> None:
 
 def _register_account_views(server: ApiServer) -> None:
     """/api/users: GET lists the accounts, POST adds one (JSON ``name``, ``role``, ``tenant``, ``agent_id``, and a
-    ``password`` for the pages' login; answers
-    its token, shown once), DELETE /api/users/{name} removes one. The operator manages every tenant; an admin its
+    ``password`` for the pages' login; answers its token, shown once; 409 for a name a live account of any tenant
+    holds), DELETE /api/users/{name} removes one. The operator manages every tenant; an admin its
     own (a tenant it names is ignored). `callqa users` goes through here while a worker holds the embedded store."""
     settings = server.settings
     db = settings.clickhouse_database
@@ -399,9 +419,15 @@ async def _answer(web: Any, work: Awaitable[Any], refusals: ApiRefusals,
     except ReviewError as exc:
         refusals.count("bad_request")
         return web.json({"error": str(exc)}, status=404 if str(exc).startswith("no scored call") else 400)
+    except AccountExistsError as exc:
+        refusals.count("bad_request")
+        return web.json({"error": str(exc)}, status=409)
     except AccountError as exc:
         refusals.count("bad_request")
         return web.json({"error": str(exc)}, status=404 if str(exc).startswith("no account") else 400)
+    except NoSuchCall as exc:
+        refusals.count("bad_request")
+        return web.json({"error": str(exc)}, status=404)
     except EraseError as exc:  # a call that has not ended: refused, nothing removed
         refusals.count("bad_request")
         return web.json({"error": str(exc)}, status=409)

@@ -44,16 +44,17 @@ def _mac(key: bytes, payload: str) -> str:
     return base64.urlsafe_b64encode(digest).decode().rstrip("=")
 
 
-def new_session(key: bytes, now_s: float, ttl_s: float, account: str = "") -> str:
-    """A cookie value valid until ``now_s + ttl_s``; of ``account`` (an account's login), else the operator's."""
+def new_session(key: bytes, now_s: float, ttl_s: float, account_id: str = "") -> str:
+    """A cookie value valid until ``now_s + ttl_s``; of the account ``account_id`` (an account's login: its id,
+    never its name, which a later account may take), else the operator's."""
     payload = f"{int(now_s + ttl_s)}.{secrets.token_urlsafe(16)}"
-    if account:
-        payload += "." + base64.urlsafe_b64encode(account.encode()).decode().rstrip("=")
+    if account_id:
+        payload += "." + base64.urlsafe_b64encode(account_id.encode()).decode().rstrip("=")
     return f"{payload}.{_mac(key, payload)}"
 
 
 def session_account(value: str) -> str:
-    """The account a signed session value is of ("" for the operator's); only after ``signed_session``."""
+    """The id of the account a signed session value is of ("" for the operator's); only after ``signed_session``."""
     parts = value.split(".")
     if len(parts) != 4:
         return ""
@@ -67,7 +68,8 @@ def session_valid(key: bytes, value: str | None, now_s: float) -> bool:
 
 def signed_session(key: bytes, value: str | None, now_s: float) -> tuple[str, int] | None:
     """(nonce, expiry in unix seconds) of a value ``new_session`` made with ``key`` that has not expired."""
-    if not value or value.count(".") not in (2, 3):
+    # Ours are ASCII; a header's undecodable bytes arrive as surrogates, which no MAC can be taken of.
+    if not value or not value.isascii() or value.count(".") not in (2, 3):
         return None
     payload, _, mac = value.rpartition(".")
     expires, nonce = payload.split(".")[:2]

@@ -330,6 +330,14 @@ ORDER BY name
 SETTINGS concurrent_part_removal_threshold = 1000000
 """
 
+# Each account's id, which its page sessions name (pipeline/access/users.py): a name removed and added again is
+# another account. Rows written before get an id from their name and creation time, the same on every read.
+_ACCOUNT_ID_COLUMN = (
+    "ALTER TABLE {db}.users ADD COLUMN IF NOT EXISTS account_id String "
+    "DEFAULT lower(hex(substring(SHA256(concat(name, '/', toString(created_at))), 1, 16))) "
+    "COMMENT 'random per account; a page session names it, so it never passes to a later account of the name'"
+)
+
 # Issue 39: each finished call's redacted recording (pipeline/recordings): where it is kept and what was cut
 # from it. It holds no audio and no text; a job redone writes an equal row (times from the job).
 _RECORDINGS = """
@@ -400,6 +408,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(14, "recordings", (_RECORDINGS,)),
     Migration(15, "secure pauses of a call", (_PAUSES_COLUMNS, _latest_revision_view("calls"))),
     Migration(16, "keypad tones of a call", (_KEYPAD_COLUMN, _latest_revision_view("calls"))),
+    Migration(17, "account ids", (_ACCOUNT_ID_COLUMN,)),
 )
 
 

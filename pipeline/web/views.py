@@ -136,7 +136,9 @@ def register_web_views(server: ApiServer) -> None:
                 return redirect(next_path)
             name, unconfigured = str(form.get("name", "")).strip(), auth.mode == "unconfigured"
             keys = (f"address:{request.remote}", f"name:{name}") if name else (f"address:{request.remote}",)
-            wait = auth.logins.wait_s(*keys)
+            # Counted as a failure before the check runs (taken back if it succeeds): guesses sent together
+            # cannot all pass the count while their checks are still running.
+            wait = auth.logins.reserve(*keys)
             if wait > 0:
                 auth.refusals.count("login_throttled")
                 return html(render_login(next_path, error=f"too many failed logins: try again in {wait:.0f} s",
@@ -144,16 +146,19 @@ def register_web_views(server: ApiServer) -> None:
             account = ""
             if name:
                 password = str(form.get("password", ""))
-                who = await pool.run(lambda: _login(name, password))
+                try:
+                    who = await pool.run(lambda: _login(name, password))
+                except (ApiBusyError, StoreError, StoreConnectionError) as exc:
+                    auth.logins.release(*keys)  # not a wrong password: the store could not be asked
+                    return html(render_login(next_path, error=str(exc), unconfigured=unconfigured), 503)
                 if who is None:
-                    auth.logins.failed(*keys)
                     return html(render_login(next_path, error="wrong name or password", unconfigured=unconfigured),
                                 401 if auth.mode == "token" else 503)
-                account = who.name
+                account = who.account_id
             elif not auth.token_matches(str(form.get("token", ""))):
-                auth.logins.failed(*keys)
                 return html(render_login(next_path, error="wrong token", unconfigured=unconfigured),
                             401 if auth.mode == "token" else 503)
+            auth.logins.release(*keys)
             response = redirect(next_path)
             response.set_cookie(SESSION_COOKIE, auth.new_session(time.time(), account),
                                 max_age=int(auth.session_ttl_s), path="/", httponly=True, samesite="Strict",
@@ -229,12 +234,14 @@ def register_web_views(server: ApiServer) -> None:
                 auth.refusals.count("bad_request")
                 return html(render_message("Form expired", "Open the call page again and review from there.",
                                            context.links, context.logged_in), 403)
-            refused = await action_refusal(server, principal_of(request), "review", call_id)
+            who = principal_of(request)
+            refused = await action_refusal(server, who, "review", call_id)
             if refused is not None:
                 return html(render_message("Review not taken", refused[1], context.links, context.logged_in),
                             refused[0])
-            item, verdict, reason, reviewer = (str(form.get(name, "")) for name in ("item", "verdict", "reason",
-                                                                                      "reviewer"))
+            item, verdict, reason, claimed = (str(form.get(name, "")) for name in ("item", "verdict", "reason",
+                                                                                     "reviewer"))
+            reviewer = who.audit_name(claimed)  # an account's session reviews as that account
 
             def write() -> None:
                 client = connect(settings.writer_url, db, create_database=False, fresh=True)

@@ -59,3 +59,17 @@ def test_add_list_remove(env: dict[str, str], chdb_path: str, unique_name: str) 
     assert _users(["remove", "ann"], env).exit_code == 0
     assert principal_of(client, unique_name, hashlib.sha256(token.encode()).hexdigest()) is None
     assert json.loads(_users(["list", "--json"], env).output) == []
+
+
+def test_adding_a_name_another_tenant_holds_is_refused_in_one_line(env: dict[str, str], chdb_path: str,
+                                                                    unique_name: str) -> None:
+    first = _users(["add", "bob", "--role", "supervisor", "--tenant", "acme"], env)
+    assert first.exit_code == 0, first.output
+    token = first.output.strip().splitlines()[-1]
+    taken = _users(["add", "bob", "--role", "admin", "--tenant", "other"], env)
+    assert isinstance(taken.exception, AccountError)
+    assert str(taken.exception) == ("account name 'bob' is taken (names are unique across tenants): choose another, "
+                                    "or remove that account first")
+    bob = principal_of(connect(f"chdb://{chdb_path}", unique_name), unique_name,
+                       hashlib.sha256(token.encode()).hexdigest())
+    assert bob is not None and (bob.role, bob.tenant) == ("supervisor", "acme")  # its token and tenant kept

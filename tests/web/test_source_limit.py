@@ -60,3 +60,22 @@ async def test_a_request_over_the_size_limit_gets_413_and_is_counted() -> None:
         assert long_sql.status == 413 and "CALLQA_API_MAX_REQUEST_BYTES" in (await long_sql.json())["error"]
         assert (await client.post("/login", data={"token": "x" * 2000})).status == 413
     assert refusals.counter.labels("too_large")._value.get() == 2
+
+
+async def test_logins_are_held_to_the_source_limit_as_pages_are() -> None:
+    """A password's check is a scrypt hash on the API's pool: /login counts against its source like a page."""
+    gate, refusals, limit = asyncio.Event(), ApiRefusals(), SourceLimit(1)
+
+    async def check_password(request: aioweb.Request) -> aioweb.Response:
+        await gate.wait()
+        return aioweb.Response(status=401)
+
+    app = aioweb.Application(middlewares=[source_limit_middleware(limit, refusals)])
+    app.router.add_post("/login", check_password)
+    async with TestClient(TestServer(app)) as client:
+        held = asyncio.create_task(client.post("/login", data={"name": "ann", "password": "guess"}))
+        while limit.in_flight("127.0.0.1") < 1:
+            await asyncio.sleep(0.01)
+        assert (await client.post("/login", data={"name": "ann", "password": "guess"})).status == 429
+        gate.set()
+        assert (await held).status == 401

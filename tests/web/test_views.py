@@ -198,8 +198,8 @@ async def test_api_erasure_removes_an_ended_call_and_refuses_an_open_one(
         body = await answer.json()
         assert answer.status == 200, body
         assert body["rows"]["segments"] >= 1 and body["rows"]["calls"] >= 1
-        assert await (await client.get("/api/calls/call-rude", headers=bearer)).json() == {
-            "summary": None, "transcript": []}
+        gone = await client.get("/api/calls/call-rude", headers=bearer)  # as its audio answers: no such call
+        assert (gone.status, await gone.json()) == (404, {"error": "no call call-rude"})
         assert erasures_of(filled.client, filled.database, "call-rude")[0].erased_by == "dpo"
         opened = await client.post("/api/calls/call-open/erasure", json={"erased_by": "dpo"}, headers=bearer)
         assert opened.status == 409 and "has not ended" in (await opened.json())["error"]
@@ -236,8 +236,8 @@ async def test_accounts_see_their_tenants_calls_or_their_own_through_every_api_d
             return list((await answer.json())["rows"])
 
         assert await calls("sam") == set()
-        assert await (await client.get("/api/calls/call-good", headers=tokens["sam"])).json() == {
-            "summary": None, "transcript": []}
+        hidden = await client.get("/api/calls/call-good", headers=tokens["sam"])
+        assert (hidden.status, await hidden.json()) == (404, {"error": "no call call-good"})
         found = await client.get("/api/search", params={"q": "card"}, headers=tokens["sam"])
         assert found.status == 200 and await found.json() == []
         assert await sql("sam", "SELECT call_id, text FROM segments_deduped UNION ALL "
@@ -598,6 +598,11 @@ async def test_the_recording_is_served_in_ranges_to_who_may_see_the_call_and_pla
         assert tail.status == 206 and await tail.read() == data[-16:]
         past = await client.get("/api/calls/call-rude/audio", headers={**operator, "Range": f"bytes={len(data)}-"})
         assert (past.status, past.headers["Content-Range"]) == (416, f"bytes */{len(data)}")
+        huge = "9" * 5000  # more digits than int() reads
+        far = await client.get("/api/calls/call-rude/audio", headers={**operator, "Range": f"bytes={huge}-"})
+        assert (far.status, far.headers["Content-Range"]) == (416, f"bytes */{len(data)}")
+        rest = await client.get("/api/calls/call-rude/audio", headers={**operator, "Range": f"bytes=10-{huge}"})
+        assert (rest.status, await rest.read()) == (206, data[10:])
         assert (await client.get("/api/calls/call-good/audio", headers=operator)).status == 404  # none kept
         assert (await client.get("/api/calls/call-rude/audio")).status == 401
 
@@ -620,3 +625,141 @@ async def test_the_recording_is_served_in_ranges_to_who_may_see_the_call_and_pla
         assert erased.status == 200 and (await erased.json())["rows"]["recording_files"] == 1
         assert not files.exists("call-rude")
         assert (await client.get("/api/calls/call-rude/audio", headers=operator)).status == 404
+
+
+async def test_a_name_held_in_another_tenant_cannot_be_taken_over(serve: Callable[..., Any]) -> None:
+    """An admin of tenant other adding "bob", whom tenant acme holds: refused, and bob keeps his tenant, his token
+    and his page session. Once bob is removed and the name added again, bob's old session and token open nothing:
+    a session names the account's id, not its name."""
+    operator = {"Authorization": f"Bearer {TOKEN}"}
+    async for client in serve(web_logout_sync_s=0):
+        tokens = {}
+        for name, role, tenant in (("bob", "supervisor", "acme"), ("ada", "admin", "other")):
+            added = await client.post("/api/users", json={"name": name, "role": role, "tenant": tenant,
+                                                          "password": "a long password"}, headers=operator)
+            assert added.status == 200, await added.text()
+            tokens[name] = {"Authorization": f"Bearer {(await added.json())['token']}"}
+        logged_in = await client.post("/login", data={"name": "bob", "password": "a long password", "next": "/calls"},
+                                      allow_redirects=False)
+        bob_session = {"Cookie": f"{SESSION_COOKIE}={_session(logged_in)}"}
+
+        taken = await client.post("/api/users", json={"name": "bob", "role": "admin", "password": "ada's own password"},
+                                  headers=tokens["ada"])
+        assert (taken.status, await taken.json()) == (409, {"error": "account name 'bob' is taken (names are unique "
+                                                                     "across tenants): choose another, or remove that "
+                                                                     "account first"})
+        again = await client.post("/api/users", json={"name": "bob", "role": "agent", "tenant": "acme",
+                                                      "agent_id": "agent-1"}, headers=operator)
+        assert again.status == 409  # the operator neither: bob's token would change under him
+        listed = await (await client.get("/api/calls", headers=tokens["bob"])).json()
+        assert {c["call_id"] for c in listed} == {"call-good", "call-rude", "call-open"}  # still acme's supervisor
+        assert 'href="/calls/call-rude"' in await (await client.get("/calls", headers=bob_session)).text()
+        other = await client.post("/login", data={"name": "bob", "password": "ada's own password", "next": "/calls"},
+                                  allow_redirects=False)
+        assert other.status == 401  # the password ada sent was never set
+
+        assert (await client.delete("/api/users/bob", headers=operator)).status == 200
+        readded = await client.post("/api/users", json={"name": "bob", "role": "admin", "tenant": "other"},
+                                    headers=tokens["ada"])
+        assert readded.status == 200, await readded.text()
+        stale = await client.get("/calls", headers=bob_session, allow_redirects=False)
+        assert stale.status == 303 and stale.headers["Location"].startswith("/login")  # not the new bob
+        assert (await client.get("/api/calls", headers=tokens["bob"])).status == 401
+
+
+async def test_reviews_and_erasures_name_the_account_signed_in_not_the_body(
+    serve: Callable[..., Any], filled: FilledStore
+) -> None:
+    operator = {"Authorization": f"Bearer {TOKEN}"}
+    async for client in serve(web_logout_sync_s=0):
+        tokens = {}
+        for name, role in (("sue", "supervisor"), ("ada", "admin")):
+            added = await client.post("/api/users", json={"name": name, "role": role, "tenant": "acme",
+                                                          "password": "a long password"}, headers=operator)
+            tokens[name] = {"Authorization": f"Bearer {(await added.json())['token']}"}
+        review = {"item": "greeting", "verdict": "pass", "reason": "x", "reviewer": "the-ceo"}
+        reviewed = await client.post("/api/calls/call-good/reviews", json=review, headers=tokens["sue"])
+        assert reviewed.status == 200 and (await reviewed.json())["review"]["reviewer"] == "sue"
+        # The operator's token is the local CLI's: it says whom it acts for (--reviewer, default $USER).
+        by_cli = await client.post("/api/calls/call-good/reviews", json={**review, "reviewer": "li"}, headers=operator)
+        assert (await by_cli.json())["review"]["reviewer"] == "li"
+        unnamed = await client.post("/api/calls/call-good/reviews", json={**review, "reviewer": ""}, headers=operator)
+        assert (await unnamed.json())["review"]["reviewer"] == "operator"
+
+        logged_in = await client.post("/login", data={"name": "sue", "password": "a long password", "next": "/calls"},
+                                      allow_redirects=False)
+        cookie = {"Cookie": f"{SESSION_COOKIE}={_session(logged_in)}"}
+        page = await (await client.get("/calls/call-rude", headers=cookie)).text()
+        csrf = re.search(r'name="csrf" value="([^"]+)"', page)
+        assert csrf is not None
+        form = {**review, "item": "prohibited_language", "reason": "page review", "csrf": csrf.group(1)}
+        taken = await client.post("/calls/call-rude/reviews", data=form, headers=cookie, allow_redirects=False)
+        assert taken.status == 303
+        stored = filled.client.query("SELECT reviewer FROM reviews WHERE reason = 'page review'").result_rows
+        assert stored == [("sue",)]
+
+        erased = await client.post("/api/calls/call-good/erasure", json={"erased_by": "someone else"},
+                                   headers=tokens["ada"])
+        assert erased.status == 200, await erased.text()
+        assert erasures_of(filled.client, filled.database, "call-good")[0].erased_by == "ada"
+
+
+async def test_guesses_sent_together_are_held_to_the_login_limit(serve: Callable[..., Any]) -> None:
+    """Fifteen wrong passwords at once for one name: ten are checked (each counted before its check), five refused
+    at once; none fails for want of room on the pool (two threads, eight waiting)."""
+    async for client in serve():
+        added = await client.post("/api/users", json={"name": "ann", "role": "agent", "tenant": "acme",
+                                                      "agent_id": "agent-1", "password": "ann long password"},
+                                  headers={"Authorization": f"Bearer {TOKEN}"})
+        assert added.status == 200
+        answers = await asyncio.gather(*(client.post("/login", data={"name": "ann", "password": f"guess {n:02d} here",
+                                                                     "next": "/calls"}, allow_redirects=False)
+                                         for n in range(15)))
+        assert sorted(a.status for a in answers) == [401] * 10 + [429] * 5
+        right = await client.post("/login", data={"name": "ann", "password": "ann long password", "next": "/calls"},
+                                  allow_redirects=False)
+        assert right.status == 429  # ten failures in the window: the right password waits too
+
+
+async def test_hostile_csrf_values_and_tokens_are_refused_not_failed(serve: Callable[..., Any]) -> None:
+    async for client in serve():
+        cookie = {"Cookie": f"{SESSION_COOKIE}={_session(await _login(client))}"}
+        form = {"item": "greeting", "verdict": "pass", "reason": "x", "reviewer": "li"}
+        for csrf in ("\u00e9" * 43, "\u4e2d", "\U0001f600"):
+            refused = await client.post("/calls/call-rude/reviews", data={**form, "csrf": csrf}, headers=cookie,
+                                        allow_redirects=False)
+            assert refused.status == 403, csrf
+        # Bytes that are not UTF-8 in the bearer token and the session cookie: a wrong token, a login.
+        reader, writer = await asyncio.open_connection("127.0.0.1", client.port)
+        writer.write(b"GET /api/calls HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \xff\xfe\xed\r\n"
+                     b"Connection: close\r\n\r\n")
+        await writer.drain()
+        status = (await reader.readline()).split()[1]
+        writer.close()
+        assert status == b"401"
+        reader, writer = await asyncio.open_connection("127.0.0.1", client.port)
+        writer.write(b"GET /calls HTTP/1.1\r\nHost: x\r\nCookie: callqa_session=1.\xff.\xfe\r\n"
+                     b"Connection: close\r\n\r\n")
+        await writer.drain()
+        status = (await reader.readline()).split()[1]
+        writer.close()
+        assert status == b"303"
+
+
+async def test_unknown_bearer_tokens_from_one_source_are_refused_before_the_store_is_asked(
+    serve: Callable[..., Any]
+) -> None:
+    operator = {"Authorization": f"Bearer {TOKEN}"}
+    async for client in serve(web_logout_sync_s=600):
+        added = await client.post("/api/users", json={"name": "sue", "role": "supervisor", "tenant": "acme"},
+                                  headers=operator)
+        sue = {"Authorization": f"Bearer {(await added.json())['token']}"}
+        assert (await client.get("/api/calls", headers=sue)).status == 200  # known from here on
+        for n in range(30):
+            wrong = await client.get("/api/calls", headers={"Authorization": f"Bearer guess-{n:040d}"})
+            assert wrong.status == 401
+        throttled = await client.get("/api/calls", headers={"Authorization": f"Bearer guess-{30:040d}"})
+        assert throttled.status == 429 and throttled.headers["Retry-After"] == "60"
+        assert (await throttled.json())["error"].startswith("too many unknown bearer tokens from 127.0.0.1")
+        assert (await client.get("/api/calls", headers=sue)).status == 200  # a known token still works
+        assert (await client.get("/api/calls", headers=operator)).status == 200
