@@ -2,7 +2,7 @@
 
 Who may record is three checks, each refusal counted in ``callqa_siprec_refusals_total{reason}`` and logged:
 the source address (``siprec_allow``), digest credentials (``siprec_users``) when set, and the caps on
-sessions and INVITEs a second. A refused INVITE produces nothing to Kafka.
+sessions (in all, per source, per tenant) and INVITEs a second. A refused INVITE produces nothing to Kafka.
 """
 
 from __future__ import annotations
@@ -32,6 +32,22 @@ class SiprecSettings(BaseModel):
     )
     siprec_max_sessions: int = Field(
         1000, ge=1, description="Recording sessions open at once; an INVITE past it gets 503 with Retry-After."
+    )
+    siprec_max_sessions_per_source: int = Field(
+        500, ge=1,
+        description="Recording sessions one source address may hold open at once, so one SBC (or a host "
+        "allowed by mistake) cannot take every slot of siprec_max_sessions; past it: 503 with Retry-After. "
+        "With a single SBC, raise it to siprec_max_sessions.",
+    )
+    siprec_max_sessions_per_tenant: int = Field(
+        500, ge=1,
+        description="Recording sessions one tenant (digest user) may hold open at once; past it: 503 with "
+        "Retry-After. Applies only with siprec_users set (without digest there are no tenants).",
+    )
+    siprec_max_hold_s: float = Field(
+        3600.0, gt=0,
+        description="A session on hold (every recorded stream inactive) skips the media timeout; held longer "
+        "than this it is ended with a BYE (an SBC that held a call and lost it) (s).",
     )
     siprec_source_invites_per_s: float = Field(
         20.0, ge=0, description="New INVITEs a second one source address may send (bursts of two seconds' "

@@ -81,10 +81,15 @@ class SimulateOptions:
     audiohook_client_secret: str = ""
     siprec_user: str = ""  # digest credentials, when the SIPREC server challenges
     siprec_password: str = ""
-    organization_id: str = field(default_factory=lambda: str(uuid.uuid4()))
+    organization_id: str = ""  # AudioHook's signed organization, which is the call's tenant; default: tenant
     stagger_s: float = 0.0  # calls begin this far apart (the benchmark spreads its legs' frames)
     call_ids: tuple[str, ...] = ()  # the calls' IDs (callSid / conversationId); default: generated
     keep_going: bool = False  # a call that fails is counted in the report, the others go on (benchmark)
+
+    @property
+    def organization(self) -> str:
+        """AudioHook's organization header (the gateway refuses a customConfig.tenant naming another)."""
+        return self.organization_id or self.tenant
 
 
 @dataclass
@@ -184,6 +189,7 @@ async def _siprec_call(rec: CallRecording, call: SimulatedCall, options: Simulat
                        threads: ThreadPoolExecutor, on_frames: Callable[[int], None] | None, start_at: float) -> None:
     """One call as a SIPREC session: ``client.record`` (blocking) in a thread of its own."""
     from pipeline.gateway.siprec.client import ClientError, SrcOptions, record
+    from pipeline.gateway.siprec.recorder import call_id_for
 
     host, port, transport = sip_target(options.url)
     src = SrcOptions(host, port, transport, user=options.siprec_user, password=options.siprec_password,
@@ -201,6 +207,8 @@ async def _siprec_call(rec: CallRecording, call: SimulatedCall, options: Simulat
         report.failures.append(str(failure))
         return
     call.frames = {leg: -(-len(audio) // FRAME_SAMPLES) for leg, audio in legs.items() if audio}
+    # The ID callqa keeps: the SIP Call-ID scoped by the digest user's tenant, as the server names it.
+    call.call_id = call_id_for(options.siprec_user, call.call_id) or call.call_id
     if on_frames is not None:
         on_frames(sum(call.frames.values()))
 
@@ -387,7 +395,7 @@ class _AudioHookCall(_CallSender):
         target = parts.path + (f"?{parts.query}" if parts.query else "")
         return audiohook_signed_headers(
             parts.netloc, target, self.options.audiohook_api_key, self.options.audiohook_client_secret,
-            {"audiohook-organization-id": self.options.organization_id, "audiohook-session-id": self.session_id,
+            {"audiohook-organization-id": self.options.organization, "audiohook-session-id": self.session_id,
              "audiohook-correlation-id": str(uuid.uuid4())})
 
     def message(self, kind: str, parameters: dict[str, Any] | None = None) -> str:
@@ -401,7 +409,7 @@ class _AudioHookCall(_CallSender):
         pinger = asyncio.create_task(self.ping(ws))
         try:
             await self.request(ws, "open", "opened", {
-                "organizationId": self.options.organization_id, "conversationId": self.call.call_id,
+                "organizationId": self.options.organization, "conversationId": self.call.call_id,
                 "participant": {"id": str(uuid.uuid4()), "ani": "", "aniName": "", "dnis": ""},
                 "media": [{"type": "audio", "format": "PCMU", "channels": self.channels, "rate": SAMPLE_RATE}],
                 "language": "en-US",

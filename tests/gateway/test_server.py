@@ -143,7 +143,7 @@ async def test_an_audiohook_session_reaches_the_topics_and_closes_after_flushing
         start_gateway, credentials, audiohook_client, audiohook_headers, interleave, recording_mulaw,
         read_calls) -> None:  # type: ignore[no-untyped-def]
     gw = await start_gateway(**credentials)
-    client = audiohook_client()
+    client = audiohook_client(organization_id="acme")
     customer, agent = recording_mulaw[:16000], recording_mulaw[16000:32000]
     stereo = interleave(customer, agent)  # external, internal
     async with connect(gw.ws("/audiohook"), additional_headers=audiohook_headers(gw.ws("/audiohook"), client)) as ws:
@@ -218,6 +218,32 @@ async def test_an_audiohook_client_that_never_closes_after_an_error_is_closed_wi
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
     _, events = await read_calls(gw.settings, events=2)
     assert only(events, "end").reason == "protocol error"
+
+
+async def test_a_customconfig_tenant_cannot_move_a_signed_organizations_call_to_another_tenant(
+        start_gateway, credentials, audiohook_client, audiohook_headers, interleave, recording_mulaw,
+        read_calls) -> None:  # type: ignore[no-untyped-def]
+    gw = await start_gateway(**credentials)
+    url = gw.ws("/audiohook")
+    intruder = audiohook_client(organization_id="org-a")
+    async with connect(url, additional_headers=audiohook_headers(url, intruder)) as ws:
+        await ws.send(intruder.open(tenant="org-b", agent_id="a1"))
+        disconnect = await recv_json(ws)
+        assert (disconnect["type"], disconnect["parameters"]["reason"]) == ("disconnect", "unauthorized")
+        assert "customConfig.tenant" in disconnect["parameters"]["info"]
+        await ws.send(interleave(recording_mulaw[:1600], recording_mulaw[:1600]))  # audio after it goes nowhere
+    honest = audiohook_client(organization_id="org-a")
+    async with connect(url, additional_headers=audiohook_headers(url, honest)) as ws:
+        await ws.send(honest.open(agent_id="a2"))
+        assert honest.saw(await recv_json(ws))["type"] == "opened"
+        await ws.send(interleave(recording_mulaw[:1600], recording_mulaw[:1600]))
+        await ws.send(honest.message("close", {"reason": "end"}))
+        assert (await recv_json(ws))["type"] == "closed"
+    frames, events = await read_calls(gw.settings, frames=20, events=2)
+    assert {f.call_id for f in frames} == {honest.conversation_id}
+    assert [(e.call_id, e.event_type, e.tenant) for e in events] == [
+        (honest.conversation_id, "start", "org-a"), (honest.conversation_id, "end", "org-a")]
+    assert gw.server.metrics.value("callqa_gateway_auth_failures_total", protocol="audiohook", reason="tenant") == 1
 
 
 # ---- refusals at the handshake ---------------------------------------------------------------------------

@@ -103,7 +103,9 @@ async def test_siprec_sessions_carry_the_files_audio_and_a_refusal_is_one_line(
     report = await simulate(recordings, options)  # the digest challenge answered
     assert len(set(report.call_ids)) == 2 and all(c.frames == {"agent": 100, "customer": 100} for c in report.calls)
     frames, events = await read_calls(gw.settings, frames=2 * 200, events=4)
-    for call_id in report.call_ids:  # the SIP Call-ID is the call ID
+    # The call ID is the SIP Call-ID scoped by the digest user's tenant, and the report names it so.
+    assert all(c.startswith("acme/") and len(c) > len("acme/") for c in report.call_ids)
+    for call_id in report.call_ids:
         mine = [f for f in frames if f.call_id == call_id]
         for leg in ("agent", "customer"):
             assert leg_audio(mine, leg) == recordings[0].encoded[leg]

@@ -1,11 +1,13 @@
 """SIP digest authentication (RFC 3261 §22, RFC 2617 with qop=auth): who may open a recording session.
 
 The server side challenges with MD5 and ``qop="auth"``, and also accepts responses computed with
-SHA-256 (RFC 7616, which RFC 8760 brings to SIP). Its nonces are stateless: a timestamp and a random
-salt with an HMAC over them, so any process holding the secret can check them, nothing is stored per
-challenge, a forged nonce fails the HMAC and an old one is answered ``stale=true`` (the client knew
-the password and need only retry). Being stateless, it does not track nonce counts, so a captured
-request replays until its nonce expires (``nonce_ttl_s``); TLS is the protection against capture.
+SHA-256 (RFC 7616, which RFC 8760 brings to SIP). Its nonces are a timestamp and a random salt with an
+HMAC over them: a forged nonce fails the HMAC and an old one is answered ``stale=true`` (the client knew
+the password and need only retry). Each nonce issued is also remembered until it expires (at most
+``MAX_ISSUED_NONCES``, the oldest forgotten first) with the highest nonce count used with it: a request
+whose nc does not rise (or, without qop, a nonce used twice) is a replay and refused, and a nonce we did
+not issue or no longer hold is answered ``stale=true``. The caller passes the request URI, which the
+credentials' ``uri`` must name, so an answer captured for one request URI is no good for another.
 
 The client side (:func:`authorization`) answers a challenge, for the project's own SIPREC client.
 
@@ -20,6 +22,7 @@ import os
 import re
 import secrets
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -30,6 +33,7 @@ MAX_HEADER_CHARS = 4096
 MAX_PARAMETERS = 32
 MAX_NONCE_CHARS = 128
 FUTURE_SKEW_S = 60.0  # a nonce stamped this far ahead of our clock is still taken as fresh
+MAX_ISSUED_NONCES = 4096  # challenges outstanding at once; past it the oldest is forgotten (its client: stale)
 
 
 
@@ -84,17 +88,25 @@ class DigestAuth:
         self._secret = secret if secret is not None else os.urandom(32)
         self._ttl = nonce_ttl_s
         self._clock = clock
+        self._issued: OrderedDict[str, tuple[float, int]] = OrderedDict()  # nonce -> (issued, highest nc used)
 
     def challenge(self, stale: bool = False) -> str:
         """The value of a 401's ``WWW-Authenticate`` header, with a fresh nonce."""
-        value = f'Digest realm="{self.realm}", nonce="{self._nonce()}", algorithm=MD5, qop="auth"'
+        nonce = self._nonce()
+        now = self._clock()
+        while self._issued and (len(self._issued) >= MAX_ISSUED_NONCES
+                                or now - next(iter(self._issued.values()))[0] > self._ttl):
+            self._issued.popitem(last=False)
+        self._issued[nonce] = (now, 0)
+        value = f'Digest realm="{self.realm}", nonce="{nonce}", algorithm=MD5, qop="auth"'
         return value + ", stale=true" if stale else value
 
     def check(self, method: str, authorization: str | None, request_uri: str | None = None) -> DigestResult:
         """Whether ``authorization`` (the header value, or None) proves a known user for ``method``.
 
-        With ``request_uri``, the credentials' ``uri`` must equal it (RFC 2617 §3.2.2.5); without it,
-        the ``uri`` is still what the response is checked over.
+        With ``request_uri``, the credentials' ``uri`` must name the same target (RFC 2617 §3.2.2.5): its
+        scheme, host and port, as :func:`same_target` compares them; without it, the ``uri`` is still what
+        the response is checked over.
         """
         words = (authorization or "").split(None, 1)
         if not words or words[0].lower() != "digest":
@@ -109,7 +121,7 @@ class DigestAuth:
         user = params["username"]
         if params["realm"] != self.realm:
             return _refused("bad_realm")
-        if request_uri is not None and params["uri"] != request_uri:
+        if request_uri is not None and not same_target(params["uri"], request_uri):
             return _refused("bad_uri")
         freshness = self._nonce_freshness(params["nonce"])
         if freshness == "forged":
@@ -122,9 +134,15 @@ class DigestAuth:
                              params.get("cnonce"))
         if not hmac.compare_digest(expected.encode(), params["response"].lower().encode("utf-8", "surrogatepass")):
             return _refused("bad_response")
-        if freshness == "expired":
+        issued = self._issued.get(params["nonce"])
+        if freshness == "expired" or issued is None:
             # RFC 2617 §3.2.1: stale only when the digest was right, so the client retries silently.
+            self._issued.pop(params["nonce"], None)
             return DigestResult(None, "stale_nonce", stale=True)
+        nc = int(params["nc"], 16) if "nc" in params else None  # 8 hex digits (checked above)
+        if nc is None and issued[1] or nc is not None and nc <= issued[1]:
+            return _refused("replayed_nonce")
+        self._issued[params["nonce"]] = (issued[0], nc if nc is not None else 1)
         return DigestResult(user, None)
 
     def _nonce(self) -> str:
@@ -146,6 +164,28 @@ class DigestAuth:
             return "forged"
         age = self._clock() - int(stamp, 16)
         return "fresh" if -FUTURE_SKEW_S <= age <= self._ttl else "expired"
+
+
+def same_target(uri: str, request_uri: str) -> bool:
+    """Whether two SIP URIs name the same scheme, host and port (the default port when none is written).
+    The user part and parameters are not compared: SIPp and some SBCs answer a challenge for
+    ``sip:srs@host:port`` with ``uri="sip:host:port"``; credentials for another server still fail."""
+    target = _target(uri)
+    return target is not None and target == _target(request_uri)
+
+
+def _target(uri: str) -> tuple[str, str, str] | None:
+    scheme, colon, rest = uri.strip().partition(":")
+    if not colon:
+        return None
+    host_port = rest.split(";", 1)[0].split("?", 1)[0].rsplit("@", 1)[-1].lower()
+    if host_port.startswith("["):  # an IPv6 reference: [::1]:5060
+        host, _, port = host_port[1:].partition("]")
+        port = port.lstrip(":")
+    else:
+        host, _, port = host_port.partition(":")
+    default = "5061" if scheme.lower() == "sips" else "5060"
+    return scheme.lower(), host, port or default
 
 
 def _refused(reason: str) -> DigestResult:

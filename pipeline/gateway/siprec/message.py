@@ -22,7 +22,8 @@ COMPACT = {"v": "via", "f": "from", "t": "to", "i": "call-id", "m": "contact", "
 CANONICAL = {"call-id": "Call-ID", "cseq": "CSeq", "www-authenticate": "WWW-Authenticate"}
 REQUIRED = ("via", "from", "to", "call-id", "cseq")
 _TOKEN = re.compile(r"^[A-Za-z0-9.!%*_+`'~-]+$")
-_STATUS_LINE = re.compile(r"^SIP/2\.0 (\d{3}) (.*)$")
+_STATUS_LINE = re.compile(r"^SIP/2\.0 ([0-9]{3}) (.*)$")
+MAX_NUMBER_DIGITS = 10  # CSeq (< 2**31) and Content-Length (<= 64 KB) both fit; more is hostile
 _REQUEST_LINE = re.compile(r"^([A-Za-z0-9.!%*_+`'~-]+) (\S+) SIP/2\.0$")
 REASONS = {100: "Trying", 200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
            404: "Not Found", 405: "Method Not Allowed", 415: "Unsupported Media Type", 420: "Bad Extension",
@@ -74,8 +75,8 @@ class SipMessage:
 
     @property
     def cseq(self) -> tuple[int, str]:
-        number, _, method = (self.header("cseq") or "").partition(" ")
-        return int(number), method.strip().upper()
+        written, _, method = (self.header("cseq") or "").partition(" ")
+        return number(written) or 0, method.strip().upper()  # a request's CSeq was checked by parse()
 
     @property
     def branch(self) -> str:
@@ -220,14 +221,24 @@ def _body(msg: SipMessage, body: bytes, stream: bool, problems: list[str]) -> by
         if stream:
             problems.append("Content-Length is required over TCP/TLS")
         return body
-    if not length.isdigit():
+    n = number(length)
+    if n is None:
         problems.append(f"Content-Length is not a number: {length[:20]!r}")
         return b""
-    n = int(length)
     if n > len(body):
         problems.append(f"Content-Length {n} but {len(body)} body bytes")
         return body
     return body[:n]
+
+
+def number(text: str | bytes, max_digits: int = MAX_NUMBER_DIGITS) -> int | None:
+    """A decimal number written in ASCII digits (at most ``max_digits`` of them), else None: ``str.isdigit``
+    also takes Unicode digits that ``int`` refuses, and ``int`` refuses thousands of digits, so checking
+    with one and converting with the other lets a ValueError escape."""
+    text = text.strip()
+    if not text or len(text) > max_digits or not text.isascii() or not text.isdigit():
+        return None
+    return int(text)
 
 
 def _check(msg: SipMessage, problems: list[str]) -> None:
@@ -235,9 +246,10 @@ def _check(msg: SipMessage, problems: list[str]) -> None:
         missing = [h for h in REQUIRED if msg.header(h) is None]
         if missing:
             raise SipError(f"{msg.method} without {', '.join(missing)}")  # no reply can be addressed
-        number, _, method = (msg.header("cseq") or "").partition(" ")
-        if not number.strip().isdigit() or int(number) >= 2**31:
-            problems.append(f"CSeq number is not a number below 2**31: {number[:20]!r}")
+        written, _, method = (msg.header("cseq") or "").partition(" ")
+        cseq = number(written)
+        if cseq is None or cseq >= 2**31:
+            problems.append(f"CSeq number is not a number below 2**31: {written[:20]!r}")
         elif method.strip().upper() != msg.method:
             problems.append(f"CSeq method {method.strip()[:20]!r} is not the request's {msg.method}")
         if not msg.branch:
@@ -278,10 +290,10 @@ def _content_length(head: bytes) -> int:
     for line in head.split(b"\r\n")[1:]:
         name, _, value = line.partition(b":")
         if name.strip().lower() in (b"content-length", b"l"):
-            value = value.strip()
-            if not value.isdigit():
+            length = number(value)
+            if length is None:
                 raise SipError("Content-Length is not a number")
-            return int(value)
+            return length
     raise SipError("Content-Length is required over TCP/TLS")
 
 

@@ -59,19 +59,26 @@ class RecordingMetadata:
 
     def merged(self, update: RecordingMetadata) -> RecordingMetadata:
         """This metadata after ``update`` (a re-INVITE's or UPDATE's): a complete one replaces it, a
-        partial one (RFC 7865 §6.1) changes only what it names."""
+        partial one (RFC 7865 §6.1) changes only what it names; :class:`MetadataError` when the result
+        would pass the bounds one document has."""
         if update.datamode == "complete":
             return update
         # A label now given to another stream no longer names the old one (a stream was replaced).
         relabelled = set(update.stream_labels.values())
         labels = {sid: label for sid, label in self.stream_labels.items() if label not in relabelled}
         labels.update(update.stream_labels)
-        return RecordingMetadata(
+        merged = RecordingMetadata(
             datamode=self.datamode,
             participants={**self.participants, **update.participants},
             stream_labels=labels,
             sends={**self.sends, **update.sends},
         )
+        # Each document is bounded by the parser; a session's partial updates add up, so the sum is too.
+        if len(merged.participants) > MAX_PARTICIPANTS or len(merged.sends) > MAX_PARTICIPANTS:
+            raise MetadataError(f"metadata: more than {MAX_PARTICIPANTS} participants in the session")
+        if len(merged.stream_labels) > MAX_STREAMS:
+            raise MetadataError(f"metadata: more than {MAX_STREAMS} streams in the session")
+        return merged
 
 
 def parse_metadata(xml: bytes) -> RecordingMetadata:

@@ -17,8 +17,10 @@ class SiprecMetrics:
                                  "SIP messages refused unparsed: answered 400 or dropped when unanswerable.",
                                  ["outcome"], registry=r)
         self.refusals = Counter("callqa_siprec_refusals_total",
-                                "Requests refused, by reason (source_not_allowed, bad_response, session_limit, "
-                                "invite_rate, bad_sdp, ...); nothing reaches Kafka for them.", ["reason"], registry=r)
+                                "Requests refused, by reason (source_not_allowed, bad_response, replayed_nonce, "
+                                "session_limit, source_session_limit, tenant_session_limit, invite_rate, "
+                                "reoffer_rate, bad_call_id, bad_sdp, metadata_limit, ...); nothing reaches Kafka "
+                                "for them.", ["reason"], registry=r)
         self.challenges = Counter("callqa_siprec_digest_challenges_total",
                                   "INVITEs without credentials answered with a digest challenge (401).", registry=r)
         self.sessions = Counter("callqa_siprec_sessions_total", "Recording sessions opened.", ["outcome"], registry=r)
@@ -28,4 +30,5 @@ class SiprecMetrics:
                                       ["reason"], registry=r)
         self.rtp_packets = Counter("callqa_siprec_rtp_packets_total",
                                    "RTP packets by what became of them (audio, lost, late, duplicate, dtmf, "
-                                   "comfort_noise, unknown_payload, malformed).", ["outcome"], registry=r)
+                                   "comfort_noise, unknown_payload, malformed, srtp_*, wrong_source: from "
+                                   "another address than the stream's latched one).", ["outcome"], registry=r)

@@ -10,17 +10,31 @@ a port of its own; the agent's stream is the participant whose AOR matches ``sip
 the second stream in SDP order (the callee's on the SBCs we know of: inbound contact centers).
 
 Transactions (RFC 3261 §17.2): a request that repeats a branch already answered gets that answer again,
-never a second session. Over UDP an INVITE's final answer is sent again at 0.5, 1, 2, 4, 4 ... s until
-its ACK (Timer G) and given up after 32 s (Timer H): a 2xx never acknowledged ends its session.
+never a second session. Over UDP an INVITE's 2xx is sent again at 0.5, 1, 2, 4, 4 ... s until its ACK
+(Timer G) and given up after 32 s (Timer H): a 2xx never acknowledged ends its session.
+
+A refusal (any answer of 300 or more) is sent once and nothing of it is kept: a forged source address
+would otherwise get every resend of it (a reflector) and a flood would hold state for 32 s a request. The
+SRC's own INVITE retransmissions (RFC 3261 Timer A) recover a lost refusal: each is judged again. The
+source allow-list is checked before any kept answer, so a refused host repeating a known branch gets 403,
+never the session's 200 with its SDP. Refusals are counted each and logged at most once per reason per
+``REFUSAL_LOG_S``.
+
+The call ID callqa keeps (the Kafka key, the store's rows, the recording's file name) is the Call-ID
+scoped by tenant: ``tenant/Call-ID`` with digest users, the Call-ID as written without (one tenant). One
+too long to name a file becomes a readable prefix and a hash (:func:`call_id_for`); a Call-ID that is
+not printable ASCII, or absurdly long, is refused 400.
 """
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import logging
 import re
 import secrets
 import time
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
@@ -32,7 +46,7 @@ from pipeline.gateway.limits import TokenBucket
 from pipeline.gateway.siprec.body import BodyError, body_parts
 from pipeline.gateway.siprec.digest import DigestAuth, parse_users
 from pipeline.gateway.siprec.jitter import JitterBuffer, Released
-from pipeline.gateway.siprec.message import SipMessage, param, response, uri_of, user_of
+from pipeline.gateway.siprec.message import SipMessage, number, param, response, uri_of, user_of
 from pipeline.gateway.siprec.metadata import MetadataError, RecordingMetadata, parse_metadata
 from pipeline.gateway.siprec.metrics import SiprecMetrics
 from pipeline.gateway.siprec.payloads import ENCODINGS, decoder_for
@@ -59,6 +73,14 @@ MIN_SESSION_EXPIRES_S = 90  # RFC 4028's Min-SE floor
 # ends this long after it, so they are still written (the call's end event waits for them anyway).
 BYE_LINGER_S = 0.25
 LATE_STREAM_S = 2.0  # a stream whose first packet comes later than this after the answer starts where the call is
+REFUSAL_LOG_S = 10.0  # a refusal reason is logged at most once this often (with how many went unlogged)
+MAX_TRANSACTIONS = 20000  # answered requests kept for their retransmissions; past it only INVITE 2xx are kept
+# Re-INVITEs and UPDATEs a session may send: SBCs re-offer on hold, resume, transfer and session refresh,
+# a few a minute; more is a loop or an attack, each costing a renegotiation.
+REOFFERS_PER_S, REOFFER_BURST = 1.0, 10.0
+MAX_SIP_CALL_ID_CHARS = 256  # longer Call-IDs are refused (RFC 3261 sets no bound; SBCs' are under 100)
+MAX_CALL_ID_CHARS = 128  # the call ID kept, and ...
+MAX_QUOTED_CALL_ID_CHARS = 160  # ... URL-quoted (the recording's file name): well under a file name's 255 bytes
 Transport = Literal["udp", "tcp", "tls"]
 
 
@@ -98,6 +120,11 @@ class MediaStream:
     direction: str = "sendonly"
     srtp: SrtpReceiver | None = None  # the SRC's SDES key, when the stream is RTP/SAVP
     answer_crypto: Crypto | None = None  # ours, for the answer (SDES wants one even from a receiver)
+    offered_crypto: Crypto | None = None  # the SRC's a=crypto line srtp is keyed with
+    # Symmetric RTP: packets are taken from the host the SDP names, and from the first packet's port on
+    # (latched); any other source is dropped and counted (rtp_packets{outcome="wrong_source"}).
+    source_host: ipaddress.IPv4Address | ipaddress.IPv6Address | None = None
+    latched: tuple[str, int] | None = None
 
 
 @dataclass
@@ -118,7 +145,7 @@ class Transaction:
 
 @dataclass
 class RecordingSession:
-    call_id: str
+    call_id: str  # the SIP Call-ID: the dialog, and the key of the session and its media ports
     local_tag: str
     remote_tag: str
     remote_uri: str  # the SRC's Contact: where our own requests (BYE) go
@@ -127,6 +154,8 @@ class RecordingSession:
     peer: Peer
     attachment: Attachment
     tenant: str
+    record_id: str  # the call ID callqa keeps: the Call-ID scoped by tenant (call_id_for)
+    reoffers: TokenBucket
     streams: dict[int, MediaStream] = field(default_factory=dict)
     metadata: RecordingMetadata | None = None
     answered_at: float = 0.0
@@ -137,6 +166,7 @@ class RecordingSession:
     sdp_version: int = 1
     session_expires_s: int = 0  # 0: no session timer
     held: bool = False
+    held_since: float = 0.0
     local_cseq: int = 0
     dtmf_positions: list[int] = field(default_factory=list)  # samples on the call clock; never the digit
     ending: str = ""  # why it ends, once a BYE came (it ends at end_at)
@@ -161,6 +191,7 @@ class RecordingServer:
         self._invite_rate: dict[str, TokenBucket] = {}
         self.draining = False
         self._by_port: dict[tuple[str, int], MediaStream] = {}
+        self._logged: dict[str, tuple[float, int]] = {}  # refusal reason -> (last logged, refusals since)
 
     # ---- requests -------------------------------------------------------------------------------------------
     def on_message(self, msg: SipMessage, peer: Peer) -> list[Outgoing]:
@@ -169,6 +200,11 @@ class RecordingServer:
         if not msg.is_request:
             return []
         self.metrics.requests.labels(msg.method if msg.method in ALLOW else "other").inc()
+        refusal = self._source_refusal(peer)
+        if refusal is not None:  # before any kept answer: a known branch must not fetch a session's 200
+            if msg.method == "ACK":
+                return []
+            return self._answer(msg, peer, now, self._refuse(msg, 403, refusal, peer))
         key = (msg.branch, "INVITE" if msg.method == "ACK" else msg.method)
         known = self.transactions.get(key)
         if msg.method == "ACK":
@@ -177,9 +213,6 @@ class RecordingServer:
         if known is not None:  # a retransmission: the same answer, nothing done twice
             self.metrics.retransmissions.inc()
             return [Outgoing(known.answer, peer)]
-        refusal = self._source_refusal(peer)
-        if refusal is not None:
-            return self._answer(msg, peer, now, self._refuse(msg, 403, refusal, peer))
         handler = {"INVITE": self._invite, "BYE": self._bye, "CANCEL": self._cancel, "OPTIONS": self._options,
                    "UPDATE": self._update, "INFO": self._info}.get(msg.method)
         if handler is None:
@@ -190,9 +223,12 @@ class RecordingServer:
     def _answer(self, msg: SipMessage, peer: Peer, now: float, answer: SipMessage) -> list[Outgoing]:
         data = answer.to_bytes()
         invite = msg.method == "INVITE"
-        self.transactions[(msg.branch, msg.method)] = Transaction(
-            data, peer, now, invite, msg.cseq[0], msg.call_id,
-            acked=not invite or answer.status < 200, next_send=now + T1_S)
+        # A refusal is sent once and forgotten (see the module's docstring); past MAX_TRANSACTIONS only an
+        # INVITE's 2xx, whose resends and ACK a session needs, is kept.
+        if answer.status < 300 and (invite or len(self.transactions) < MAX_TRANSACTIONS):
+            self.transactions[(msg.branch, msg.method)] = Transaction(
+                data, peer, now, invite, msg.cseq[0], msg.call_id,
+                acked=not invite or answer.status < 200, next_send=now + T1_S)
         return [Outgoing(data, peer)]
 
     def _ack(self, msg: SipMessage, known: Transaction | None) -> None:
@@ -216,10 +252,24 @@ class RecordingServer:
 
     def _refuse(self, msg: SipMessage, status: int, reason: str, peer: Peer,
                 headers: list[tuple[str, str]] | None = None) -> SipMessage:
-        self.metrics.refusals.labels(reason).inc()
-        log.warning("SIPREC %s from %s:%d (Call-ID %s) refused %d: %s", msg.method, peer.host, peer.port,
-                    msg.call_id[:80], status, reason)
-        return response(msg, status, to_tag=_tag(), headers=[*(headers or []), ("warning", f'399 callqa "{reason}"')])
+        self._count_refusal(reason, "SIPREC %s from %s:%d (Call-ID %s) refused %d: %s", msg.method, peer.host,
+                            peer.port, msg.call_id[:80], status, reason[:200])
+        warning = reason[:200].replace('"', "'")
+        return response(msg, status, to_tag=_tag(), headers=[*(headers or []), ("warning", f'399 callqa "{warning}"')])
+
+    def _count_refusal(self, reason: str, message: str, *args: object) -> None:
+        """Counted by the reason's token (the part before any ':' detail, so the label set stays small),
+        logged at most once per token per REFUSAL_LOG_S with how many were not."""
+        token = reason.split(":", 1)[0]
+        self.metrics.refusals.labels(token).inc()
+        now = self.clock()
+        last, unlogged = self._logged.get(token, (-REFUSAL_LOG_S, 0))
+        if now - last < REFUSAL_LOG_S:
+            self._logged[token] = (last, unlogged + 1)
+            return
+        self._logged[token] = (now, 0)
+        more = f" (and {unlogged} more refused for {token} since the last line)" if unlogged else ""
+        log.warning(message + "%s", *args, more)
 
     # ---- INVITE: a new recording session, or a re-INVITE within one ---------------------------------------
     def _invite(self, msg: SipMessage, peer: Peer, now: float) -> SipMessage:
@@ -233,19 +283,24 @@ class RecordingServer:
             return refused
         tenant = ""
         if self.digest is not None:
-            result = self.digest.check("INVITE", msg.header("authorization"))
+            result = self.digest.check("INVITE", msg.header("authorization"), request_uri=msg.uri)
             if result.user is None:
                 reason = result.refusal or "unauthenticated"
                 if reason == "no_credentials":
                     self.metrics.challenges.inc()
                     return response(msg, 401, to_tag=_tag(),
                                     headers=[("www-authenticate", self.digest.challenge(result.stale))])
-                self.metrics.refusals.labels(reason).inc()
-                log.warning("SIPREC INVITE from %s:%d (Call-ID %s) refused 401: %s", peer.host, peer.port,
-                            msg.call_id[:80], reason)
+                self._count_refusal(reason, "SIPREC INVITE from %s:%d (Call-ID %s) refused 401: %s", peer.host,
+                                    peer.port, msg.call_id[:80], reason)
                 return response(msg, 401, to_tag=_tag(),
                                 headers=[("www-authenticate", self.digest.challenge(result.stale))])
             tenant = result.user
+            if self._open_count(lambda s: s.tenant == tenant) >= self.settings.siprec_max_sessions_per_tenant:
+                return self._refuse(msg, 503, "tenant_session_limit", peer, [("retry-after", "5")])
+        record_id = call_id_for(tenant, msg.call_id)
+        if record_id is None:
+            return self._refuse(msg, 400, "bad_call_id: not printable ASCII, or longer than "
+                                f"{MAX_SIP_CALL_ID_CHARS} characters", peer)
         unsupported = [t for t in msg.all("require") if t.lower() not in SUPPORTED]
         if unsupported:
             return self._refuse(msg, 420, "bad_extension", peer, [("unsupported", ", ".join(unsupported))])
@@ -253,13 +308,18 @@ class RecordingServer:
             offer, metadata = self._offer(msg)
         except _Refusal as r:
             return self._refuse(msg, r.status, r.reason, peer)
-        return self._open(msg, peer, now, offer, metadata, tenant)
+        return self._open(msg, peer, now, offer, metadata, tenant, record_id)
+
+    def _open_count(self, which: Callable[[RecordingSession], bool]) -> int:
+        return sum(1 for s in self.sessions.values() if which(s))
 
     def _admission(self, msg: SipMessage, peer: Peer, now: float) -> SipMessage | None:
         if self.draining:
             return self._refuse(msg, 503, "draining", peer, [("retry-after", "30")])
         if len(self.sessions) >= self.settings.siprec_max_sessions:
             return self._refuse(msg, 503, "session_limit", peer, [("retry-after", "5")])
+        if self._open_count(lambda s: s.peer.host == peer.host) >= self.settings.siprec_max_sessions_per_source:
+            return self._refuse(msg, 503, "source_session_limit", peer, [("retry-after", "5")])
         rate = self.settings.siprec_source_invites_per_s
         if rate > 0:
             bucket = self._invite_rate.setdefault(peer.host, TokenBucket(rate, 2 * rate))
@@ -293,18 +353,19 @@ class RecordingServer:
         return offer, metadata
 
     def _open(self, msg: SipMessage, peer: Peer, now: float, offer: SdpOffer,
-              metadata: RecordingMetadata | None, tenant: str) -> SipMessage:
+              metadata: RecordingMetadata | None, tenant: str, record_id: str) -> SipMessage:
         usable = [m for m in offer.media if _usable(m, self.settings.siprec_srtp == "required")][:2]
         if not usable:
             return self._refuse(msg, 488, "no_usable_audio_stream", peer)
         legs, agent_id = self._legs(usable, metadata)
         local_tag = _tag()
-        att = self.calls.attach(msg.call_id, msg.call_id, CallInfo.bounded(tenant, agent_id, ""), legs.values())
+        att = self.calls.attach(record_id, record_id, CallInfo.bounded(tenant, agent_id, ""), legs.values())
         to_value = f"{msg.header('to')};tag={local_tag}"
         session = RecordingSession(
             call_id=msg.call_id, local_tag=local_tag, remote_tag=param(msg.header("from") or "", "tag") or "",
             remote_uri=uri_of(msg.header("contact") or msg.header("from") or ""), from_value=msg.header("from") or "",
-            to_value=to_value, peer=peer, attachment=att, tenant=tenant, metadata=metadata, answered_at=now,
+            to_value=to_value, peer=peer, attachment=att, tenant=tenant, record_id=record_id,
+            reoffers=TokenBucket(REOFFERS_PER_S, REOFFER_BURST), metadata=metadata, answered_at=now,
             last_media=now, last_sip=now, invite_cseq=msg.cseq[0],
             session_expires_s=_session_expires(msg))
         self.sessions[msg.call_id] = session
@@ -312,7 +373,7 @@ class RecordingServer:
             self._add_stream(session, m, legs[m.index])
         self.metrics.sessions.labels("accepted").inc()
         self.metrics.sessions_active.set(len(self.sessions))
-        log.info("SIPREC session %s from %s:%d: %s", msg.call_id[:80], peer.host, peer.port,
+        log.info("SIPREC session %s (call %s) from %s:%d: %s", msg.call_id[:80], record_id, peer.host, peer.port,
                  ", ".join(f"{s.leg} on {s.port}" for s in session.streams.values()))
         return self._ok_with_answer(msg, session, offer)
 
@@ -335,10 +396,9 @@ class RecordingServer:
                               max_wait_s=self.settings.siprec_jitter_wait_ms / 1000)
         key = (session.call_id, m.index)
         port = self.ports.open(key)
-        stream = MediaStream(m.index, leg, port, buffer, direction=m.direction)
-        chosen = choose(m.crypto) if _secure(m) else None
-        if chosen is not None:
-            stream.srtp, stream.answer_crypto = SrtpReceiver(chosen), answer_crypto(chosen)
+        stream = MediaStream(m.index, leg, port, buffer, direction=m.direction,
+                             source_host=_media_host(m, session.peer))
+        self._rekey(stream, m)
         session.streams[m.index] = stream
         self._by_port[key] = stream
 
@@ -360,6 +420,15 @@ class RecordingServer:
             headers += [("session-expires", f"{session.session_expires_s};refresher=uac"), ("require", "timer")]
         return response(msg, 200, to_tag=session.local_tag, headers=headers, body=body)
 
+    @staticmethod
+    def _rekey(stream: MediaStream, m: MediaOffer) -> None:
+        """The stream keyed with the offer's chosen a=crypto line when it is not the one it has: SBCs re-key
+        on hold, resume and transfer, and every packet after that fails the old key."""
+        chosen = choose(m.crypto) if _secure(m) else None
+        if chosen is not None and chosen != stream.offered_crypto:
+            stream.srtp, stream.answer_crypto = SrtpReceiver(chosen), answer_crypto(chosen)
+            stream.offered_crypto = chosen
+
     def _media_address(self) -> str:
         return self.settings.siprec_media_address or self.contact[0]
 
@@ -367,25 +436,33 @@ class RecordingServer:
         session = self.sessions.get(msg.call_id)
         if session is None or session.local_tag != to_tag:
             return self._refuse(msg, 481, "no_such_dialog", peer)
+        if not session.reoffers.take(now):
+            return self._refuse(msg, 503, "reoffer_rate", peer, [("retry-after", "2")])
         session.last_sip = now
         session.invite_cseq = msg.cseq[0]
         session.session_expires_s = _session_expires(msg) or session.session_expires_s
-        return self._new_offer(msg, peer, session)
+        return self._new_offer(msg, peer, session, now)
 
-    def _new_offer(self, msg: SipMessage, peer: Peer, session: RecordingSession) -> SipMessage:
+    def _new_offer(self, msg: SipMessage, peer: Peer, session: RecordingSession, now: float) -> SipMessage:
         """A re-INVITE's or UPDATE's offer within the session, answered."""
         try:
             offer, metadata = self._offer(msg)
+            if metadata is not None and session.metadata is not None:
+                metadata = session.metadata.merged(metadata)  # MetadataError past the per-session bounds
         except _Refusal as r:
             return self._refuse(msg, r.status, r.reason, peer)
-        self._renegotiate(session, offer, metadata)
+        except MetadataError as exc:
+            return self._refuse(msg, 400, f"metadata_limit: {exc}", peer)
+        self._renegotiate(session, offer, metadata, now)
         return self._ok_with_answer(msg, session, offer)
 
-    def _renegotiate(self, session: RecordingSession, offer: SdpOffer, metadata: RecordingMetadata | None) -> None:
-        """A new offer within the session: metadata merged, streams removed (port 0) or added, and the call
-        held while every recorded stream is inactive (RFC 7866 §8.3: hold is a direction change)."""
+    def _renegotiate(self, session: RecordingSession, offer: SdpOffer, metadata: RecordingMetadata | None,
+                     now: float) -> None:
+        """A new offer within the session: metadata (already merged) taken, streams removed (port 0), re-keyed
+        or added, and the call held while every recorded stream is inactive (RFC 7866 §8.3: hold is a
+        direction change)."""
         if metadata is not None:
-            session.metadata = session.metadata.merged(metadata) if session.metadata else metadata
+            session.metadata = metadata
         session.sdp_version += 1
         offered = {m.index: m for m in offer.media}
         for index in [i for i, m in offered.items() if i in session.streams and m.port == 0]:
@@ -393,7 +470,12 @@ class RecordingServer:
         taken = {s.leg for s in session.streams.values()}
         for m in offer.media:
             if m.index in session.streams:
-                session.streams[m.index].direction = m.direction
+                stream = session.streams[m.index]
+                stream.direction = m.direction
+                self._rekey(stream, m)
+                host = _media_host(m, session.peer)
+                if host != stream.source_host:  # the SRC moved its media: latch again
+                    stream.source_host, stream.latched = host, None
             elif _usable(m, self.settings.siprec_srtp == "required") and len(session.streams) < 2:
                 free = [leg for leg in session.attachment.legs if leg not in taken]
                 if free:
@@ -401,7 +483,7 @@ class RecordingServer:
                     taken.add(free[0])
         idle = all(s.direction in ("inactive", "recvonly") for s in session.streams.values())
         if idle and not session.held:
-            session.held = True
+            session.held, session.held_since = True, now
             self.calls.hold(session.attachment)
         elif not idle and session.held:
             session.held = False
@@ -440,11 +522,13 @@ class RecordingServer:
         session = self._dialog(msg)
         if session is None:
             return response(msg, 481)
+        if not session.reoffers.take(now):
+            return self._refuse(msg, 503, "reoffer_rate", peer, [("retry-after", "2")])
         session.last_sip = now
         session.session_expires_s = _session_expires(msg) or session.session_expires_s
         if not msg.body:  # a session refresh only (RFC 4028)
             return response(msg, 200, headers=self._timer_headers(session))
-        return self._new_offer(msg, peer, session)
+        return self._new_offer(msg, peer, session, now)
 
     def _info(self, msg: SipMessage, peer: Peer, now: float) -> SipMessage:
         session = self._dialog(msg)
@@ -463,10 +547,14 @@ class RecordingServer:
         return session if session is not None and to_tag == session.local_tag else None
 
     # ---- media ---------------------------------------------------------------------------------------------
-    def on_rtp(self, key: tuple[str, int], data: bytes) -> None:
+    def on_rtp(self, key: tuple[str, int], data: bytes, source: tuple[str, int]) -> None:
+        """A datagram from ``source`` (host, port) that reached the port of stream ``key``."""
         stream = self._by_port.get(key)
         session = self.sessions.get(key[0])
         if stream is None or session is None:
+            return
+        if not _from_stream_source(stream, source):
+            self.metrics.rtp_packets.labels("wrong_source").inc()  # injected, or a stray: never audio
             return
         if is_rtcp(data):
             return
@@ -483,6 +571,8 @@ class RecordingServer:
             return
         now = self.clock()
         session.last_media = now
+        if stream.latched is None:  # the first packet that is RTP (and authenticates) names the source port
+            stream.latched = source
         self._write(session, stream, stream.buffer.push(packet, now))
 
     def _write(self, session: RecordingSession, stream: MediaStream, released: list[Released]) -> None:
@@ -490,7 +580,7 @@ class RecordingServer:
             return
         if stream.offset is None:
             late = self.clock() - session.answered_at > LATE_STREAM_S
-            call = self.calls.calls.get(session.call_id)
+            call = self.calls.calls.get(session.record_id)
             stream.offset = max(0, call.position - session.attachment.base) if late and call else 0
         for r in released:
             self.calls.write(session.attachment, stream.leg, stream.offset + r.position, r.ulaw)
@@ -537,6 +627,8 @@ class RecordingServer:
             why = "no ack"
         elif not session.held and now - max(session.last_media, session.last_sip) > self.settings.siprec_media_timeout_s:
             why = "media timeout"
+        elif session.held and now - session.held_since > self.settings.siprec_max_hold_s:
+            why = "hold limit"
         elif session.session_expires_s and now - session.last_sip > session.session_expires_s:
             why = "session expired"
         if not why:
@@ -565,7 +657,7 @@ class RecordingServer:
             self._drop_stream(session, index)
         if session.held:
             self.calls.unhold(session.attachment)
-        self.calls.detach(session.call_id, session.call_id, reason)
+        self.calls.detach(session.record_id, session.record_id, reason)
         self.metrics.sessions_ended.labels(reason).inc()
         self.metrics.sessions_active.set(len(self.sessions))
         # That DTMF was typed, and when (a card number's digits are never kept: see jitter.py).
@@ -623,5 +715,54 @@ def _session_expires(msg: SipMessage) -> int:
     value = msg.header("session-expires")
     if not value:
         return 0
-    number = value.split(";", 1)[0].strip()
-    return max(MIN_SESSION_EXPIRES_S, int(number)) if number.isdigit() else 0
+    seconds = number(value.split(";", 1)[0])
+    return max(MIN_SESSION_EXPIRES_S, seconds) if seconds is not None else 0
+
+
+def call_id_for(tenant: str, sip_call_id: str) -> str | None:
+    """The call ID callqa keeps for a session: the SIP Call-ID scoped by tenant (``tenant/Call-ID``, the
+    tenant URL-quoted so its own '/' cannot shift the boundary), so one tenant's Call-ID never names
+    another's stored call. One longer than the bounds (as it is, or URL-quoted as the recording's file
+    name) becomes a readable prefix and a hash of the whole; None for a Call-ID that is not printable
+    ASCII or longer than MAX_SIP_CALL_ID_CHARS (refused)."""
+    if not sip_call_id or len(sip_call_id) > MAX_SIP_CALL_ID_CHARS or not all(
+            "!" <= ch <= "~" for ch in sip_call_id):
+        return None
+    prefix = urllib.parse.quote(tenant, safe="")[:MAX_CALL_ID_CHARS // 4] + "/" if tenant else ""
+    scoped = f"{prefix}{sip_call_id}"
+    if len(scoped) <= MAX_CALL_ID_CHARS and len(urllib.parse.quote(scoped, safe="")) <= MAX_QUOTED_CALL_ID_CHARS:
+        return scoped
+    digest = hashlib.sha256(f"{tenant}\n{sip_call_id}".encode()).hexdigest()[:32]
+    readable = re.sub(r"[^A-Za-z0-9._-]", "", sip_call_id)[:24]
+    return f"{prefix}{readable}~{digest}"
+
+
+def _media_host(m: MediaOffer, peer: Peer) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The host a stream's RTP must come from: the SDP's c= address, or the signalling's source when the
+    SDP names none we can use (0.0.0.0, a host name); None only when neither is an address."""
+    for candidate in (m.connection, peer.host):
+        try:
+            address = ipaddress.ip_address(candidate or "")
+        except ValueError:
+            continue
+        if not address.is_unspecified:
+            return address
+    return None
+
+
+def _from_stream_source(stream: MediaStream, source: tuple[str, int]) -> bool:
+    if stream.latched is not None:
+        return source == stream.latched
+    return _same_host(source[0], stream.source_host)
+
+
+def _same_host(host: str, expected: ipaddress.IPv4Address | ipaddress.IPv6Address | None) -> bool:
+    if expected is None:
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address == expected

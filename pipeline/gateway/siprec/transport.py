@@ -18,19 +18,22 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from pipeline.gateway.siprec.message import SipError, StreamFramer, parse, response
-from pipeline.gateway.siprec.recorder import Outgoing, Peer, RecordingServer, Transport
+from pipeline.gateway.siprec.recorder import REFUSAL_LOG_S, Outgoing, Peer, RecordingServer, Transport
 
 log = logging.getLogger("callqa.gateway.siprec")
 TICK_S = 0.02  # the jitter buffers' release granularity (their packets wait at most siprec_jitter_wait_ms)
 
 
+OnRtp = Callable[[tuple[str, int], bytes, tuple[str, int]], None]
+
+
 class RtpEndpoint(asyncio.DatagramProtocol):
-    def __init__(self, on_rtp: Callable[[tuple[str, int], bytes], None], key: tuple[str, int]) -> None:
+    def __init__(self, on_rtp: OnRtp, key: tuple[str, int]) -> None:
         self.on_rtp = on_rtp
         self.key = key
 
-    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
-        self.on_rtp(self.key, data)
+    def datagram_received(self, data: bytes, addr: tuple[Any, ...]) -> None:
+        self.on_rtp(self.key, data, (str(addr[0]), int(addr[1])))
 
 
 class UdpMediaPorts:
@@ -39,7 +42,7 @@ class UdpMediaPorts:
 
     def __init__(self, host: str) -> None:
         self.host = host
-        self.on_rtp: Callable[[tuple[str, int], bytes], None] = lambda key, data: None
+        self.on_rtp: OnRtp = lambda key, data, source: None
         self._transports: dict[tuple[str, int], asyncio.BaseTransport | None] = {}
         self._sockets: dict[tuple[str, int], socket.socket] = {}
 
@@ -101,6 +104,7 @@ class SipListener:
         self._writers: dict[int, asyncio.StreamWriter] = {}
         self._next_connection = 0
         self._ticker: asyncio.Task[None] | None = None
+        self._malformed_logged = (-REFUSAL_LOG_S, 0)  # (last logged, malformed since): a flood logs a line a while
 
     async def start(self, host: str, port: int, tls_port: int | None = None,
                     tls: ssl.SSLContext | None = None) -> tuple[int, int | None]:
@@ -151,8 +155,15 @@ class SipListener:
     def _malformed(self, err: SipError, peer: Peer) -> None:
         answerable = err.partial is not None and err.partial.method != "ACK"
         self.server.metrics.malformed.labels("answered" if answerable else "dropped").inc()
-        log.warning("SIPREC malformed message from %s:%d (%s): %s", peer.host, peer.port,
-                    "answered" if answerable else "dropped", err.detail[:200])
+        now = self.server.clock()
+        last, unlogged = self._malformed_logged
+        if now - last >= REFUSAL_LOG_S:
+            self._malformed_logged = (now, 0)
+            more = f" (and {unlogged} more malformed since the last line)" if unlogged else ""
+            log.warning("SIPREC malformed message from %s:%d (%s): %s%s", peer.host, peer.port,
+                        "answered" if answerable else "dropped", err.detail[:200], more)
+        else:
+            self._malformed_logged = (last, unlogged + 1)
         if answerable and err.partial is not None:
             warning = ("warning", f'399 callqa "{err.detail[:100].replace(chr(34), chr(39))}"')
             self.send([Outgoing(response(err.partial, err.status, headers=[warning]).to_bytes(), peer)])

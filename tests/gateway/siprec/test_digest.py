@@ -84,9 +84,11 @@ def test_challenge_shape() -> None:
 
 def test_round_trip_md5_and_sha256() -> None:
     auth = DigestAuth({"src": "s3cret"}, secret=b"k" * 32)
-    header = authorization("INVITE", URI, "src", "s3cret", auth.challenge())
+    challenge = auth.challenge()
+    header = authorization("INVITE", URI, "src", "s3cret", challenge)
     assert auth.check("INVITE", header) == DigestResult("src", None)
-    assert auth.check("INVITE", header, request_uri=URI) == DigestResult("src", None)
+    again = authorization("INVITE", URI, "src", "s3cret", challenge, nc=2)  # the nonce reused, its count up
+    assert auth.check("INVITE", again, request_uri=URI) == DigestResult("src", None)
     sha_challenge = auth.challenge().replace("algorithm=MD5", "algorithm=SHA-256")
     sha_header = authorization("INVITE", URI, "src", "s3cret", sha_challenge, nc=2)
     assert "algorithm=SHA-256" in sha_header and "nc=00000002" in sha_header
@@ -201,3 +203,49 @@ def test_fuzzed_headers_never_raise_from_check() -> None:
         with contextlib.suppress(DigestError):
             authorization("INVITE", URI, "src", "s3cret", text)
     assert accepted > 0
+
+
+def test_a_replayed_answer_is_refused_and_a_nonce_not_issued_here_is_stale() -> None:
+    """A captured Authorization sent again (its nonce count not risen) is refused; so is an RFC 2069 answer
+    (no qop, no count) used twice. A nonce that passes the HMAC but was not issued by this server (another
+    process with the same secret, or one forgotten) is answered stale, never taken."""
+    auth = DigestAuth({"src": "s3cret"}, secret=b"k" * 32)
+    challenge = auth.challenge()
+    header = authorization("INVITE", URI, "src", "s3cret", challenge, nc=3)
+    assert auth.check("INVITE", header) == DigestResult("src", None)
+    assert auth.check("INVITE", header) == DigestResult(None, "replayed_nonce")
+    lower = authorization("INVITE", URI, "src", "s3cret", challenge, nc=2)
+    assert auth.check("INVITE", lower) == DigestResult(None, "replayed_nonce")
+    plain = auth.challenge().replace(', qop="auth"', "")
+    once = authorization("INVITE", URI, "src", "s3cret", plain)
+    assert auth.check("INVITE", once) == DigestResult("src", None)
+    assert auth.check("INVITE", once) == DigestResult(None, "replayed_nonce")
+    twin = DigestAuth({"src": "s3cret"}, secret=b"k" * 32)  # the same secret, its own challenges
+    elsewhere = authorization("INVITE", URI, "src", "s3cret", twin.challenge())
+    assert auth.check("INVITE", elsewhere) == DigestResult(None, "stale_nonce", stale=True)
+
+
+def test_issued_nonces_are_bounded() -> None:
+    from pipeline.gateway.siprec.digest import MAX_ISSUED_NONCES
+
+    auth = DigestAuth({"src": "s3cret"}, secret=b"k" * 32)
+    first = auth.challenge()
+    for _ in range(MAX_ISSUED_NONCES):
+        auth.challenge()
+    assert len(auth._issued) == MAX_ISSUED_NONCES
+    forgotten = authorization("INVITE", URI, "src", "s3cret", first)
+    assert auth.check("INVITE", forgotten) == DigestResult(None, "stale_nonce", stale=True)
+
+
+def test_the_uri_must_name_the_request_uri_s_target() -> None:
+    """SIPp answers a challenge for sip:srs@host:port with uri="sip:host:port": the same server, taken;
+    credentials computed for another host or port are not."""
+    from pipeline.gateway.siprec.digest import same_target
+
+    assert same_target("sip:127.0.0.1:5070", "sip:srs@127.0.0.1:5070")
+    assert same_target("sip:srs@pbx.example", "sip:srs@PBX.example:5060;transport=tcp")
+    assert same_target("sip:[::1]:5070", "sip:srs@[::1]:5070")
+    assert not same_target("sip:127.0.0.1:5071", "sip:srs@127.0.0.1:5070")
+    assert not same_target("sips:srs@pbx.example", "sip:srs@pbx.example")
+    assert not same_target("sip:srs@elsewhere", "sip:srs@pbx.example")
+    assert not same_target("garbage", "sip:srs@pbx.example")

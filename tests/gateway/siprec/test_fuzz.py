@@ -16,7 +16,7 @@ from pipeline.config import Settings
 from pipeline.gateway.calls import OpenCalls
 from pipeline.gateway.metrics import GatewayMetrics
 from pipeline.gateway.siprec.client import RecordingClient, SrcOptions
-from pipeline.gateway.siprec.message import SipError, parse
+from pipeline.gateway.siprec.message import SipError, StreamFramer, parse
 from pipeline.gateway.siprec.metrics import SiprecMetrics
 from pipeline.gateway.siprec.recorder import Peer, RecordingServer
 from tests.gateway.conftest import RecordingSink
@@ -118,7 +118,35 @@ def test_any_datagram_on_a_stream_port_is_taken_or_dropped(datagrams: list[bytes
     assert answer.data.startswith(b"SIP/2.0 200")
     call_id = next(iter(server.sessions))
     for data in datagrams:
-        server.on_rtp((call_id, 0), data)
+        server.on_rtp((call_id, 0), data, ("127.0.0.1", 40000))
     server.tick()
     server.end(call_id, "bye")
     assert server.sessions == {}
+
+
+def _numbers() -> st.SearchStrategy[str]:
+    """What a CSeq number or a Content-Length may be made of on the wire: any Unicode digits (Nd, and those
+    str.isdigit takes that int refuses, like superscripts), runs far past int()'s 4300 digits, and noise."""
+    digits = st.characters(categories=["Nd", "No"])
+    return (st.text(digits, min_size=1, max_size=30) | st.integers(1, 7000).map(lambda n: "7" * n)
+            | st.text(st.characters(codec="utf-8", exclude_characters="\r\n"), max_size=20))
+
+
+@given(_numbers(), _numbers(), st.booleans())
+def test_hostile_cseq_and_content_length_are_a_400_never_another_error(cseq: str, length: str, stream: bool) -> None:
+    """A request naming what a reply needs, with a hostile CSeq number or Content-Length: parsed, or refused
+    with SipError 400 carrying the partial message (so the listener answers 400), never another exception;
+    the framer of a byte stream refuses its length with SipError too."""
+    data = (f"OPTIONS sip:srs@127.0.0.1 SIP/2.0\r\nVia: SIP/2.0/UDP 127.0.0.1:5999;branch=z9hG4bKf\r\n"
+            f"From: <sip:a@b>;tag=1\r\nTo: <sip:srs@c>\r\nCall-ID: fuzz@test\r\nCSeq: {cseq} OPTIONS\r\n"
+            f"Content-Length: {length}\r\n\r\n").encode("utf-8", "surrogatepass")
+    try:
+        msg = parse(data, stream=stream)
+    except SipError as err:
+        assert err.status == 400 and err.partial is not None
+    else:
+        assert msg.cseq[0] < 2**31 and msg.body == b""
+    try:
+        StreamFramer().feed(data)
+    except SipError as err:
+        assert err.status in (400, 513)

@@ -19,6 +19,7 @@ from tests.gateway.conftest import ManualClock, RecordingSink
 from tests.gateway.siprec.test_fuzz import CountedPorts
 
 UDP = Peer("udp", "127.0.0.1", 5070)
+RTP_SOURCE = ("127.0.0.1", 40000)  # where the SRC's RTP comes from: the host its SDP names
 
 
 class Core:
@@ -147,9 +148,9 @@ def test_a_stream_that_starts_late_starts_where_the_call_is() -> None:
     agent = packetize(tone[:8000], "pcmu", 0, ssrc=2, first_timestamp=777)
     for i, packet in enumerate(customer):
         core.clock.advance(0.02)
-        core.server.on_rtp((client.call_id, 0), packet)
+        core.server.on_rtp((client.call_id, 0), packet, RTP_SOURCE)
         if i >= 250 and i - 250 < len(agent):
-            core.server.on_rtp((client.call_id, 1), agent[i - 250])
+            core.server.on_rtp((client.call_id, 1), agent[i - 250], RTP_SOURCE)
     core.server.end(client.call_id, "bye")
     core.calls.tick()
     agent_frames = core.sink.leg_frames("agent")
@@ -169,7 +170,7 @@ def test_a_g722_stream_is_taken_as_8_khz_audio_of_the_same_length_and_shape() ->
     t = np.arange(8000 * 2) / 8000
     tone = (np.sin(2 * np.pi * 440 * t) * 8000).astype(np.int16)
     for packet in packetize(tone, "g722", 9, ssrc=3):
-        core.server.on_rtp((client.call_id, 0), packet)
+        core.server.on_rtp((client.call_id, 0), packet, RTP_SOURCE)
     core.server.end(client.call_id, "bye")
     core.calls.tick()
     got = codecs.decode(b"".join(f.payload for f in core.sink.leg_frames("customer")), "mulaw")
@@ -190,11 +191,11 @@ def test_rtp_that_a_bye_overtook_is_still_written() -> None:
     core.send(ack_for(client, request, ok))
     packets = packetize((np.ones(8000) * 3000).astype(np.int16), "pcmu", 0, ssrc=5)  # 1 s: 5 messages
     for packet in packets[:-5]:
-        core.server.on_rtp((client.call_id, 0), packet)
+        core.server.on_rtp((client.call_id, 0), packet, RTP_SOURCE)
     (bye_ok,) = core.send(client._request("BYE"))
     assert bye_ok.status == 200 and core.server.sessions
     for packet in packets[-5:]:
-        core.server.on_rtp((client.call_id, 0), packet)
+        core.server.on_rtp((client.call_id, 0), packet, RTP_SOURCE)
     core.tick(0.3)
     assert core.server.sessions == {} and [e.reason for e in core.sink.ends] == ["bye"]
     assert core.sink.ends[0].frame_counts == {"customer": 5}
