@@ -209,7 +209,17 @@ class AudioHookSession:
         if not self.probe:
             custom = params.get("customConfig")
             config: dict[str, Any] = custom if isinstance(custom, dict) else {}
-            info = CallInfo.bounded(config.get("tenant") or org, config.get("agent_id"), config.get("queue"))
+            tenant = config.get("tenant")
+            # The tenant scopes whose data the call becomes: the signed organization decides it, not the
+            # free-form customConfig an integration's admin types. One naming another is refused, not renamed,
+            # so a misconfigured integration is seen at once rather than filed under an unexpected tenant.
+            if self.organization_id and tenant not in (None, "", self.organization_id):
+                self.metrics.auth_failures.labels(self.protocol, "tenant").inc()
+                log.warning("%s: customConfig.tenant names another tenant than the signed organization", self.name)
+                self.state = State.ERROR
+                return [self._message("disconnect", {
+                    "reason": "unauthorized", "info": "customConfig.tenant is not the signed organization"})]
+            info = CallInfo.bounded(self.organization_id or tenant or org, config.get("agent_id"), config.get("queue"))
             legs = [CHANNEL_LEGS[c] for c in self.channels]
             self.attachment = self.calls.attach(self.stream_id, conversation, info, legs)
         self.state = State.ACTIVE

@@ -97,6 +97,10 @@ class GatewayMetrics:
         self.buffered_frames = Gauge("callqa_gateway_buffered_frames", "Frames waiting for Kafka.", registry=r)
         self.delivery_failures = Counter("callqa_gateway_delivery_failures_total",
                                          "Messages Kafka did not take.", registry=r)
+        # Every frame the sender takes from a buffer is acknowledged or counted here: none vanishes unsaid.
+        self.frames_lost = Counter("callqa_gateway_frames_lost_total",
+                                   "Frames taken for Kafka and not written, by why (refused, not_sent).", ["reason"],
+                                   registry=r)
         self.event_retries = Counter("callqa_gateway_event_retries_total",
                                      "Call events Kafka refused, queued to be sent again.", registry=r)
         self.ack_latency = BatchHistogram("callqa_gateway_frame_ack_seconds",

@@ -197,6 +197,7 @@ class KafkaSender:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="callqa-gateway-sender", daemon=True)
         self.failure: str | None = None  # why the thread stopped on an error (a bug): the gateway is unhealthy
+        self.frames_refused = 0  # frames Kafka refused (their delivery reports come in this thread's flushes)
 
     def start(self) -> None:
         self._thread.start()
@@ -223,8 +224,19 @@ class KafkaSender:
     def _send(self, batch: Batch) -> None:
         for event in batch.starts:
             self.producer.send(self.events_topic, event.call_id, event, partial(self._refused, event))
+        not_sent: list[str] = []
+        refused_before = self.frames_refused
         for frame in batch.frames:
-            self.producer.send(self.audio_topic, frame.call_id, frame)
+            # A frame is out of its buffer now: one that cannot even be handed to the producer (too large, a
+            # topic the client knows is gone) is counted and the batch goes on. Raised out of here, it ended
+            # the sender with the rest of the batch taken and neither produced nor counted.
+            try:
+                self.producer.send(self.audio_topic, frame.call_id, frame, self._frame_refused)
+            except Exception as exc:  # noqa: BLE001 - counted below, said once per batch
+                not_sent.append(f"{frame.call_id}/{frame.leg}/{frame.seq}: {exc}")
+        if not_sent:
+            self.metrics.frames_lost.labels("not_sent").inc(len(not_sent))
+            log.error("%d frames could not be handed to Kafka (first: %s)", len(not_sent), not_sent[0][:200])
         for event in batch.ends:
             self.producer.send(self.events_topic, event.call_id, event, partial(self._refused, event))
         try:
@@ -237,8 +249,15 @@ class KafkaSender:
         acked_at_ms = time.time() * 1000
         built_ms = np.fromiter((f.produced_at_ms for f in batch.frames), np.float64, len(batch.frames))
         self.metrics.ack_latency.observe_many(np.maximum(0.0, acked_at_ms - built_ms) / 1000)
-        self.metrics.frames_acked.inc(len(batch.frames))
+        refused = self.frames_refused - refused_before
+        self.metrics.frames_acked.inc(max(0, len(batch.frames) - len(not_sent) - refused))
         self.outbox.acknowledged(batch)
+
+    def _frame_refused(self, error: KafkaError) -> None:
+        """A frame Kafka refused (served in this thread's flush): counted, not retried (live audio, its seq gap
+        becomes silence)."""
+        self.frames_refused += 1
+        self.metrics.frames_lost.labels("refused").inc()
 
     def _refused(self, event: CallEvent, error: KafkaError) -> None:
         """A call event Kafka refused (in a flush of this thread) goes back to the outbox, to be sent again:

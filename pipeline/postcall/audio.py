@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from pipeline.audio import codecs
 from pipeline.contracts.messages import AudioFrame, Leg, PostCallJob
@@ -27,6 +27,24 @@ from pipeline.contracts.serde import ContractError, Serde
 
 class CallAudioError(RuntimeError):
     """The call's audio could not be read back (expired, or the topic unreadable); names call and why."""
+
+
+class AudioGone(CallAudioError):
+    """Nothing of the call's audio can be read any more: its topic or partition no longer exists, or the
+    partition's log starts past the call's last frame. Told from metadata and watermarks before any read,
+    so a job for it is skipped at once instead of waiting on a partition that will never answer."""
+
+    def __init__(self, call_id: str, tp: TopicPartition, reason: str, detail: str) -> None:
+        super().__init__(f"call {call_id}: its audio on {tp.topic}[{tp.partition}] is gone ({reason}: {detail})")
+        self.call_id = call_id
+        self.topic = tp.topic
+        self.partition = tp.partition
+        self.reason = reason  # topic_gone | partition_gone | expired
+
+
+# The broker's (or librdkafka's) answers for a topic or partition that does not exist.
+GONE_CODES = frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC})
+METADATA_TIMEOUT_S = 5.0
 
 
 @dataclass
@@ -99,18 +117,43 @@ def read_keyed_frames(consumer_config: dict[str, object], serde: Serde, call_id:
                          "enable.auto.commit": False, "enable.partition.eof": True,
                          "auto.offset.reset": "earliest"})
     try:
-        (start,) = consumer.offsets_for_times([TopicPartition(tp.topic, tp.partition, from_ms)], timeout=10.0)
-        low, _ = consumer.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=10.0)
+        check_audio_present(consumer, call_id, tp)
+        try:
+            low, _ = consumer.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=10.0)
+            if low >= end_offset:  # what is left of the partition all came after the call's last frame
+                raise AudioGone(call_id, tp, "expired", f"the log starts at offset {low}, the call ended before "
+                                f"{end_offset}")
+            (start,) = consumer.offsets_for_times([TopicPartition(tp.topic, tp.partition, from_ms)], timeout=10.0)
+        except KafkaException as exc:
+            raise _gone_or(exc, call_id, tp) from exc
         begin = start.offset if start.offset >= 0 else end_offset
         if begin >= end_offset:
             return [], CallAudio(call_id, {})
-        if low > begin:
-            raise CallAudioError(f"call {call_id}: its audio on {tp.topic}[{tp.partition}] has expired "
-                                 f"(offsets from {low}, the call's from {begin})")
         consumer.assign([TopicPartition(tp.topic, tp.partition, begin)])
         return _read_until(consumer, serde, call_id, tp, end_offset, poll_timeout_s, max_idle_polls)
     finally:
         consumer.close()
+
+
+def check_audio_present(consumer: Consumer, call_id: str, tp: TopicPartition) -> None:
+    """Raises AudioGone when the broker's metadata has no ``tp`` (its topic deleted, or fewer partitions):
+    one metadata request, where reading it would wait on a partition that never answers."""
+    try:
+        topic = consumer.list_topics(tp.topic, timeout=METADATA_TIMEOUT_S).topics.get(tp.topic)
+    except KafkaException as exc:
+        raise _gone_or(exc, call_id, tp) from exc
+    if topic is None or (topic.error is not None and topic.error.code() in GONE_CODES):
+        raise AudioGone(call_id, tp, "topic_gone", "the broker does not know the topic")
+    if topic.error is None and tp.partition not in topic.partitions:
+        raise AudioGone(call_id, tp, "partition_gone", f"the topic has {len(topic.partitions)} partitions")
+
+
+def _gone_or(exc: KafkaException, call_id: str, tp: TopicPartition) -> CallAudioError:
+    error = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+    if error is not None and error.code() in GONE_CODES:
+        return AudioGone(call_id, tp, "topic_gone" if error.code() != KafkaError._UNKNOWN_PARTITION
+                         else "partition_gone", error.str())
+    return CallAudioError(f"call {call_id}: {tp.topic}[{tp.partition}]: {exc}")
 
 
 def partition_span(consumer_config: dict[str, object], tp: TopicPartition, from_ms: int, to_ms: int) -> tuple[int, int]:
@@ -136,6 +179,8 @@ def _read_until(consumer: Consumer, serde: Serde, call_id: str, tp: TopicPartiti
         messages = consumer.consume(500, timeout=poll_timeout_s)
         if not messages:
             idle += 1
+            # An assigned partition whose topic was deleted meanwhile gives no error, only silence.
+            check_audio_present(consumer, call_id, tp)
             if idle >= max_idle_polls:
                 raise CallAudioError(f"call {call_id}: {tp.topic}[{tp.partition}] gave nothing "
                                      f"for {idle * poll_timeout_s:.0f} s before offset {end_offset}")

@@ -48,7 +48,7 @@ from pipeline.config import Settings
 from pipeline.contracts.messages import Message as ContractMessage
 from pipeline.contracts.messages import PostCallJob, now_ms
 from pipeline.contracts.serde import ContractError, Serde
-from pipeline.postcall.audio import CallAudio, CallAudioError, read_call_audio
+from pipeline.postcall.audio import AudioGone, CallAudio, CallAudioError, read_call_audio
 from pipeline.postcall.final_pass import PassOutcome, timed, transcribe_call
 from pipeline.qa.call import QaConfig
 from pipeline.recordings.writer import CallRecorder, RecordedCall, cut_seconds
@@ -95,6 +95,7 @@ class PostCallRunner:
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         self._backlog_at = 0.0
+        self._gone_said: set[tuple[str, int, str]] = set()  # (topic, partition, reason) of gone audio logged
 
     @property
     def error(self) -> BaseException | None:
@@ -155,6 +156,8 @@ class PostCallRunner:
             return
         try:
             outcome = await self.run_job(job)
+        except AudioGone as gone:
+            self._skip_gone(job, gone, where)
         except Exception as exc:  # noqa: BLE001 - one job's failure is that job's: the live revision stays
             # A job that cannot be done (audio expired, a segment the model fails on, a job that makes no
             # sense) is skipped, not retried: retrying one that crashes would stop every worker in turn.
@@ -177,6 +180,21 @@ class PostCallRunner:
                 await self._publish(job, outcome.revision)
         await self._commit(consumer, message, where)
         self._backlog_at = 0.0
+
+    def _skip_gone(self, job: PostCallJob, gone: AudioGone, where: str) -> None:
+        """A job whose audio no longer exists is counted as ``no_audio`` and committed without a read. A deleted
+        topic leaves a job for each of its calls: said once per topic, partition and reason, not once a job."""
+        if self._passes(job):
+            self.metrics.postcall_calls.labels("no_audio").inc()
+        if self.recorder is not None:
+            self.metrics.recordings.labels("no_audio").inc()
+        said = (gone.topic, gone.partition, gone.reason)
+        if said in self._gone_said:
+            log.debug("post-call job of call %s skipped (%s): %s", job.call_id, where, gone)
+            return
+        self._gone_said.add(said)
+        log.warning("post-call jobs whose audio is on %s[%d] are skipped (%s; first: call %s, %s): %s", gone.topic,
+                    gone.partition, gone.reason, job.call_id, where, gone)
 
     def _passes(self, job: PostCallJob) -> bool:
         """Whether this job gets a post-call pass here: it names a model, and this worker has one."""

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from clickhouse_connect.driver.client import Client
 
@@ -104,13 +104,57 @@ def erasures_of(client: Client, database: str, call_id: str) -> list[Erasure]:
     return [Erasure(r[0], r[1], r[2], r[3], dict(r[4]), r[5]) for r in rows]
 
 
-def returned_calls(client: Client, database: str, limit: int = SWEEP_BATCH) -> list[str]:
-    """Erased calls that have rows again."""
+@dataclass
+class ErasureWatch:
+    """Where the sweeper got to in the erasure history, so a sweep reads only the erasures recorded since the
+    last one (and a short overlap for one recorded late) instead of the whole history, which retention makes
+    one row per call ever taken.
+
+    Rows of an erased call come back through what still holds the call: a worker replaying the audio topic, a
+    post-call job queued before the erase (both kept ``audio_retention_ms``, 6 h by default). An erased call is
+    watched for ``watch_s`` after its erase (a margin over those) and then forgotten, which bounds what is kept
+    here and what each sweep asks the tables about."""
+
+    watch_s: float = 7 * 86400.0
+    overlap_s: float = 600.0  # an erasure is recorded after its mutations: one a little older may come in late
+    clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
+    read_to: datetime | None = None  # the erasures recorded before this (less the overlap) were read
+    erased: dict[str, datetime] = field(default_factory=dict)  # watched call -> its latest erasure
+    rows_read: int = 0  # erasure rows read so far
+
+    def watched(self, client: Client, database: str) -> list[str]:
+        """The erased calls to look for rows of: those erased in the last ``watch_s``, read incrementally."""
+        db = check_identifier(database)
+        now = self.clock()
+        horizon = now - timedelta(seconds=self.watch_s)
+        since = horizon if self.read_to is None else max(horizon, self.read_to - timedelta(seconds=self.overlap_s))
+        rows = client.query(f"SELECT call_id, erased_at FROM {db}.erasures WHERE erased_at >= {{since:DateTime64(3)}}",
+                            parameters={"since": since}).result_rows
+        self.rows_read += len(rows)
+        for call_id, erased_at in rows:
+            at = erased_at if erased_at.tzinfo is not None else erased_at.replace(tzinfo=UTC)
+            if at > self.erased.get(call_id, at - timedelta(seconds=1)):
+                self.erased[call_id] = at
+        self.read_to = now
+        self.erased = {c: at for c, at in self.erased.items() if at >= horizon}
+        return sorted(self.erased)
+
+
+_watches: dict[str, ErasureWatch] = {}  # per database: this process's sweeps go on where the last one stopped
+
+
+def returned_calls(client: Client, database: str, limit: int = SWEEP_BATCH,
+                   watch: ErasureWatch | None = None) -> list[str]:
+    """Erased calls that have rows again (of those ``watch`` follows: by default this process's, per database)."""
     db = check_identifier(database)
+    watch = watch if watch is not None else _watches.setdefault(db, ErasureWatch())
+    ids = watch.watched(client, db)
+    if not ids:
+        return []
     union = " UNION DISTINCT ".join(
-        f"SELECT DISTINCT call_id FROM {db}.{t} WHERE call_id IN (SELECT call_id FROM {db}.erasures)"
-        for t in ERASED_TABLES)
-    return [r[0] for r in client.query(f"SELECT call_id FROM ({union}) ORDER BY call_id LIMIT {int(limit)}").result_rows]
+        f"SELECT DISTINCT call_id FROM {db}.{t} WHERE call_id IN {{ids:Array(String)}}" for t in ERASED_TABLES)
+    return [r[0] for r in client.query(f"SELECT call_id FROM ({union}) ORDER BY call_id LIMIT {int(limit)}",
+                                       parameters={"ids": ids}).result_rows]
 
 
 def expired_calls(client: Client, database: str, cutoff: datetime, limit: int = SWEEP_BATCH) -> list[str]:
@@ -148,11 +192,12 @@ class Sweep:
 
 
 def sweep(client: Client, database: str, retention_days_transcripts: float, now: datetime | None = None,
-          retention_days_audio: float = 0, remove_recording: RemoveRecording | None = None) -> Sweep:
+          retention_days_audio: float = 0, remove_recording: RemoveRecording | None = None,
+          watch: ErasureWatch | None = None) -> Sweep:
     """One pass of the sweeper: erased calls whose rows came back, then calls past retention, then recordings past
     theirs (0 days: kept)."""
     now = now or datetime.now(UTC)
-    done = erase_calls(client, database, returned_calls(client, database), "sweeper", "again", now=now,
+    done = erase_calls(client, database, returned_calls(client, database, watch=watch), "sweeper", "again", now=now,
                        remove_recording=remove_recording)
     if retention_days_transcripts > 0:
         cutoff = datetime.fromtimestamp(now.timestamp() - retention_days_transcripts * 86400, UTC)

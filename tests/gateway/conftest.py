@@ -353,7 +353,9 @@ def audio_offsets():  # type: ignore[no-untyped-def]
         return {"offsets": {p: m for p, m in marks.items() if m[1]},
                 "acknowledged": gw.server.metrics.value("callqa_gateway_frames_acknowledged_total"),
                 "dropped": gw.server.metrics.value("callqa_gateway_frames_dropped_total"),
-                "delivery_failures": gw.server.metrics.value("callqa_gateway_delivery_failures_total")}
+                "delivery_failures": gw.server.metrics.value("callqa_gateway_delivery_failures_total"),
+                "lost": {r: gw.server.metrics.value("callqa_gateway_frames_lost_total", reason=r)
+                         for r in ("refused", "not_sent")}}
 
     return offsets
 

@@ -30,14 +30,14 @@ def send(session: AudioHookSession, client: Any, text: str) -> list[dict[str, An
 
 
 def test_open_is_answered_opened_with_the_chosen_media(session, client) -> None:  # type: ignore[no-untyped-def]
-    [opened] = send(session, client, client.open(tenant="acme", agent_id="agent-7", queue="billing"))
+    [opened] = send(session, client, client.open(agent_id="agent-7", queue="billing"))
     assert opened["type"] == "opened" and opened["seq"] == 1 and opened["clientseq"] == 1
     assert opened["id"] == client.session_id
     assert opened["parameters"]["media"] == [{"type": "audio", "format": "PCMU", "channels": ["external", "internal"],
                                                "rate": 8000}]
     start = session.calls.sink.starts[0]
-    assert (start.call_id, start.tenant, start.agent_id, start.queue) == (client.conversation_id, "acme", "agent-7",
-                                                                           "billing")
+    assert (start.call_id, start.tenant, start.agent_id, start.queue) == (client.conversation_id, client.organization_id,
+                                                                           "agent-7", "billing")
     [pong] = send(session, client, client.message("ping", {"rtt": "PT0.05S"}))
     assert (pong["type"], pong["seq"], pong["clientseq"]) == ("pong", 2, 2)
     [updated] = send(session, client, client.message("update", {"language": "es-ES"}))

@@ -195,7 +195,7 @@ async def test_a_call_through_twilio_is_stored_as_the_replayed_call(stack: Stack
 
 async def test_a_call_through_audiohook_is_stored_as_the_replayed_call(stack: Stack, replayed: str,
                                                                        recording: CallRecording) -> None:
-    client = AudioHookClient()
+    client = AudioHookClient(organization_id="acme")
     await audiohook_session(stack, client, recording)
     (row,) = await asyncio.to_thread(stack.worker.wait_for_calls, [client.conversation_id])
     assert row["end_reason"] == "end"
@@ -204,7 +204,7 @@ async def test_a_call_through_audiohook_is_stored_as_the_replayed_call(stack: St
 
 async def test_a_pci_pause_mid_call_keeps_one_call_and_is_measured_as_its_hold(stack: Stack,
                                                                                recording: CallRecording) -> None:
-    client = AudioHookClient()
+    client = AudioHookClient(organization_id="acme")
     await audiohook_session(stack, client, recording, pause_at_ms=20_000, discarded_s=5)
     call_id = client.conversation_id
     (row,) = await asyncio.to_thread(stack.worker.wait_for_calls, [call_id])

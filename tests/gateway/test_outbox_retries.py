@@ -73,3 +73,40 @@ def test_a_sender_that_fails_says_why_instead_of_stopping_silently() -> None:
         assert time.monotonic() < deadline, "the sender's failure was not recorded"
         time.sleep(0.05)
     assert sender.failure == "RuntimeError: injected sender fault"
+
+
+@pytest.mark.broker
+def test_every_frame_the_sender_takes_is_written_or_counted_lost(broker: str, unique_name: str,
+                                                                 read_topic: Any) -> None:
+    """Four frames librdkafka will not even queue (larger than message.max.bytes: produce raises) sit in the
+    middle of a batch. They are counted lost with their reason; the frames after them and the call's end are
+    still written, and the sender goes on (the exception used to end it with the rest of the batch taken)."""
+    audio, events = f"test.{unique_name}.audio", f"test.{unique_name}.events"
+    _create(broker, audio)
+    _create(broker, events)
+    serde = Serde.from_settings()
+    metrics = GatewayMetrics()
+    outbox = Outbox(metrics, leg_buffer_s=30)
+    sender = KafkaSender(outbox, ContractProducer(broker, serde, **{"message.max.bytes": 2000}), audio, events,
+                         metrics)
+    outbox.call_started(CallEvent("CA-big", "start", legs=["customer"]))
+    for seq in range(100):
+        payload = b"\xff" * (4000 if 90 <= seq <= 93 else 160)
+        outbox.frame(AudioFrame("CA-big", "customer", seq, seq * 20, 8000, "mulaw", payload))
+    outbox.call_ended(CallEvent("CA-big", "end", legs=["customer"], frame_counts={"customer": 100}))
+    sender.start()  # after the frames: they are taken in one batch
+    try:
+        deadline = time.monotonic() + 60
+        while not outbox.empty():
+            assert time.monotonic() < deadline and sender.failure is None, sender.failure
+            time.sleep(0.1)
+        frames = [serde.decode(m.value(), AudioFrame) for m in read_topic(broker, audio, expected=96)]
+        sent = [serde.decode(m.value(), CallEvent) for m in read_topic(broker, events, expected=2)]
+    finally:
+        sender.stop(timeout_s=10)
+    assert sender.failure is None
+    assert sorted(f.seq for f in frames) == [*range(90), *range(94, 100)]
+    assert sorted(e.event_type for e in sent) == ["end", "start"]
+    assert metrics.value("callqa_gateway_frames_lost_total", reason="not_sent") == 4
+    assert metrics.value("callqa_gateway_frames_acknowledged_total") == 96
+    assert metrics.value("callqa_gateway_frames_dropped_total") == 0

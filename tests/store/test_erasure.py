@@ -4,13 +4,13 @@ sweeper erases calls past retention and erased calls whose rows came back."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from clickhouse_connect.driver.client import Client
 
 from pipeline.recordings.storage import RecordingStore
-from pipeline.store.erasure import ERASED_TABLES, erase_calls, erasures_of, rows_of, sweep
+from pipeline.store.erasure import ERASED_TABLES, ErasureWatch, erase_calls, erasures_of, rows_of, sweep
 
 
 def _fill(store: Client, insert: Callable[..., None], make_call: Callable[..., dict[str, Any]],
@@ -91,3 +91,36 @@ def test_erase_and_audio_retention_remove_recording_files(store: Client, databas
     left = rows_of(store, database, ["old", "new"])
     assert "recordings" not in left["old"] and left["old"]["segments"] == 2  # the transcript stays
     assert left["new"]["recordings"] == 1
+
+
+def test_a_second_sweep_reads_only_the_erasures_recorded_since_the_first(store: Client, database: str, insert,
+                                                                         make_call, make_segment, make_latency,
+                                                                         t0) -> None:
+    for call in ("e1", "e2", "e3"):
+        _fill(store, insert, make_call, make_segment, make_latency, call, t0)
+    erase_calls(store, database, ["e1", "e2", "e3"], "dpo")
+    watch = ErasureWatch(overlap_s=0.0)
+
+    assert sweep(store, database, 0, watch=watch).erased == []
+    assert watch.rows_read == 3
+    erase_calls(store, database, ["e4"], "dpo")
+    insert(store, "segments", [make_segment("e2", "agent", 0, "written again by a replay")])
+    insert(store, "segments", [make_segment("e4", "agent", 0, "a post-call job queued before the erase")])
+
+    done = sweep(store, database, 0, watch=watch).erased
+
+    # Both came-back calls found, yet only e4's erasure was read: e1..e3's were remembered, not read again.
+    assert sorted((e.call_id, e.reason) for e in done) == [("e2", "again"), ("e4", "again")]
+    assert watch.rows_read == 3 + 1
+    assert rows_of(store, database, ["e2", "e4"]) == {"e2": {}, "e4": {}}
+    sweep(store, database, 0, watch=watch)
+    assert watch.rows_read == 3 + 1 + 2  # the two erasures the last sweep recorded, nothing older
+
+
+def test_an_erasure_older_than_the_watch_is_forgotten(store: Client, database: str, insert, make_segment) -> None:
+    erase_calls(store, database, ["long-ago"], "dpo")
+    later = ErasureWatch(watch_s=3600.0, clock=lambda: datetime.now(UTC) + timedelta(hours=2))
+    insert(store, "segments", [make_segment("long-ago", "agent", 0, "a row of an old erased call")])
+
+    assert sweep(store, database, 0, watch=later).erased == []
+    assert later.rows_read == 0 and later.erased == {}
