@@ -99,8 +99,10 @@ models: venv
 # The contact-center call library (samples/calls/library/): synthesised from the committed scripts with
 # festival's slt voice (Debian) and piper's joe voice (PyPI) into a gitignored folder; skipped when the
 # scripts, rules and builder are unchanged, and each utterance is cached per user (~/.cache/callqa/tts).
+# The PCI calls (samples/calls/pci/) are a set of their own, so the library's figures do not move with them.
 library: system venv
 	$(BIN)/python scripts/build_call_library.py --if-needed
+	$(BIN)/python scripts/build_call_library.py --if-needed --scripts samples/calls/pci/scripts --out samples/calls/pci/built
 
 lint: venv
 	$(BIN)/ruff check pipeline tests bench

