@@ -637,13 +637,15 @@ def _said_before(judging: _Judging, salt: str) -> list[_Span]:
         spans += [_Span(m.start(), m.end(), marker) for m in re.finditer(pattern, judging.text, re.IGNORECASE)]
     if judging.state.said_digests:
         # Known by digest only (said before a resume): each run of as many distinctive words, hashed.
-        found = [m for m in re.finditer(r"[a-z']{3,}", judging.text.lower())
-                 if m.group() not in _COMMON and m.group() not in _NUMBER_WORDS]
+        # Offsets from the text itself (a lower-cased copy may differ in length); the words lower-cased as
+        # _value_words has them.
+        found = [(m.start(), m.end(), word) for m in re.finditer(r"[A-Za-z']{3,}", judging.text)
+                 if (word := m.group().lower()) not in _COMMON and word not in _NUMBER_WORDS]
         for value in judging.state.said_digests:
             for i in range(len(found) - value.words + 1):
                 window = found[i : i + value.words]
-                if value_digest(salt, " ".join(m.group() for m in window)) == value.digest:
-                    spans.append(_Span(window[0].start(), window[-1].end(), value.marker))
+                if value_digest(salt, " ".join(word for _, _, word in window)) == value.digest:
+                    spans.append(_Span(window[0][0], window[-1][1], value.marker))
     return spans
 
 
