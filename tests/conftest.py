@@ -15,7 +15,11 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from clickhouse_connect.driver.client import Client
 from hypothesis import HealthCheck, settings
+
+from pipeline.store.client import connect
+from pipeline.store.migrations import migrate
 
 # pytest-xdist's workers start with COLUMNS=80 in their environment, which no terminal set: the CLI's
 # tables would fit 80 columns in every test run in parallel, and not when run alone.
@@ -105,6 +109,15 @@ def chdb_path(tmp_path_factory: pytest.TempPathFactory) -> str:
 def unique_name() -> Iterator[str]:
     """A fresh identifier for topics, databases or consumer groups of one test."""
     yield f"t{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def store(chdb_path: str, unique_name: str) -> Iterator[Client]:
+    """A database of its own in the session's chdb folder, migrated to the current schema; dropped after."""
+    client = connect(f"chdb://{chdb_path}", unique_name)
+    migrate(client, unique_name)
+    yield client
+    client.command(f"DROP DATABASE IF EXISTS {unique_name}")
 
 
 STARTED_BY = "started-by-pytest"  # in the broker's folder: the PID of the pytest run that started it

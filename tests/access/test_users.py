@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from collections.abc import Iterator
 
 import pytest
 from clickhouse_connect.driver.client import Client
@@ -24,14 +23,6 @@ from pipeline.access.users import (
 )
 from pipeline.store.client import connect
 from pipeline.store.migrations import MIGRATIONS, migrate
-
-
-@pytest.fixture
-def store(chdb_path: str, unique_name: str) -> Iterator[Client]:
-    client = connect(f"chdb://{chdb_path}", unique_name)
-    migrate(client, unique_name)
-    yield client
-    client.command(f"DROP DATABASE IF EXISTS {unique_name}")
 
 
 def _digest(token: str) -> str:

@@ -3,26 +3,16 @@ in as the worker writes them, read back through the query API's check and limits
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from clickhouse_connect.driver.client import Client
 
-from pipeline.store.client import connect
-from pipeline.store.migrations import migrate
 from pipeline.store.queries import QueryLimits, run_readonly_query
 
 T0 = datetime(2026, 3, 2, 9, 30, tzinfo=UTC)
-
-
-@pytest.fixture
-def store(chdb_path: str, unique_name: str) -> Iterator[Client]:
-    client = connect(f"chdb://{chdb_path}", unique_name)
-    migrate(client, unique_name)
-    yield client
-    client.command(f"DROP DATABASE IF EXISTS {unique_name}")
 
 
 class CheckedRows:

@@ -3,31 +3,19 @@ removed, the erasure on record, the topics that still hold it named; a live call
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import pytest
 from clickhouse_connect.driver.client import Client
 from typer.testing import CliRunner
 
 from pipeline.broker.local import free_port
 from pipeline.cli import app
 from pipeline.config import get_settings
-from pipeline.store.client import connect
 from pipeline.store.erasure import erasures_of, rows_of
-from pipeline.store.migrations import migrate
 from pipeline.web.render import static_file_name
 
 T0 = datetime(2026, 3, 2, 9, 30, tzinfo=UTC)
-
-
-@pytest.fixture
-def store(chdb_path: str, unique_name: str) -> Iterator[Client]:
-    client = connect(f"chdb://{chdb_path}", unique_name)
-    migrate(client, unique_name)
-    yield client
-    client.command(f"DROP DATABASE IF EXISTS {unique_name}")
 
 
 def _call(store: Client, call_id: str, ended: bool) -> None:

@@ -10,13 +10,11 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pytest
 from clickhouse_connect.driver.client import Client
 from typer.testing import CliRunner
 
@@ -24,8 +22,6 @@ from pipeline.broker.local import free_port
 from pipeline.cli import app
 from pipeline.config import get_settings
 from pipeline.recordings.encode import decode_call, encode_call
-from pipeline.store.client import connect
-from pipeline.store.migrations import migrate
 from pipeline.web.render import static_file_name
 
 REPO = Path(__file__).resolve().parents[2]
@@ -46,14 +42,6 @@ PII_CALL = [
 ]
 # Where the PII is, by its share of each segment's characters (what the cut starts from): by hand.
 SPANS_MS = [(2000 + 18 * 4000 // 37, 6000), (8000 + 6 * 3000 // 28, 11000), (11500 + 13 * 2000 // 24, 13500)]
-
-
-@pytest.fixture
-def store(chdb_path: str, unique_name: str) -> Iterator[Client]:
-    client = connect(f"chdb://{chdb_path}", unique_name)
-    migrate(client, unique_name)
-    yield client
-    client.command(f"DROP DATABASE IF EXISTS {unique_name}")
 
 
 def _tone(hz: float, amplitude: float = 0.3) -> np.ndarray:
