@@ -13,10 +13,12 @@ import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from clickhouse_connect.driver.client import Client
 from hypothesis import HealthCheck, settings
+from xdist.scheduler import LoadFileScheduling
 
 from pipeline.store.client import connect
 from pipeline.store.migrations import migrate
@@ -76,6 +78,69 @@ FILE_SECONDS_UNKNOWN = 10.0
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: -FILE_SECONDS.get(item.nodeid.split("::")[0], FILE_SECONDS_UNKNOWN))
+
+
+# How `make test` shares 2 cores between test files that run worker processes in real time.
+#
+# xdist's file scheduler hands each process the next file in the queue, longest first, so the files that start
+# worker processes and replay calls in real time (all of them long) started together: chaos (three workers
+# restarted under faults), scale-out (three workers), the PCI calls and a crash test ran side by side, each
+# worker started in 40-120 s instead of 10 s, and those tests' own bounds (a take-over within its session,
+# calls finished within minutes of their end) failed one CI run in a few. ``WorkerLanes`` hands out files in
+# the same order but holds the files of ``WORKER_FILES`` to ``WORKER_SLOTS`` at a time (a three-worker file
+# takes both); the other processes meanwhile take the rest of the suite.
+
+# Files that run worker processes with calls in real time, and the slots each takes: two for those running
+# three workers at once. Short worker files (one worker, a few seconds of audio) are not held back.
+WORKER_FILES = {
+    "tests/worker/test_chaos.py": 2,
+    "tests/worker/test_scale_out.py": 2,
+    "tests/worker/test_crash_recovery.py": 1,
+    "tests/worker/test_pipeline.py": 1,
+    "tests/worker/test_pci_calls.py": 1,
+    "tests/worker/test_call_library.py": 1,
+    "tests/worker/test_postcall_pass.py": 1,
+    "tests/worker/test_static_membership.py": 1,
+    "tests/worker/test_long_gap.py": 1,
+    "tests/worker/test_store_outage.py": 1,
+    "tests/postcall/test_gone_audio.py": 1,
+    "tests/gateway/test_end_to_end.py": 1,
+    "tests/bench/test_live_smoke.py": 1,
+}
+WORKER_SLOTS = 2
+
+
+class WorkerLanes(LoadFileScheduling):
+    """xdist's file scheduling, with at most ``WORKER_SLOTS`` slots of ``WORKER_FILES`` files unfinished at once
+    (a file counts from the moment a process is given it, queued behind another file or running)."""
+
+    def _slots_taken(self) -> int:
+        return sum(WORKER_FILES.get(scope, 0) for work in self.assigned_work.values()
+                   for scope, tests in work.items() if not all(tests.values()))
+
+    def _assign_work_unit(self, node: Any) -> None:
+        self.assigned_work.setdefault(node, {})  # xdist's rescheduling reads it even before a first file
+        free = WORKER_SLOTS - self._slots_taken()
+        # A file needing more slots than there are runs once all are free, alone among worker files.
+        scope = next((s for s in self.workqueue if min(WORKER_FILES.get(s, 0), WORKER_SLOTS) <= free), None)
+        if scope is None:  # only held-back files are left: this process waits for a slot to free
+            return
+        work_unit = self.workqueue.pop(scope)
+        self.assigned_work[node][scope] = work_unit
+        collection = self.registered_collections[node]
+        node.send_runtest_some([collection.index(nodeid) for nodeid, done in work_unit.items() if not done])
+
+    def mark_test_complete(self, node: Any, item_index: int, duration: float = 0) -> None:
+        super().mark_test_complete(node, item_index, duration)
+        for other in self.nodes:  # a finished worker file frees slots another, idle process may be waiting for
+            idle = self._pending_of(self.assigned_work.get(other, {})) == 0
+            if other is not node and not other.shutting_down and idle:
+                self._reschedule(other)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    return WorkerLanes(config, log) if config.getvalue("dist") == "loadfile" else None
 
 
 # CALLQA_TEST_CPU=FILE: one JSON line per test with the CPU it cost, its own process's and that of the

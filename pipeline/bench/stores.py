@@ -94,6 +94,17 @@ class GroupCalls:
         return [c for c in call_ids if not self.finished.get(c) or
                 len(self.segments.get(c, {})) < max(int(r["segments"]) for r in self.finished[c])]
 
+    def progress(self) -> tuple[int, int]:
+        """Finished rows and final segments over all stores: what a wait sees grow while work goes on."""
+        return sum(map(len, self.finished.values())), sum(map(len, self.segments.values()))
+
+    def why_unfinished(self, call_id: str) -> str:
+        rows = self.finished.get(call_id)
+        held = len(self.segments.get(call_id, {}))
+        if not rows:
+            return f"{call_id}: no finished row, {held} segments stored"
+        return f"{call_id}: its row counts {max(int(r['segments']) for r in rows)} segments, {held} stored"
+
     def inconsistencies(self, call_ids: list[str]) -> list[str]:
         """Where stored segments disagree with their call rows: a row counting another number of segments
         than there are distinct final segment ids over all stores (lost, or stored twice under another
@@ -169,19 +180,28 @@ class GroupStores:
         return out
 
     def wait_finished(self, call_ids: list[str], timeout_s: float = 240.0,
-                      on_read: Callable[[GroupCalls], None] = lambda _: None) -> GroupCalls:
+                      on_read: Callable[[GroupCalls], None] = lambda _: None,
+                      stall_s: float | None = None) -> GroupCalls:
         """Wait until every call is finished in some store with all its segments stored; ``on_read`` sees
-        each reading (to show progress, or raise when something the wait depends on failed)."""
-        deadline = time.monotonic() + timeout_s
+        each reading (to show progress, or raise when something the wait depends on failed). With
+        ``stall_s``, the wait also ends once the stores have not changed for that long: a group that
+        is behind on a busy machine but still storing is waited for up to ``timeout_s``."""
+        began = time.monotonic()
+        changed_at, seen = began, (-1, -1)
         while True:
             calls = self.read(call_ids)
             on_read(calls)
             missing = calls.unfinished(call_ids)
             if not missing:
                 return calls
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{len(missing)} of {len(call_ids)} calls not finished in any store within "
-                                   f"{timeout_s:.0f} s: {', '.join(missing)}")
+            now = time.monotonic()
+            if (progress := calls.progress()) != seen:
+                changed_at, seen = now, progress
+            stalled = stall_s is not None and now - changed_at > stall_s
+            if stalled or now - began > timeout_s:
+                why = (f"nothing stored for {stall_s:.0f} s" if stalled else f"not all within {timeout_s:.0f} s")
+                raise TimeoutError(f"{len(missing)} of {len(call_ids)} calls not finished in any store ({why}): "
+                                   + "; ".join(calls.why_unfinished(c) for c in missing))
             time.sleep(1.0)
 
     def _rows(self, worker: WorkerProcess, ids: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

@@ -14,6 +14,7 @@ from pipeline.asr.engine import Engine
 from pipeline.broker.producer import ContractProducer
 from pipeline.contracts import AudioFrame, CallEvent, DeadLetter, Serde, TranscriptSegment
 from pipeline.contracts.messages import CallQA
+from pipeline.eval.call_library import LIBRARY_DIR
 from pipeline.ingest.replay import CallRecording, ReplayOptions, TelephonyReplay, load_recording
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
@@ -45,6 +46,16 @@ def offline(recordings: list[CallRecording], tmp_path_factory: pytest.TempPathFa
             rows += [(leg, r.start_ms, r.end_ms, r.text.strip()) for r in engine.transcribe_file(path)]
         out[rec.source] = sorted(rows)
     return out
+
+
+def long_turns(duration_ms: int) -> CallRecording:
+    """The first ``duration_ms`` of the library's long complaint, whose opening turns last 3-10 s."""
+    whole = load_recording(LIBRARY_DIR / "23_long_complaint.wav", OPTIONS)
+    samples = whole.sample_rate * duration_ms // 1000
+    call = CallRecording(source=f"{whole.source}[:{duration_ms} ms]", sample_rate=whole.sample_rate,
+                         legs={leg: audio[:samples] for leg, audio in whole.legs.items()})
+    call.encode(OPTIONS.encoding)
+    return call
 
 
 def replay(settings: Any, recordings: list[CallRecording], calls: int = 0, realtime: bool = False) -> list[str]:
@@ -193,7 +204,9 @@ def test_partials_precede_finals_and_readers_see_only_finals(
     # A preview that waits over preview_max_wait_ms for a decoding thread is dropped; on a 2-core machine
     # shared with the rest of the suite that wait is the machine's, not the worker's: 0 never drops one.
     worker = start_worker(partial_interval_ms="1000", preview_max_wait_ms="0")
-    ids = replay(kafka_settings, recordings[:1], realtime=True)
+    # A partial still decoding when its segment closes is superseded by the final, rightly: with the
+    # samples' 3 s turns a loaded CI machine superseded every one. Turns of 6-10 s leave it seconds.
+    ids = replay(kafka_settings, [long_turns(30_000)], realtime=True)
     worker.wait_for_calls(ids)
     # The topic keeps every message; the table's background merges may already have folded partials away.
     serde = Serde.from_settings()
@@ -201,7 +214,10 @@ def test_partials_precede_finals_and_readers_see_only_finals(
     segments = [m for m in messages if isinstance(m, TranscriptSegment) and m.call_id == ids[0]]
     partial_ids = {m.segment_id for m in segments if not m.is_final}
     final_ids = {m.segment_id for m in segments if m.is_final}
-    assert partial_ids and partial_ids <= final_ids  # a partial carries its final's id
+    outcomes = {o: worker.metric("callqa_partials_total", outcome=o)
+                for o in ("published", "superseded", "skipped", "dropped", "failed")}
+    assert partial_ids, f"no partial on the topic; the worker's partial outcomes: {outcomes}"
+    assert partial_ids <= final_ids  # a partial carries its final's id
     deduped = worker.query("SELECT segment_id, is_final FROM segments FINAL WHERE call_id = {c:String}", c=ids[0])
     assert all(r["is_final"] for r in deduped) and {r["segment_id"] for r in deduped} == final_ids
     assert worker.metric("callqa_partial_delay_seconds_count") >= 1
