@@ -83,6 +83,9 @@ TEST_PLAN: tuple[tuple[float, str], ...] = ((15.0, "kill9"), (35.0, "store"), (4
 LEG_AUDIO = "callqa_leg_audio_seconds_total"  # audio fed to the legs' segmenters
 ACTIVE_CALLS = "callqa_active_calls"
 STORE_RETRIES = "callqa_store_retries"
+PEERS_WATCHED = "callqa_peers_watched"
+# How long a kill -9 waits for a group its peers can evict from (see ``Faults._evictable``).
+EVICTABLE_WAIT_S = 30.0
 # A store outage lasts its planned time and until every worker alive at its start has had an insert refused
 # (so it reached the sink of each), at most this many times its planned time.
 OUTAGE_MAX_FACTOR = 5.0
@@ -284,6 +287,8 @@ class Faults:
         began = time.monotonic()
         entry: dict[str, Any] = {"at_s": at, "kind": kind}
         if kind in ("kill9", "sigterm"):
+            if kind == "kill9":
+                entry["evictable"] = self._evictable()
             self.workers.poll_all()  # chosen on fresh metrics: on the last poll's, a kill hit a worker gone idle
             slot = self.workers.busiest(turn)
             worker = self.workers.slots[slot]
@@ -319,8 +324,29 @@ class Faults:
             self.timers.append(timer)
         entry["took_s"] = round(time.monotonic() - began, 1)
         victim = f" worker{entry['worker']}" if "worker" in entry else ""
-        self.workers.say(f"  {at:6.1f} s  {kind}{victim} ({entry['took_s']:.0f} s)")
+        peers = "" if "evictable" not in entry else (
+            ", peers watching" if entry["evictable"] else ", not evictable: left to its session")
+        self.workers.say(f"  {at:6.1f} s  {kind}{victim} ({entry['took_s']:.0f} s{peers})")
         self.done.append(entry)
+
+    def _evictable(self) -> bool:
+        """Wait (up to ``EVICTABLE_WAIT_S``) until a killed worker's peers can evict it: the group stable with
+        every live worker a member, and each watching all the others. A kill before that (a peer restarting,
+        the coordinator still loading after a broker restart) is rightly left to the session timeout, and
+        says nothing of eviction. Whether it came is recorded with the kill."""
+        group = self.workers.group
+        admin = admin_client(group.settings, ClientErrors(group.settings))
+        deadline = time.monotonic() + EVICTABLE_WAIT_S
+        while True:
+            self.workers.poll_all()
+            live = [slot for slot, w in enumerate(self.workers.slots) if w.alive()]
+            state, members = group_members(admin, group.settings.worker_id, group.settings.topic_audio)
+            watching = [self.workers.life(slot).metrics.get(PEERS_WATCHED, 0.0) for slot in live]
+            if state == "STABLE" and len(members) == len(live) and all(n >= len(live) - 1 for n in watching):
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.5)
 
     def _measure_takeover(self, entry: dict[str, Any], admin: AdminClient, before: set[str]) -> None:
         """In the background (the killed worker restarts meanwhile): how long until the group, without the

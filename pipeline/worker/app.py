@@ -160,6 +160,8 @@ def build_worker(settings: Settings, wait_turn: Callable[[], None] = lambda: Non
         watch = PeerWatch(settings, settings.worker_id, listener, settings.peer_watch_interval_s,
                           on_evicted=lambda client_id, removed: metrics.peer_evictions.inc(len(removed)))
         watch.start()
+        watching = watch.watched
+        metrics.peers_watched.set_function(lambda: len(watching))
     store_client = connect(settings.writer_url, settings.clickhouse_database)
     migrate(store_client, settings.clickhouse_database)
     sink = ClickHouseSink(settings.writer_url, settings.clickhouse_database)

@@ -133,6 +133,12 @@ class WorkerMetrics:
             "Peer workers this worker removed from the group when their process died (pipeline/broker/peers.py).",
             registry=r,
         )
+        # Read by whoever kills a worker on purpose (the chaos benchmark): a peer not watched yet (it just
+        # joined, or its listener did not answer) is left to its session timeout when it dies.
+        self.peers_watched = Gauge(
+            "callqa_peers_watched", "Peer workers this worker holds a liveness connection to (pipeline/broker/peers.py).",
+            registry=r,
+        )
         # The post-call pass (pipeline/postcall): jobs written when calls finish, and the pass's work.
         self.postcall_jobs = Counter("callqa_postcall_jobs_total", "Post-call jobs written for finished calls.",
                                      registry=r)

@@ -63,8 +63,13 @@ def test_live_calls_survive_kills_a_sigterm_a_broker_restart_and_a_store_outage(
     assert result.fault_log_lines > 0, "no worker logged a refused insert: the outage did not reach the sink"
     outages = [f for f in result.faults if f["kind"] == "store"]
     assert all(f.get("outage_reached") for f in outages), f"the outage reached no worker's sink: {outages}"
-    # Each killed worker was evicted by a surviving peer (not left to its session); none that was stopped.
-    assert result.evictions_logged == counts["kills"], f"{result.evictions_logged} evictions for {counts['kills']} kills"
+    # Each worker killed while its peers could evict it (group stable, every peer watching it) was evicted by
+    # one, not left to its session; none that was stopped. A kill while a peer restarted or the coordinator
+    # loaded after the broker's restart is left to the session timeout, rightly, and is not counted.
+    evictable = [f for f in result.faults if f["kind"] == "kill9" and f.get("evictable")]
+    assert evictable, f"no kill came while the group could evict its victim: {result.faults}"
+    assert len(evictable) <= result.evictions_logged <= counts["kills"], (
+        f"{result.evictions_logged} evictions for {counts['kills']} kills, {len(evictable)} of them evictable")
     # Every call finished once, with the offline finals and QA; no PII anywhere.
     # Short on purpose: CI shows the end of the output, and a full diff of 60 problems pushed the printed
     # summary and problem lines (the run's own account, above) out of it.
