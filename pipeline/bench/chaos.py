@@ -305,6 +305,7 @@ class Faults:
                         break
                     time.sleep(0.1)
                 worker.kill9()
+                entry["exit_code"] = worker.exit_code
                 self._measure_takeover(entry, admin, set(members))
             else:
                 worker.stop(timeout_s=90)
@@ -490,6 +491,7 @@ class ChaosResult:
     leaks: list[Leak]
     scanned: dict[str, int]
     fault_log_lines: int  # worker log lines saying the store refused an insert (the outage happened)
+    broker_refusals_logged: int  # worker log lines saying the broker refused a connection (its restart was seen)
     evictions_logged: int  # worker log lines saying a peer died and was evicted (pipeline/broker/peers.py)
     checkpoints: dict[str, Any]
     stalls: dict[str, Any]
@@ -588,6 +590,14 @@ def run_chaos(options: ChaosOptions) -> ChaosResult:
         kafka.stop()
     result.wall_s = round(time.monotonic() - began_run, 1)
     return result
+
+
+def broker_refusals(logs: list[str], port: int) -> int:
+    """Worker log lines saying the broker on ``port`` refused a connection (aiokafka's words and librdkafka's);
+    a peer's refused liveness port is another port."""
+    where = f"127.0.0.1', {port})", f"127.0.0.1:{port}"
+    return sum(1 for text in logs for line in text.splitlines()
+               if ("Connect call failed" in line or "Connection refused" in line) and any(w in line for w in where))
 
 
 def _churn(options: ChaosOptions, kafka: LocalKafka, workers: Workers, traffic: Traffic, settings: Settings,
@@ -709,6 +719,7 @@ def _verdict(options: ChaosOptions, workers: Workers, traffic: Traffic, settings
         differences=calls.differences(offline.finals), verdict_differences=verdict_problems(offline, stored_qa, on_topic),
         leaks=scan.leaks, scanned=dict(scan.scanned),
         fault_log_lines=sum(text.count("test fault:") for text in logs),
+        broker_refusals_logged=broker_refusals(logs, int(settings.bootstrap_servers.rpartition(":")[2])),
         evictions_logged=sum(text.count(EVICTED) for text in logs),
         checkpoints={**checkpoint_figures(checkpoint_messages),
                      "records_decoded": sum(1 for m in checkpoint_messages if m.value() is not None

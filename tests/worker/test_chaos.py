@@ -54,9 +54,11 @@ def test_live_calls_survive_kills_a_sigterm_a_broker_restart_and_a_store_outage(
     for line in result.unplanned_exits + result.problems():
         print(f"  {line}")
 
-    # The faults happened, on workers that held live calls, and the store really refused inserts.
+    # Each fault did what it is for, on workers that held live calls: the kills killed, the broker's restart
+    # was seen by the workers, the store really refused inserts.
     counts = result.counts()
-    assert (counts["kills"], counts["sigterms"], counts["broker_restarts"], counts["outages"]) == (2, 1, 1, 1)
+    assert [f["exit_code"] for f in result.faults if f["kind"] == "kill9"] == [-9, -9], result.faults
+    assert result.broker_refusals_logged > 0, "no worker logged a refused broker connection: the restart was not seen"
     worker_faults = [f for f in result.faults if f["kind"] in ("kill9", "sigterm")]
     assert all(f["active_calls"] > 0 for f in worker_faults), f"a fault hit an idle worker: {worker_faults}"
     assert [f["exit_code"] for f in result.faults if f["kind"] == "sigterm"] == [0], "SIGTERM: not a clean exit"
