@@ -1,1 +1,1 @@
-"""Who may see which calls: accounts with roles, and the scope every read of theirs runs in (issue 39)."""
+"""Who may see which calls: accounts with roles, and the scope every read of theirs runs in."""

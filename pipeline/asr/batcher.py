@@ -8,7 +8,7 @@ GIL while it runs): one batch spread over intra-op threads left a core idle in i
 contended with the event loop. While every thread is busy, segments queue, so batches grow with the
 load. The queue is bounded: when it is full, `submit` waits (back-pressure up to the stream consumers).
 
-Which waiting segments a batch takes (`batch_order`, issue 25): "oldest" takes the oldest segment's
+Which waiting segments a batch takes (`batch_order`): "oldest" takes the oldest segment's
 window bucket first, then the others by age; "shortest" takes the shortest windows first (a short reply
 does not wait behind a long turn that arrived before it), except that a segment that has waited
 `batch_age_limit_ms` goes before any younger one, so a long turn is not starved under load. To choose,

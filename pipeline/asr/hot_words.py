@@ -1,4 +1,4 @@
-"""Hot words for Moonshine's greedy decoding (``CALLQA_HOT_WORDS``, issue 36): a contact center's own
+"""Hot words for Moonshine's greedy decoding (``CALLQA_HOT_WORDS``): a contact center's own
 vocabulary (company, product and agent names) as a logit bonus, since Moonshine takes no previous-text
 prompt to tell it.
 

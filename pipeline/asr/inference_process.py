@@ -1,7 +1,7 @@
 """Batches decoded in child processes, so the decode loop's Python does not share the worker's GIL.
 
 The greedy / beam loop of ``decoding.py`` runs in Python between ONNX Runtime calls: in the worker's
-inference thread it holds the GIL the event loop needs, so a second inference thread lost (issue 25).
+inference thread it holds the GIL the event loop needs, so a second inference thread lost.
 Here each of ``CALLQA_INFERENCE_PROCESSES`` child processes (multiprocessing ``spawn``: the worker has
 threads, so no fork) loads and checks the same model folder once (sha256s, signature, canary: what
 ``Engine.load`` checks in-process) and decodes whole batches with an ordinary ``Recognizer``. The worker's

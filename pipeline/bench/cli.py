@@ -200,7 +200,7 @@ def bench_consumer(
     out: Annotated[Path | None, typer.Option(help="Folder for consumer.json and consumer.jsonl "
                                                   "(default bench/results/consumer).")] = None,
 ) -> None:
-    """faust's per-message path against a batch consumer in the same faust app (issue 36).
+    """faust's per-message path against a batch consumer in the same faust app.
 
     The same audio messages, at 20 and 200 ms per message, as a backlog and sent live, read by a faust app's agent (the worker's take_events) and by a confluent-kafka batch loop in a task's thread, each run a process of its own: CPU per 1,000 messages and per audio second, messages/s, batch/agent."""
     from pipeline.bench.consumer import ConsumerBenchOptions, run_consumer

@@ -1,6 +1,6 @@
 """`callqa bench consumer`: what faust's per-message path costs against a batch consumer in the same faust app.
 
-Issue 36. The same audio (calls of line noise, 8 kHz μ-law, ``CallStream`` messages of 20 and of 200 ms, sent
+The same audio (calls of line noise, 8 kHz μ-law, ``CallStream`` messages of 20 and of 200 ms, sent
 by ``ContractProducer`` to a fresh topic of the audio's partitions) is read by a faust app, a process per run:
 ``agent``, the worker's ``take_events`` agent with its settings and consumer, or ``batch``, a confluent-kafka
 ``consume(frame_batch_max, within)`` loop in a thread the app's task starts, each batch handed to the event loop

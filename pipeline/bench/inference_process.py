@@ -1,5 +1,5 @@
 """Engine-level: batches decoded in-process (1 or 2 inference threads) against child processes (1 or 2,
-``CALLQA_INFERENCE_PROCESSES``), the same segments through the same SegmentBatcher (issue 25 item 1).
+``CALLQA_INFERENCE_PROCESSES``), the same segments through the same SegmentBatcher.
 
     .venv/bin/python -m pipeline.bench.inference_process [--repeat 3] [--rounds 2] [--out DIR]
 

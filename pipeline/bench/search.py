@@ -13,7 +13,7 @@ the pages run): phrase searches (common and rare phrases, alone and with a leg, 
 score and a failed rule), and pages of the call list (first page, filtered, deep by cursor, with a phrase,
 sorted by score, one category).
 Figures: P50/P95 per query and over each kind; the same phrase searches with the skip indexes off
-(``use_skip_indexes = 0``: a scan, what the index saves). Goal (issue 38): search P95 <= 300 ms, the list's
+(``use_skip_indexes = 0``: a scan, what the index saves). Goal: search P95 <= 300 ms, the list's
 P95 <= 300 ms. Result: ``search``.
 """
 

@@ -1,6 +1,6 @@
 """Kafka transactions per input partition: what the worker produces commits with the offsets it consumed.
 
-Exactly once for a read_committed consumer of the output topics (issue 41): the records a worker
+Exactly once for a read_committed consumer of the output topics: the records a worker
 produces for the calls of input partition p (transcripts, latency, alerts, QA results, post-call jobs,
 dead letters, checkpoints) and the input offsets of p that they account for are committed in one
 transaction. A worker that dies before that commit leaves an open transaction, which the next owner

@@ -8,10 +8,10 @@ from pydantic import BaseModel, Field
 
 
 class AsrSettings(BaseModel):
-    # Issue 36: the live transcript drives the alerts and, without the post-call pass, the QA record. On 8 kHz
+    # The live transcript drives the alerts and, without the post-call pass, the QA record. On 8 kHz
     # mu-law (`callqa bench accuracy`, bench/results/postcall): Asterisk prompts 8.6 -> 5.5 % WER, library number
     # clips 39.2 -> 26.3 %, the eval set 4.3 -> 5.1 % (117 words: one word); a held-out real set of 212 words
-    # 9.9 -> 5.7 % (issue 36). bench live, 10 calls on 2 pinned cores (bench/results/defaults): 1.16x tiny.en's
+    # 9.9 -> 5.7 %. bench live, 10 calls on 2 pinned cores (bench/results/defaults): 1.16x tiny.en's
     # worker CPU per speech second in the same 200 ms messages (inference 1.26x). Its cost is latency: a long turn
     # decodes slower, and P99 <= 1.5 s held 6 calls (bench/results/capacity) where tiny.en held 11. tiny.en stays
     # selectable (and is what the test suite's workers run: tests/conftest.py).
@@ -20,11 +20,11 @@ class AsrSettings(BaseModel):
         description="Model to build and load: Moonshine moonshine-base (default) or moonshine-tiny (greedy only; no "
         "previous-text context), or Whisper tiny.en or base.",
     )
-    # The post-call pass (issue 26): the call's segments decoded again by a more accurate model, QA scored on
+    # The post-call pass: the call's segments decoded again by a more accurate model, QA scored on
     # that transcript and kept as the call's revision 1 beside the live result: the worker's pass
     # (pipeline/postcall, settings in config/postcall.py), `callqa analyze` and `callqa retranscribe`.
     # Empty: no second pass.
-    # Issue 36: a job is kept only where the pass measures better than the live record. Live is moonshine-base, and
+    # A job is kept only where the pass measures better than the live record. Live is moonshine-base, and
     # no other shipped model does better on `callqa bench accuracy` (8 kHz mu-law WER, bench/results/postcall:
     # faster-whisper beam 5 Asterisk 6.3 against 5.5 %, library legs 10.6 against 4.3 %; tiny.en, moonshine-tiny
     # worse on both), so it is off; the live model named again would only decode the same text twice (refused:
@@ -44,7 +44,7 @@ class AsrSettings(BaseModel):
     moonshine_tail_pad_ms: int = Field(
         1000, ge=0, le=5000, description="Silence (ms) appended to each segment before Moonshine's encoder (Whisper: unused).",
     )
-    # Issue 36: Moonshine takes no previous-text prompt, so a contact center's own vocabulary (company, product
+    # Moonshine takes no previous-text prompt, so a contact center's own vocabulary (company, product
     # and agent names) is boosted in its greedy choice instead (pipeline/asr/hot_words.py: each phrase's tokens
     # in a trie, a bonus on the tokens that start one and on the next token of a prefix a row is inside).
     # Measured with moonshine-base on 8 kHz mu-law (pipeline/asr/README.md): the call library's 36 turns that
@@ -70,8 +70,8 @@ class AsrSettings(BaseModel):
     # segment's text changed with the segments it was batched with; fp32 gives the same text alone or
     # batched (a replay after a crash, or `callqa transcribe`, reproduces the stream), and a lower WER
     # on 8 kHz mu-law (4.3 % vs 6.8 %), for ~19 % less pipeline throughput (callqa bench end-to-end);
-    # int8row kept tiny.en's eval WER but lost on library-numbers (issue 25).
-    # auto = int8row-decoder for Moonshine (issue 36): its decoder step at batch 1 reads every weight once
+    # int8row kept tiny.en's eval WER but lost on library-numbers.
+    # auto = int8row-decoder for Moonshine: its decoder step at batch 1 reads every weight once
     # (166 MB in fp32) and is bound by memory: 8-bit weights take a base-en step from 17.8 to 9.0 ms (one
     # pinned core; six 4-12 s call segments alone 3.10 -> 2.11 s, the same text). The encoder is bound by
     # arithmetic: int8row there bought 1.3 -> 1.2 s, and together with the decoder's it made the library's
@@ -133,13 +133,13 @@ class AsrSettings(BaseModel):
     )
     max_batch: int = Field(16, description="Most segments decoded together in one batch.")
     max_wait_ms: float = Field(30.0, description="Longest a segment waits in the batcher for others to join it (ms).")
-    # Issue 25 item 3 (pipeline/asr/batcher.py's take_batch): which waiting segments the next batch takes
-    # when more than max_batch wait. "oldest" is the order before it.
+    # Which waiting segments the next batch takes when more than max_batch wait (pipeline/asr/batcher.py's
+    # take_batch; its docstring says why "shortest").
     batch_order: Literal["oldest", "shortest"] = Field(
         "shortest",
         description="Segments a batch takes first when more than max_batch wait: shortest (shortest window first, "
         "a short reply not held behind a long turn; see batch_age_limit_ms) or oldest (the oldest's window bucket "
-        "first, then by age: the order before issue 25).",
+        "first, then by age).",
     )
     batch_age_limit_ms: float = Field(
         1000.0, ge=0.0,
@@ -147,7 +147,7 @@ class AsrSettings(BaseModel):
         "one, so long turns are not starved under load (0 = oldest first, like a FIFO).",
     )
     # pipeline/asr/batcher.py (its docstring): a short reply batched with a long turn waits for the long
-    # window's encode and decodes beside it. On since issue 25: bench live on 2 pinned cores, against off in
+    # window's encode and decodes beside it. On by default: bench live on 2 pinned cores, against off in
     # the same runs (bench/results/scheduling/), CPU per speech second 0.989x / 0.939x / 0.955x at 14 / 20 / 24
     # calls, P99 1.74 -> 1.66 s, 2.19 -> 2.27 s, 6.77 -> 5.07 s (and at 24 calls the input kept up, where off fell behind).
     batch_one_window: bool = Field(
@@ -190,11 +190,11 @@ class AsrSettings(BaseModel):
     inference_threads: int = Field(
         1, ge=0, description="Batches decoded at once, one thread each (0 = one per core the process may use).",
     )
-    # Issue 25: the decode loop's Python holds the GIL, so a second inference thread could not run beside
+    # The decode loop's Python holds the GIL, so a second inference thread could not run beside
     # the event loop. N > 0: each batch is decoded by one of N child processes (pipeline/asr/
     # inference_process.py: audio through shared memory, results back per row over a pipe), and the
     # batcher runs N batches at once (inference_threads is then N). Figures: pipeline/asr/README.md.
-    # Auto = 2 on 2+ cores (issue 25 item 1): bench live --search on 2 pinned cores (bench/results/capacity) held
+    # Auto = 2 on 2+ cores: bench live --search on 2 pinned cores (bench/results/capacity) held
     # 10 calls in-process and 20+ with two children (P99 1.27 s at 20); at 10 calls P99 1.12 against 1.37 s and
     # CPU per speech second 0.89x. Each child holds its own model (~500 MB for tiny.en fp32).
     inference_processes: int = Field(

@@ -28,9 +28,9 @@ class GatewaySettings(BaseModel):
         description="X-API-KEY Genesys AudioHook must send (secret); empty refuses every /audiohook session "
         "unless gateway_auth is off.",
     )
-    # A loopback bind used to be trusted without credentials; the usual production setup, a TLS proxy on
-    # the same host, then forwarded the internet's streams to it unauthenticated (issue 41). Now taking
-    # streams without credentials is an explicit choice, as CALLQA_API_AUTH=off is for the worker's API.
+    # A loopback bind is not trusted without credentials: the usual production setup, a TLS proxy on the
+    # same host, forwards the internet's streams to it. Taking streams without credentials is an explicit
+    # choice, as CALLQA_API_AUTH=off is for the worker's API.
     gateway_auth: Literal["on", "off"] = Field(
         "on",
         description="on: /twilio needs twilio_auth_token signatures and /audiohook audiohook_api_key, and a "
@@ -73,7 +73,7 @@ class GatewaySettings(BaseModel):
         description="How long an AudioHook `close` waits for the session's audio to reach Kafka before `closed` (s).",
     )
     # The public port faces the internet (or a TLS proxy that forwards it); what a metric says about calls
-    # and load is for the operator's Prometheus only (issue 41).
+    # and load is for the operator's Prometheus only.
     gateway_metrics_host: str = Field(
         "127.0.0.1", description="Interface of the gateway's /metrics (and /healthz) listener, apart from the "
         "public port; 0.0.0.0 for a Prometheus on another host (e.g. the compose network).",

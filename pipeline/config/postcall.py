@@ -1,4 +1,4 @@
-"""Settings of the post-call pass (issue 26): a finished call transcribed again by the accurate model.
+"""Settings of the post-call pass: a finished call transcribed again by the accurate model.
 
 The model is ``final_model`` (config/asr.py, ``CALLQA_FINAL_MODEL``; empty: no pass). When it is set, the
 worker that finishes a call writes a job to ``topic_postcall``, and every worker runs the pass over the

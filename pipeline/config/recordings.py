@@ -1,4 +1,4 @@
-"""Settings of the redacted recordings (issue 39): each finished call's legs kept as stereo Ogg/Opus
+"""Settings of the redacted recordings: each finished call's legs kept as stereo Ogg/Opus
 (agent left, customer right) with every span its transcript redacts cut to silence.
 
 The worker that finishes a call writes its job to ``topic_postcall`` (config/postcall.py); the job's

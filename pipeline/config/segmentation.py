@@ -10,7 +10,7 @@ from pydantic import BaseModel, Field, field_validator
 
 
 class SegmentationSettings(BaseModel):
-    # 400 since issue 25 (was 500): the same WER (library-legs 5.3 %, eval 4.3 %, asterisk 8.5 against 8.6 %,
+    # 400 rather than 500: the same WER (library-legs 5.3 %, eval 4.3 %, asterisk 8.5 against 8.6 %,
     # 8 kHz mu-law), 2 % more segments, and each segment closed 100 ms sooner (bench live at 6 calls: P50 0.65 against
     # 0.86 s, P99 1.19 against 1.53 s); 300 split 25 % more segments and cost eval one word
     # (bench/results/scheduling/, pipeline/bench/README.md).
@@ -18,7 +18,7 @@ class SegmentationSettings(BaseModel):
     vad_model_path: str = Field(
         "", description="Silero VAD ONNX file; empty means the one shipped in the silero-vad package."
     )
-    # Issue 36: an 8 kHz leg's VAD scores the leg's decoded samples (Silero's 8 kHz mode: 256-sample windows + 32 of
+    # At 8000, an 8 kHz leg's VAD scores the leg's decoded samples (Silero's 8 kHz mode: 256-sample windows + 32 of
     # context, the same 32 ms grid), and only the pre-roll and the open segment are upsampled (bit for bit what the whole
     # leg upsampled gives). Library legs, 8 kHz mu-law, 32 legs batched in 20 ms frames: front end 2.14 -> 1.53 ms CPU
     # per audio s (VAD ONNX -43 %; the resampler runs on 45 % of the frames); 0.9 % of window decisions differ, 401
@@ -40,7 +40,7 @@ class SegmentationSettings(BaseModel):
         250, description="Segments with less speech than this (ms) are dropped as clicks and noise."
     )
     pre_roll_ms: int = Field(300, description="Audio kept before the detected speech onset (ms).")
-    # Issue 36: the recogniser clipped or misheard first words with only the 300 ms pre-roll (Moonshine base), and a
+    # The recogniser clipped or misheard first words with only the 300 ms pre-roll (Moonshine base), and a
     # longer pre-roll moved segment starts, which the talk-over and silence metrics read. The lead is heard, not
     # timed. bench accuracy, 8 kHz mu-law, one run (bench/results/asr-lead): library legs WER 4.0 -> 3.6 %, digit
     # sequences 17 -> 20 of 41; asterisk 5.5 and eval 5.1 % unchanged; library-numbers (number spans cut from their
@@ -55,7 +55,7 @@ class SegmentationSettings(BaseModel):
     max_segment_ms: int = Field(
         15000, description="Longest segment (ms); a longer one is cut at its quietest point."
     )
-    # Issue 36: a long turn was decoded whole after its end (a 10-13 s turn alone took the P99 final at 6-10 calls
+    # At 0, a long turn is decoded whole after its end (a 10-13 s turn alone took the P99 final at 6-10 calls
     # on 2 cores). Past long_segment_ms a shorter pause ends the segment, so a long turn is transcribed in
     # stretches while it goes on and its final decodes only the last one. bench live, 12 calls on 2 pinned cores, one
     # run (bench/results/long-turns): P99 final 1.91 -> 1.52 s (4000: 1.59), P50 0.83 -> 0.66 s, worker CPU per speech s

@@ -51,7 +51,7 @@ class StoreSettings(BaseModel):
     store_connect_timeout_s: float = Field(
         5.0, gt=0, description="Connect timeout to a ClickHouse HTTP server (seconds)."
     )
-    # Issue 39: privacy law's storage limits; the sweeper runs in every worker (the erase is idempotent), see
+    # Privacy law's storage limits; the sweeper runs in every worker (the erase is idempotent), see
     # pipeline/store/erasure.py.
     retention_days_transcripts: float = Field(
         0, ge=0, description="A call's rows (transcript, QA, latency, reviews) are erased from the store this many "

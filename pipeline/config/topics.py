@@ -16,7 +16,7 @@ class TopicSettings(BaseModel):
         "callqa.call-checkpoints",
         description="Compacted: the newest resume point of each open call, keyed by call ID, partitioned as the audio.",
     )
-    # Issue 36: a message per 20 ms frame had the worker's event loop take 50 messages a second per leg (faust,
+    # A message per 20 ms frame had the worker's event loop take 50 messages a second per leg (faust,
     # decoding, checks and the jitter buffer per message). A longer message costs the producer up to its
     # length in latency: its first sample waits for its last. bench live, 10 calls on 2 pinned cores, one run
     # (bench/results/message-span): event loop CPU s per speech s 0.0372 / 0.0236 / 0.0184 at 20 / 100 / 200 ms,

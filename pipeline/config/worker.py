@@ -64,8 +64,8 @@ class WorkerSettings(BaseModel):
         False, description="With checkpoint_key set, read plain checkpoint records too: for the switch-over from "
                            "no key, until the calls open before it have ended (a plain record is refused otherwise).",
     )
-    # In audio time, not in messages (it was 10 frames until issue 36): with 200 ms messages, 10 messages made a
-    # missing one wait 2 s of later audio before its gap was filled, and every later segment with it.
+    # In audio time, not in messages: a window of 10 messages, at 200 ms each, made a missing one wait 2 s
+    # of later audio before its gap was filled, and every later segment with it.
     reorder_window_ms: int = Field(
         200, ge=1, description="Audio (ms) a leg holds to put reordered messages back in order before a gap is "
         "filled with silence (at least one message).",
@@ -158,8 +158,8 @@ class WorkerSettings(BaseModel):
         131072, ge=0, description="glibc's mmap threshold set at worker start (bytes); 0 leaves glibc's dynamic one. "
         "The MALLOC_MMAP_THRESHOLD_ environment variable, when set, wins.",
     )
-    # Issue 41's soak: free chunks between live blocks stay resident; one trim of the long-lived worker gave
-    # back 14 MB of 747 (pipeline/worker/allocator.py).
+    # Free chunks between live blocks stay resident: in an hour's soak, one trim of the long-lived worker
+    # gave back 14 MB of 747 (pipeline/worker/allocator.py).
     malloc_trim_interval_s: float = Field(
         60.0, ge=0, description="How often the worker hands glibc's free pages back to the system (malloc_trim, "
         "off the event loop), s; 0: never.",
@@ -191,10 +191,10 @@ class WorkerSettings(BaseModel):
     model_watch_interval_s: float = Field(
         5.0, description="How often the worker looks for a newer model version to hot-reload (0: never).",
     )
-    # pipeline/worker/early.py: the final's text is the same, only sooner. Auto (None) since issue 36: on when
-    # batches decode in child processes (inference_processes, auto 2 on 2+ cores), off in-process. Issue 9 had
-    # it off: in-process, at 4 calls three of six runs fell behind the input (lag spikes of 400-800 frames);
-    # the early decodes then held the event loop's GIL. With child processes (bench live --search, 2 cores,
+    # pipeline/worker/early.py: the final's text is the same, only sooner. Auto (None): on when batches
+    # decode in child processes (inference_processes, auto 2 on 2+ cores), off in-process, where at 4 calls
+    # three of six runs fell behind the input (lag spikes of 400-800 frames): the early decodes held the event
+    # loop's GIL. With child processes (bench live --search, 2 cores,
     # Moonshine base, bench/results/capacity/): 9 calls held at P99 <= 1.5 s against 6 without; at 9 calls in
     # one run P50 0.86 -> 0.71 s, P99 1.52 -> 1.39 s, worker CPU 1.12x (decodes of segments whose speech
     # resumed are thrown away), the lag flat.
@@ -205,8 +205,8 @@ class WorkerSettings(BaseModel):
     partial_interval_ms: int = Field(
         0, description="Emit partial transcripts of open segments this often (ms); 0 turns partials off.",
     )
-    # Partials re-decode the open segment: before issue 36 they queued beside the finals, waited for budget like
-    # them and took any free decoding thread. Off restores that (to measure what giving way buys: bench live).
+    # Partials re-decode the open segment. Off, they queue beside the finals, wait for budget like them and
+    # take any free decoding thread (to measure what giving way buys: bench live).
     partials_yield: bool = Field(
         True, description="Partials give way to finals: skipped when the in-flight budget is busy, decoded only when "
         "no final waits (never on the last free decoding thread), dropped when stale (CALLQA_PREVIEW_MAX_WAIT_MS).",
@@ -235,7 +235,7 @@ class WorkerSettings(BaseModel):
     web_session_hours: float = Field(
         12.0, gt=0, description="How long a login to the call pages (/calls) lasts (hours).",
     )
-    # Issue 39: every call carries a tenant (accounts see their tenant's calls); a call's start event names it
+    # Every call carries a tenant (accounts see their tenant's calls); a call's start event names it
     # (Twilio's custom parameter, AudioHook's organization, the SIPREC digest user, `callqa replay --tenant`).
     default_tenant: str = Field(
         "default", min_length=1,

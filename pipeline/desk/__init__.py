@@ -1,1 +1,1 @@
-"""The QA desk: what a supervisor does with the stored calls (issue 38): search across them first."""
+"""The QA desk: what a supervisor does with the stored calls: search across them first."""

@@ -1,4 +1,4 @@
-"""Calibration: how often supervisors overturn the machine, per scorecard item (issue 38 item 4).
+"""Calibration: how often supervisors overturn the machine, per scorecard item.
 
 For each call and item reviewed, its latest review stands: the machine's verdict (``automatic``) against the
 reviewer's. Per item: calls reviewed, agreed, overturned each way (pass → fail, fail → pass, and to or from

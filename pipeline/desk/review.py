@@ -1,4 +1,4 @@
-"""Human review of a call's scorecard (issue 38 item 3): a supervisor overturns an item, the call is re-scored.
+"""Human review of a call's scorecard: a supervisor overturns an item, the call is re-scored.
 
 A review names an item of the scorecard by its id (``rules/scorecards/*.yaml``: ``greeting``,
 ``recording_disclosure``...), a verdict (``pass``, ``fail``, ``na``: not applicable), a reason and who

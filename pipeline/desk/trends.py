@@ -1,4 +1,4 @@
-"""An agent's trend over weeks, the team beside it (issue 38 item 5): what a supervisor coaches from.
+"""An agent's trend over weeks, the team beside it: what a supervisor coaches from.
 
 Per ISO week (Monday, UTC) of the calls' starts, for the agent and for every agent of the store (the team):
 calls, mean QA score, auto-fail share, the customer's mean sentiment (−5..+5), the agent's share of the

@@ -1,1 +1,1 @@
-"""What callqa keeps of a call and how it is removed: erasure on request and by retention (issue 39)."""
+"""What callqa keeps of a call and how it is removed: erasure on request and by retention."""

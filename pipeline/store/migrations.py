@@ -29,7 +29,7 @@ Keys and versions, and why:
 A migration that adds columns must also replace the ``_deduped`` views of those tables: a ClickHouse view
 keeps the column list its ``SELECT *`` had when it was created.
 
-Revisions (migration 5, issue 26): a call may be transcribed more than once, live and after the call by a
+Revisions (migration 5): a call may be transcribed more than once, live and after the call by a
 more accurate model (the post-call pass, ``callqa retranscribe``), and each pass's result is kept.
 ``calls``, ``call_qa``, ``segments`` and (migration 6) ``qa_events`` carry ``revision`` in their keys: 0 is the live pass, 1 the first
 post-call pass, one more per retranscribe. (0, not 1, for the live pass: ClickHouse refuses a column with
@@ -188,7 +188,7 @@ def _deduped_view(table: str, replace: bool = False) -> str:
     return f"{create} {{db}}.{table}_deduped AS SELECT * FROM {{db}}.{table} FINAL"
 
 
-# Issue 27: sentiment per final segment and per call, longest monologue and hold time per call (all on
+# Sentiment per final segment and per call, longest monologue and hold time per call (all on
 # the −5..+5 sentiment scale of pipeline/qa/sentiment.py; 0 for rows written before, and for partials).
 _SENTIMENT_COLUMNS = {
     "segments": [("sentiment", "Float32", "sentiment of the redacted text, -5..+5; 0 for a partial")],
@@ -210,13 +210,13 @@ def _add_columns(table: str, columns: list[tuple[str, str, str]]) -> str:
     return f"ALTER TABLE {{db}}.{table} {adds}"
 
 
-# Issue 27 item 5: when the call was on hold (the call page draws each hold), not only the total hold_ms.
+# When the call was on hold (the call page draws each hold), not only the total hold_ms.
 _HOLDS_COLUMN = (
     "ALTER TABLE {db}.calls ADD COLUMN IF NOT EXISTS holds Array(Tuple(start_ms UInt32, end_ms UInt32)) "
     "DEFAULT [] COMMENT 'hold intervals [start_ms, end_ms) on the call clock; empty for rows written before'"
 )
 
-# Issue 26: the revision in the keys of the tables a post-call pass writes again (see the module's doc).
+# The revision in the keys of the tables a post-call pass writes again (see the module's doc).
 _REVISED_IN_5 = ("calls", "call_qa", "segments")
 REVISED_TABLES = (*_REVISED_IN_5, "qa_events")  # qa_events since migration 6
 
@@ -242,19 +242,19 @@ _QA_EVENTS_LATEST_VIEW = (
 )
 
 
-# Issue 41's soak: ClickHouse removes outdated parts with a pool of up to 128 threads once more than
+# ClickHouse removes outdated parts with a pool of up to 128 threads once more than
 # concurrent_part_removal_threshold (100) are due, and the embedded engine (chdb) keeps every such thread
 # for the life of the worker: 125 threads at the first clean-up, ~8 minutes after start, each later
 # holding its allocator cache and three /proc files, so a worker's memory and open files grew for the
-# whole hour. The sink writes small parts often; one thread removes a clean-up's few hundred in well under
-# a second, on a server too.
+# whole of an hour's soak. The sink writes small parts often; one thread removes a clean-up's few hundred
+# in well under a second, on a server too.
 _PART_TABLES = (*TABLE_KEYS, "revoked_sessions", "schema_migrations")
 _ONE_THREAD_PART_REMOVAL = tuple(
     f"ALTER TABLE {{db}}.{table} MODIFY SETTING concurrent_part_removal_threshold = 1000000" for table in _PART_TABLES
 )
 
 
-# Issue 38: search across calls (pipeline/desk/search.py) finds whole words in the redacted text through a
+# Search across calls (pipeline/desk/search.py) finds whole words in the redacted text through a
 # full-text index, not a scan: the lower-cased text cut at every ASCII character that is not a letter or a
 # digit, the same cut the search makes of what is asked. Parts written before are indexed by the mutation
 # (until it is done they are read whole: slower, not wrong).
@@ -265,7 +265,7 @@ _SEGMENT_WORDS_INDEX = (
 )
 
 
-# Issue 38: human review of a call's scorecard (pipeline/desk/review.py). Each review is a row, never
+# Human review of a call's scorecard (pipeline/desk/review.py). Each review is a row, never
 # rewritten (the key holds its time and id: a review sent twice is stored once); the call's QA row is
 # written again with the reviewed items and score, and the automatic score kept beside it, so every reader
 # of call_qa (list, pages, search, dashboards) shows the reviewed score with no join.
@@ -291,12 +291,12 @@ _REVIEWED_COLUMNS = (
     "ALTER TABLE {db}.call_qa ADD COLUMN IF NOT EXISTS reviewed_by String DEFAULT '' "
     "COMMENT 'who reviewed last; empty: never reviewed'",
 )
-# Issue 38: the call's categories (pipeline/qa/categories.py), written with its calls row at call end (and by
+# The call's categories (pipeline/qa/categories.py), written with its calls row at call end (and by
 # each post-call pass, and `callqa recategorize`): the list filters and the dashboard counts read them there.
 _CATEGORIES_COLUMN = ("ALTER TABLE {db}.calls ADD COLUMN IF NOT EXISTS categories Array(LowCardinality(String)) "
                       "DEFAULT [] COMMENT 'the categories of rules/categories/*.yaml the call is in'")
 
-# Issue 39: who erased which call, when and why (`callqa erase`, the retention sweeper; pipeline/store/erasure.py).
+# Who erased which call, when and why (`callqa erase`, the retention sweeper; pipeline/store/erasure.py).
 # It holds no text of the call; it is how an erasure is shown to have happened, and how the sweeper finds an erased
 # call whose rows came back (a post-call job or a replay written after the erase) and erases them again.
 _ERASURES = """
@@ -312,7 +312,7 @@ ORDER BY (call_id, erased_at)
 SETTINGS concurrent_part_removal_threshold = 1000000
 """
 
-# Issue 39: accounts (pipeline/access/users.py): a token is kept only as its SHA-256; a name added again replaces
+# Accounts (pipeline/access/users.py): a token is kept only as its SHA-256; a name added again replaces
 # the account, a removal is a row with removed = 1.
 _USERS = """
 CREATE TABLE IF NOT EXISTS {db}.users (
@@ -338,7 +338,7 @@ _ACCOUNT_ID_COLUMN = (
     "COMMENT 'random per account; a page session names it, so it never passes to a later account of the name'"
 )
 
-# Issue 39: each finished call's redacted recording (pipeline/recordings): where it is kept and what was cut
+# Each finished call's redacted recording (pipeline/recordings): where it is kept and what was cut
 # from it. It holds no audio and no text; a job redone writes an equal row (times from the job).
 _RECORDINGS = """
 CREATE TABLE IF NOT EXISTS {db}.recordings (
@@ -394,10 +394,10 @@ MIGRATIONS: tuple[Migration, ...] = (
         *(_revision_key(table) for table in _REVISED_IN_5),
         *(_latest_revision_view(table) for table in _REVISED_IN_5),
     )),
-    # The worker's post-call pass stores the rule verdicts of its transcript too (issue 26): without the
+    # The worker's post-call pass stores the rule verdicts of its transcript too: without the
     # revision in their key, the final pass's events would mix with the live pass's in one list.
     Migration(6, "revisions of a call's QA events", (_revision_key("qa_events"), _QA_EVENTS_LATEST_VIEW)),
-    # /logout revokes a call-page session for every worker on the store (issue 41; pipeline/api/revocations.py).
+    # /logout revokes a call-page session for every worker on the store (pipeline/api/revocations.py).
     Migration(7, "sessions logged out", (_REVOKED_SESSIONS,)),
     Migration(8, "outdated parts removed by one thread", _ONE_THREAD_PART_REMOVAL),
     Migration(9, "a full-text index of the segments' words", _SEGMENT_WORDS_INDEX),

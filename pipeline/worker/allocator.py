@@ -8,7 +8,7 @@ threshold (``malloc_mmap_threshold_bytes``) keeps them mapped and returned (``ma
 which also turns the dynamic adjustment off).
 
 Below the threshold, glibc gives memory back only from the top of a heap: free chunks between blocks still
-in use stay resident. Over an hour's soak (issue 41) the long-lived worker's RSS kept creeping up; one
+in use stay resident. Over an hour's soak the long-lived worker's RSS kept creeping up; one
 ``malloc_trim(0)`` there, 27 minutes in, handed back 14 MB. ``release_free_memory`` does that (it returns
 whole free pages inside every arena, ``madvise``), and the worker calls it every ``malloc_trim_interval_s``.
 """

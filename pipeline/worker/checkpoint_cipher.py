@@ -13,7 +13,7 @@ call id bound as associated data (a record copied under another call's key does 
 - **Rotation.** The key id names the key a record was sealed with: a new key goes in
   ``CALLQA_CHECKPOINT_KEY`` and the old one in ``CALLQA_CHECKPOINT_PREVIOUS_KEYS`` (comma-separated),
   still opened while records sealed with it remain (an open call's next checkpoint reseals it).
-  ``CQE1`` records (no key id, before issue 41) open with any of the keys.
+  ``CQE1`` records (the older format, with no key id) open with any of the keys.
 
 Without a key records are plain Avro; a sealed record read without the key is an error naming the call,
 not a silent skip.

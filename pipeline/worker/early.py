@@ -13,7 +13,7 @@ copy of the open segment's, which the leg holds anyway, so it is not charged to 
 
 On by default where batches decode in child processes (``early_decode`` unset, ``early_decode_enabled``): in the
 worker's own threads the early decodes held the event loop's GIL and the worker fell behind its input in
-three of six runs at four calls (issue 9); off the GIL it took the capacity on 2 cores from 6 to 9 calls
+three of six runs at four calls; off the GIL it took the capacity on 2 cores from 6 to 9 calls
 at P99 <= 1.5 s (pipeline/config/worker.py has the figures).
 """
 

@@ -1,4 +1,4 @@
-"""Batch ordering (issue 25 item 3): which waiting segments the next batch takes. Pure and deterministic:
+"""Batch ordering: which waiting segments the next batch takes. Pure and deterministic:
 `take_batch` reads only each segment's arrival time and window bucket and the `now` it is given; the
 collector's own order is checked through a recognizer that records its batches."""
 

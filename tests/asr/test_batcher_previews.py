@@ -1,4 +1,4 @@
-"""Previews (partial transcripts) in the SegmentBatcher give way to finals (issue 36 item 1): a batch is
+"""Previews (partial transcripts) in the SegmentBatcher give way to finals: a batch is
 finals or previews, finals first; with several threads a preview never takes the last free one; a preview
 that waited ``preview_max_wait_ms`` is dropped undecoded. Checked through a recognizer that records its
 batches and holds each one until the test lets it go."""

@@ -1,4 +1,4 @@
-"""Hot words for Moonshine (issue 36; pipeline/asr/hot_words.py): the tokenizer's encoding is the decoder's
+"""Hot words for Moonshine (pipeline/asr/hot_words.py): the tokenizer's encoding is the decoder's
 own, the trie's states and the boosted choice, and on real speech (the call library's turns through G.711
 mu-law, moonshine-base fp32): the listed brand and names mended, other text left as it was, an empty list
 decoding as without, a batch equal to one-by-one decoding.

@@ -1,4 +1,4 @@
-"""Weight-only 8-bit MatMulNBits (issue 25 item 2): the quantized weights stand for the fp32 ones, and a
+"""Weight-only 8-bit MatMulNBits: the quantized weights stand for the fp32 ones, and a
 row's result does not depend on the other rows of its batch, as MatMulInteger's batch-wide activation
 scale made it."""
 
@@ -71,7 +71,7 @@ def test_int8row_gives_a_segment_the_same_text_alone_and_in_a_batch_of_16(
 ) -> None:
     """The built model's int8row graphs: each of 16 eval segments (1.4-12 s, 8 kHz mu-law) decoded alone
     and in a batch of 16 with the others gives the same tokens, where int8 (MatMulInteger, one activation
-    scale per batch) changed 18 of 64 texts in the same check (issue 25)."""
+    scale per batch) changed 18 of 64 texts in the same check."""
     assert set(built.manifest.graphs["int8row"]) == {"encoder", "decoder"}
     ops = {n.op_type for n in onnx.load(str(built.folder / built.manifest.graphs["int8row"]["decoder"])).graph.node}
     assert "MatMulNBits" in ops and "MatMulInteger" not in ops

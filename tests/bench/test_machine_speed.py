@@ -1,4 +1,4 @@
-"""Figures that survive a changing machine (issue 25 item 4), without a broker: the pinned cores' fp32 GEMM
+"""Figures that survive a changing machine, without a broker: the pinned cores' fp32 GEMM
 speed, capacity normalised by it, the workers' CPU seconds per speech second, and `bench live --variant`."""
 
 from __future__ import annotations

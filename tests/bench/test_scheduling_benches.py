@@ -1,4 +1,4 @@
-"""The scheduling benchmarks' own arithmetic (issue 25 item 3): segment figures and latency classes; the
+"""The scheduling benchmarks' own arithmetic: segment figures and latency classes; the
 engine-level traffic they share (pipeline/bench/offered.py) through a real SegmentBatcher."""
 
 from __future__ import annotations

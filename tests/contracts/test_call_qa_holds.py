@@ -1,4 +1,4 @@
-"""CallQA's ``holds`` (issue 27 item 5): when the call was on hold, not only for how long. A message of a
+"""CallQA's ``holds``: when the call was on hold, not only for how long. A message of a
 producer from before the field reads with no holds; a new one round-trips its intervals exactly."""
 
 from __future__ import annotations

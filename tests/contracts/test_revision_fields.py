@@ -1,4 +1,4 @@
-"""Issue 26's message field: the revision (which pass of a call) on transcripts and QA results. Defaulted, so
+"""The messages' revision field (which pass of a call) on transcripts and QA results. Defaulted, so
 messages of earlier producers read as the live pass (0), and a post-call pass's messages round-trip."""
 
 from __future__ import annotations

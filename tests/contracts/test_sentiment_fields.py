@@ -1,4 +1,4 @@
-"""Issue 27's message fields: sentiment on a final, the call's sentiment, monologue and hold figures on CallQA.
+"""The sentiment fields: sentiment on a final, the call's sentiment, monologue and hold figures on CallQA.
 Both are optional with defaults, so messages of producers from before read as zeros and new ones round-trip."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The sentiment scorer against the call library's labels, on the scripts' text (no audio, no model).
 
-Issue 27's goal was ≥ 85 % of labelled turns and every call's trend right. VADER with the particles
+The goal: ≥ 85 % of labelled turns and every call's trend right. VADER with the particles
 and the one-point band reached 74.5 % of turns (13 of 23 trends); VADER as shipped, ±0.05: 64.7 %. The
 contact-center lexicon (pipeline/qa/sentiment_lexicon.yaml) was chosen on the development half only
 (odd-numbered calls); on the held-out half (even-numbered) it went from 70.1 % to 83.9 % of turns, on

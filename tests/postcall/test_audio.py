@@ -1,4 +1,4 @@
-"""A finished call's legs laid out from its frames as the live worker heard them (post-call pass, issue 26)."""
+"""A finished call's legs laid out from its frames as the live worker heard them (post-call pass)."""
 
 from __future__ import annotations
 

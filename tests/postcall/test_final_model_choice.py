@@ -1,4 +1,4 @@
-"""Which model the post-call pass uses (issue 36): a job is kept only where the pass can differ from the
+"""Which model the post-call pass uses: a job is kept only where the pass can differ from the
 live record, so the live model named as the final one means no pass (and the worker says so)."""
 
 from __future__ import annotations

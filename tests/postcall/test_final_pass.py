@@ -1,5 +1,5 @@
 """The post-call pass's core, without Kafka: a call's frames in, its revision 1 out, equal to what
-`callqa analyze --final-model` scores for the same recording (issue 26). Real models."""
+`callqa analyze --final-model` scores for the same recording. Real models."""
 
 from __future__ import annotations
 

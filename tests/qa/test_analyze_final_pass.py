@@ -1,4 +1,4 @@
-"""`callqa analyze` with the post-call pass (issue 26): the live pass's segments decoded again by the accurate
+"""`callqa analyze` with the post-call pass: the live pass's segments decoded again by the accurate
 model (Moonshine base), QA scored on that transcript as revision 1, the live result kept beside it."""
 
 from __future__ import annotations

@@ -68,7 +68,7 @@ def test_answers_without_personal_data_stay_readable(case: dict[str, Any]) -> No
 
 
 def test_the_caller_s_date_of_birth_and_street_from_the_issue() -> None:
-    """Issue 39's example: a call page showed "the third of March 1984 and 12 Oak Street" in clear."""
+    """The reported case: a call page showed "the third of March 1984 and 12 Oak Street" in clear."""
     answer = redacted_answer({"agent": "can you confirm your date of birth and address please",
                               "customer": "the third of March 1984 and 12 Oak Street"})
     assert answer == "the [DOB] and [ADDRESS]"

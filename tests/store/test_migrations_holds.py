@@ -1,4 +1,4 @@
-"""Migration 4 (issue 27 item 5): the calls table keeps when a call was on hold, and its view shows it."""
+"""Migration 4: the calls table keeps when a call was on hold, and its view shows it."""
 
 from __future__ import annotations
 

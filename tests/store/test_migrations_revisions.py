@@ -1,4 +1,4 @@
-"""Migrations 5 and 6 (issue 26): calls, call_qa, segments and qa_events key on the revision of the pass that wrote them, and
+"""Migrations 5 and 6: calls, call_qa, segments and qa_events key on the revision of the pass that wrote them, and
 every reader (the views, the query functions, the call pages, `callqa report`, the dashboards) shows each
 call's latest revision: the post-call pass's result where there is one, else the live one."""
 

@@ -1,4 +1,4 @@
-"""Migration 3 (issue 27): sentiment, longest monologue and hold time columns on a store that has data."""
+"""Migration 3: sentiment, longest monologue and hold time columns on a store that has data."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def test_old_rows_read_zero_and_new_rows_keep_their_figures_through_the_views(st
                                                                                database: str) -> None:
     client = connect(store_url, database)
     try:
-        migrate(client, database, MIGRATIONS[:2])  # a store as it was before issue 27, with a call in it
+        migrate(client, database, MIGRATIONS[:2])  # a store as it was before migration 3, with a call in it
         _insert(client, "calls", _call("old"))
         # Up to the current schema: the new rows are today's worker's, which always runs on a migrated store.
         assert migrate(client, database) == [m.version for m in MIGRATIONS[2:]]

@@ -1,4 +1,4 @@
-"""`callqa retranscribe` (issue 26 item 4): stored calls transcribed again from the contact center's
+"""`callqa retranscribe`: stored calls transcribed again from the contact center's
 recordings or the audio topic by the accurate model, stored as each call's next revision beside the earlier ones, and what
 changed reported. Real model, real embedded ClickHouse."""
 

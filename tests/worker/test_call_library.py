@@ -221,7 +221,7 @@ def test_call_library_verdicts_pii_and_live_alerts_through_the_running_pipeline(
     print(f"metrics outside tolerance: {len(metric_notes)}")
     for d in metric_notes:
         print(f"  metric: {d.call} {d.what}: expected {d.expected}, got {d.got}")
-    # The calls row keeps the QA result's sentiment, hold and monologue figures (issue 27; Float32 there).
+    # The calls row keeps the QA result's sentiment, hold and monologue figures (Float32 there).
     figures = ("customer_sentiment_end", "hold_ms", "longest_monologue_ms")
     stored = {r["call_id"]: r for r in worker.query(
         f"SELECT call_id, {', '.join(figures)} FROM calls FINAL WHERE {IDS}", ids=",".join(call_ids))}

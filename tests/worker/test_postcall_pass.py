@@ -1,4 +1,4 @@
-"""The worker's post-call pass (issue 26): a finished call is transcribed again by the accurate model and
+"""The worker's post-call pass: a finished call is transcribed again by the accurate model and
 stored as revision 1 beside the live result, what readers see; a worker killed mid-pass stores it once.
 Real broker, real worker processes, real models, real embedded ClickHouse."""
 

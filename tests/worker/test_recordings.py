@@ -1,4 +1,4 @@
-"""The hidden-digit test through the running pipeline (issue 39): a call in which a card number, its expiry and
+"""The hidden-digit test through the running pipeline: a call in which a card number, its expiry and
 security code, a date of birth and an address are spoken goes through the real broker and a real worker; its
 kept recording, transcribed again, says none of them and still says the rest of the call; its stored transcript
 says none of them either; the API serves the recording, and an erase removes it."""
