@@ -84,6 +84,7 @@ LEG_AUDIO = "callqa_leg_audio_seconds_total"  # audio fed to the legs' segmenter
 ACTIVE_CALLS = "callqa_active_calls"
 STORE_RETRIES = "callqa_store_retries"
 PEERS_WATCHED = "callqa_peers_watched"
+ASSIGNMENTS = "callqa_rebalances_total"
 # How long a kill -9 waits for a group its peers can evict from (see ``Faults._evictable``).
 EVICTABLE_WAIT_S = 30.0
 # A store outage lasts its planned time and until every worker alive at its start has had an insert refused
@@ -155,6 +156,7 @@ class Workers:
         self.slots = self.group.workers
         self.lives: list[Life] = []
         self.unplanned: list[str] = []
+        self.stopping: set[int] = set()  # slots being stopped (SIGTERM) in the background: not exited by themselves
 
     def now(self) -> float:
         return round(time.monotonic() - self.began, 1)
@@ -205,7 +207,8 @@ class Workers:
     def busiest(self, turn: int) -> int:
         """The live worker with the most active calls (ties: in turn), so a fault costs real work."""
         def active(slot: int) -> float:
-            return self.life(slot).metrics.get(ACTIVE_CALLS, 0.0) if self.slots[slot].alive() else -1.0
+            serving = self.slots[slot].alive() and slot not in self.stopping
+            return self.life(slot).metrics.get(ACTIVE_CALLS, 0.0) if serving else -1.0
 
         n = len(self.slots)
         order = [(turn + k) % n for k in range(n)]
@@ -214,7 +217,7 @@ class Workers:
     def supervise(self) -> None:
         """Restart a worker that exited by itself, as systemd or Docker would, and note why it exited."""
         for slot, worker in enumerate(self.slots):
-            if worker.proc is not None and not worker.alive():
+            if worker.proc is not None and not worker.alive() and slot not in self.stopping:
                 self.unplanned.append(f"{self.now():.0f} s: worker{slot} exited ({worker.exit_code}): {worker.why()}")
                 self.say(f"  {self.now():6.1f} s  worker{slot} exited by itself ({worker.exit_code}): restarted")
                 self.ended(slot, f"exited {worker.exit_code}")
@@ -307,11 +310,10 @@ class Faults:
                 worker.kill9()
                 entry["exit_code"] = worker.exit_code
                 self._measure_takeover(entry, admin, set(members))
+                self.workers.ended(slot, kind)
+                self.workers.restart_soon(slot)
             else:
-                worker.stop(timeout_s=90)
-                entry["exit_code"] = worker.exit_code
-            self.workers.ended(slot, kind)
-            self.workers.restart_soon(slot)
+                self._stop_soon(slot, entry)
         elif kind == "broker":
             self.kafka.stop()
             entry["down_s"] = round(time.monotonic() - began, 1)
@@ -330,9 +332,29 @@ class Faults:
         self.workers.say(f"  {at:6.1f} s  {kind}{victim} ({entry['took_s']:.0f} s{peers})")
         self.done.append(entry)
 
+    def _stop_soon(self, slot: int, entry: dict[str, Any]) -> None:
+        """SIGTERM a slot's worker and, in the background, wait for its exit and restart it: a clean stop
+        during a store outage waits out the sink's close (38 s seen), and the faults after it keep their times."""
+        worker = self.workers.slots[slot]
+        self.workers.stopping.add(slot)
+        began = time.monotonic()
+
+        def stop() -> None:
+            try:
+                worker.stop(timeout_s=90)
+                entry["exit_code"], entry["stop_s"] = worker.exit_code, round(time.monotonic() - began, 1)
+                self.workers.ended(slot, "sigterm")
+                self.workers.restart_soon(slot)
+            finally:
+                self.workers.stopping.discard(slot)
+
+        thread = threading.Thread(target=stop, name="chaos-sigterm", daemon=True)
+        thread.start()
+        self.measuring.append(thread)
+
     def _evictable(self) -> bool:
         """Wait (up to ``EVICTABLE_WAIT_S``) until a killed worker's peers can evict it: the group stable with
-        every live worker a member, and each watching all the others. A kill before that (a peer restarting,
+        every serving worker a member, and each watching all the others. A kill before that (a peer restarting,
         the coordinator still loading after a broker restart) is rightly left to the session timeout, and
         says nothing of eviction. Whether it came is recorded with the kill."""
         group = self.workers.group
@@ -340,7 +362,10 @@ class Faults:
         deadline = time.monotonic() + EVICTABLE_WAIT_S
         while True:
             self.workers.poll_all()
-            live = [slot for slot, w in enumerate(self.workers.slots) if w.alive()]
+            # Serving: alive, not being stopped, and given partitions at least once (a restart still joining
+            # is not waited for: the kill's peers are the members).
+            live = [slot for slot, w in enumerate(self.workers.slots) if w.alive() and slot not in self.workers.stopping
+                    and self.workers.life(slot).metrics.get(ASSIGNMENTS, 0.0) > 0]
             state, members = group_members(admin, group.settings.worker_id, group.settings.topic_audio)
             watching = [self.workers.life(slot).metrics.get(PEERS_WATCHED, 0.0) for slot in live]
             if state == "STABLE" and len(members) == len(live) and all(n >= len(live) - 1 for n in watching):
@@ -676,7 +701,7 @@ def verdict_problems(offline: Offline, stored: dict[str, list[QaVerdicts]],
 def _verdict(options: ChaosOptions, workers: Workers, traffic: Traffic, settings: Settings,
              picked: list[tuple[dict[str, Any], Path]], recordings: list[CallRecording], call_ids: list[str],
              faults: Faults, stores: GroupStores) -> ChaosResult:
-    for thread in faults.measuring:  # take-over times: the group settled long ago, or not within 120 s
+    for thread in faults.measuring:  # take-over times and stops: the group settled long ago, or not within 120 s
         thread.join(timeout=120)
     checkpoint_messages = _wait_checkpoints_forgotten(settings)
     workers.poll_all()
