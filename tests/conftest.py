@@ -125,10 +125,8 @@ class WorkerLanes(LoadFileScheduling):
         scope = next((s for s in self.workqueue if min(WORKER_FILES.get(s, 0), WORKER_SLOTS) <= free), None)
         if scope is None:  # only held-back files are left: this process waits for a slot to free
             return
-        work_unit = self.workqueue.pop(scope)
-        self.assigned_work[node][scope] = work_unit
-        collection = self.registered_collections[node]
-        node.send_runtest_some([collection.index(nodeid) for nodeid, done in work_unit.items() if not done])
+        self.workqueue.move_to_end(scope, last=False)  # xdist's own assignment takes the queue's first
+        super()._assign_work_unit(node)
 
     def mark_test_complete(self, node: Any, item_index: int, duration: float = 0) -> None:
         super().mark_test_complete(node, item_index, duration)

@@ -290,17 +290,18 @@ class Faults:
         began = time.monotonic()
         entry: dict[str, Any] = {"at_s": at, "kind": kind}
         if kind in ("kill9", "sigterm"):
+            group = self.workers.group
+            admin: AdminClient | None = None
             if kind == "kill9":
-                entry["evictable"] = self._evictable()
+                # A client of its own: the run's long-lived admin client timed out on every group
+                # description after the broker restart (librdkafka 2.16), which left take-overs unmeasured.
+                admin = admin_client(group.settings, ClientErrors(group.settings))
+                entry["evictable"] = self._evictable(admin)
             self.workers.poll_all()  # chosen on fresh metrics: on the last poll's, a kill hit a worker gone idle
             slot = self.workers.busiest(turn)
             worker = self.workers.slots[slot]
             entry.update(worker=slot, active_calls=self.workers.life(slot).metrics.get(ACTIVE_CALLS, 0.0))
-            if kind == "kill9":
-                group = self.workers.group
-                # A client of its own: the run's long-lived admin client timed out on every group
-                # description after the broker restart (librdkafka 2.16), which left take-overs unmeasured.
-                admin = admin_client(group.settings, ClientErrors(group.settings))
+            if admin is not None:  # a kill
                 members: dict[str, set[int]] = {}
                 for _ in range(20):  # the coordinator may not answer at once (after a broker restart)
                     state, members = group_members(admin, group.settings.worker_id, group.settings.topic_audio)
@@ -352,13 +353,12 @@ class Faults:
         thread.start()
         self.measuring.append(thread)
 
-    def _evictable(self) -> bool:
+    def _evictable(self, admin: AdminClient) -> bool:
         """Wait (up to ``EVICTABLE_WAIT_S``) until a killed worker's peers can evict it: the group stable with
         every serving worker a member, and each watching all the others. A kill before that (a peer restarting,
         the coordinator still loading after a broker restart) is rightly left to the session timeout, and
         says nothing of eviction. Whether it came is recorded with the kill."""
         group = self.workers.group
-        admin = admin_client(group.settings, ClientErrors(group.settings))
         deadline = time.monotonic() + EVICTABLE_WAIT_S
         while True:
             self.workers.poll_all()
