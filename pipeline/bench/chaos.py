@@ -316,6 +316,9 @@ class Faults:
             else:
                 self._stop_soon(slot, entry)
         elif kind == "broker":
+            # A worker still stopping cleanly would lose its broker mid-stop (exit 1, seen): its stop ends first.
+            while self.workers.stopping and time.monotonic() - began < 90:
+                time.sleep(0.5)
             self.kafka.stop()
             entry["down_s"] = round(time.monotonic() - began, 1)
             self.kafka.start()
