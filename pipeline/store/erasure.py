@@ -135,7 +135,8 @@ class ErasureWatch:
             at = erased_at if erased_at.tzinfo is not None else erased_at.replace(tzinfo=UTC)
             if at > self.erased.get(call_id, at - timedelta(seconds=1)):
                 self.erased[call_id] = at
-        self.read_to = now
+        # The store keeps milliseconds: an erasure recorded later in this millisecond is stored as earlier than now.
+        self.read_to = now.replace(microsecond=now.microsecond // 1000 * 1000)
         self.erased = {c: at for c, at in self.erased.items() if at >= horizon}
         return sorted(self.erased)
 
@@ -195,14 +196,16 @@ def sweep(client: Client, database: str, retention_days_transcripts: float, now:
           retention_days_audio: float = 0, remove_recording: RemoveRecording | None = None,
           watch: ErasureWatch | None = None) -> Sweep:
     """One pass of the sweeper: erased calls whose rows came back, then calls past retention, then recordings past
-    theirs (0 days: kept)."""
+    theirs (0 days: kept). ``now`` places the retention cutoffs; erasures are recorded at the clock."""
     now = now or datetime.now(UTC)
-    done = erase_calls(client, database, returned_calls(client, database, watch=watch), "sweeper", "again", now=now,
+    # Recorded at the clock, not at ``now``: the watch has read the history up to the clock, and an erasure
+    # recorded earlier than that would go unread by the next sweep.
+    done = erase_calls(client, database, returned_calls(client, database, watch=watch), "sweeper", "again",
                        remove_recording=remove_recording)
     if retention_days_transcripts > 0:
         cutoff = datetime.fromtimestamp(now.timestamp() - retention_days_transcripts * 86400, UTC)
         done += erase_calls(client, database, expired_calls(client, database, cutoff), "retention", "retention",
-                            now=now, remove_recording=remove_recording)
+                            remove_recording=remove_recording)
     dropped = 0
     if retention_days_audio > 0 and remove_recording is not None:
         cutoff = datetime.fromtimestamp(now.timestamp() - retention_days_audio * 86400, UTC)
