@@ -62,6 +62,10 @@ P99_DRIFT_MAX_PCT = 20.0
 COMPARE_S = 600.0  # the first and the last ten minutes (or a third of a shorter run) are compared
 STATIC_SESSION_S = 45.0  # a static member's session: well above a restart (5-6 s), so none is evicted
 AFTER_RESTART_S = 60.0  # each restart's row: the P99 of the finals whose speech ended this long after it
+# A restart's minute may be this much slower than the time between restarts (P99 over P99): its calls wait
+# for the hand-over and the catch-up, but a deployment should not be seen on the supervisors' screens.
+AFTER_RESTART_MAX_RATIO = 1.5
+SLOWEST_SHOWN = 5  # per restart, the slowest finals after it, with where their time went
 DRAIN_S = 120.0
 
 
@@ -160,17 +164,19 @@ class SoakRun:
 
     def restart(self, worker: WorkerProcess, t: float) -> None:
         """Restart ``worker``; ``took_s``: from its SIGTERM to its successor serving, the pause its calls see."""
+        began = time.monotonic()
         if self.config.standby and self.config.static_membership:
             code, took_s = self.workers.hand_over(worker)
             how = "handed over to a standby"
         else:
-            began = time.monotonic()
             worker.stop()
             code = worker.exit_code
             self.workers.restart(worker)
             took_s, how = time.monotonic() - began, "stopped, then started"
+        # standby_s: the successor loading beside the serving worker, before the SIGTERM (0 without a standby).
         self.restarts.append({"t_s": round(t, 1), "worker": worker.label, "exit_code": code,
-                              "took_s": round(took_s, 2)})
+                              "took_s": round(took_s, 2),
+                              "standby_s": round(time.monotonic() - began - took_s, 2)})
         self.say(f"  {t:7.1f} s  restarted {worker.label} ({how}; SIGTERM exit {code}, back after "
                  f"{self.restarts[-1]['took_s']} s)")
 
@@ -286,8 +292,13 @@ def soak_figures(config: SoakConfig, run: SoakRun) -> dict[str, Any]:
                                  wall0 + a, wall0 + b).p99_s for a, b in (first, last)]
     # Does a restart's pause grow over the hour? Each one's P99 of the finals whose speech ended after it.
     restarts = [{**r, "p99_after_s": _round(window_latency(matched, wall0 + r["t_s"],
-                                                           wall0 + r["t_s"] + AFTER_RESTART_S).p99_s)}
+                                                           wall0 + r["t_s"] + AFTER_RESTART_S).p99_s),
+                 "slowest_after": slowest_after(matched, wall0 + r["t_s"])}
                 for r in run.restarts]
+    steady_all = window_latency([m for m in matched if m.speech_end_s is not None and steady(m)],
+                                wall0 + config.warmup_s, wall0 + config.traffic_s).p99_s
+    worst_after = max((r["p99_after_s"] for r in restarts if r["p99_after_s"] is not None), default=None)
+    ratio = None if steady_all is None or worst_after is None else round(worst_after / steady_all, 2)
     turns, unheard = turns_in_window(run.plans, matched, wall0, wall0 + config.warmup_s, wall0 + config.traffic_s)
     heard = {(m.final.call_id, id(m.turn)) for m in matched if m.turn is not None}
     missing = [{"call_id": p.call_id, "leg": t.leg, "end_s": round(p.arrival_s + t.end_ms / 1000, 1),
@@ -307,23 +318,47 @@ def soak_figures(config: SoakConfig, run: SoakRun) -> dict[str, Any]:
     why_not = [why for ok, why in (
         (growth is not None and growth <= RSS_GROWTH_MAX_PCT, f"RSS of {long_lived} grew {growth} %"),
         (drift is not None and drift <= P99_DRIFT_MAX_PCT, f"P99 moved {drift} % from the first window to the last"),
+        (ratio is None or ratio <= AFTER_RESTART_MAX_RATIO,
+         f"a restart's next minute had P99 {worst_after} s, {ratio}x the {_round(steady_all)} s between restarts"),
         (unheard == 0, f"{unheard} of {turns} turns got no final"),
         (all(r["exit_code"] == 0 for r in run.restarts), "a worker did not exit cleanly on SIGTERM"),
         (not run.unplanned_exits, f"{len(run.unplanned_exits)} unplanned worker exits"),
     ) if not ok]
     return {
         "goals": {"rss_growth_max_pct": RSS_GROWTH_MAX_PCT, "p99_drift_max_pct": P99_DRIFT_MAX_PCT,
-                  "compared_s": config.compare_s, "lost_turns": 0},
+                  "compared_s": config.compare_s, "lost_turns": 0,
+                  "after_restart_max_ratio": AFTER_RESTART_MAX_RATIO},
         "long_lived_worker": long_lived,
         "rss_mb": {"first": rss[0], "last": rss[1], "growth_pct": growth, "slope_after_first_mb_per_h": slope},
         "p99_s": {"first": _round(p99[0]), "last": _round(p99[1]), "drift_pct": drift,
                   "restarts_in_windows": restarts_in,
-                  "between_restarts": {"first": _round(p99_steady[0]), "last": _round(p99_steady[1])}},
+                  "between_restarts": {"first": _round(p99_steady[0]), "last": _round(p99_steady[1]),
+                                       "whole_run": _round(steady_all)},
+                  "worst_after_restart": worst_after, "after_restart_ratio": ratio},
         "turns": {"ended": turns, "without_final": unheard, "without_final_first_20": missing},
         "finals": len(finals), "restarts": restarts, "unplanned_exits": run.unplanned_exits,
         "timeline": run.rows,
         "met": not why_not, "why_not": why_not,
     }
+
+
+def slowest_after(matched: Sequence[Any], at_wall_s: float) -> list[dict[str, Any]]:
+    """The slowest finals whose speech ended in the minute after a restart, and where their time went:
+    ``close_s`` from the speech's end to the segment's close (the endpoint's silence, and any catch-up of a
+    worker behind its audio), ``wait_s`` in the batcher, ``inference_s``, ``after_s`` from the batch to the
+    record's write."""
+    after = [m for m in matched if m.speech_end_s is not None and m.latency_s is not None
+             and 0 <= m.speech_end_s - at_wall_s < AFTER_RESTART_S]
+    shown = []
+    for m in sorted(after, key=lambda m: m.latency_s, reverse=True)[:SLOWEST_SHOWN]:
+        f = m.final
+        close = None if f.closed_s is None else round(f.closed_s - m.speech_end_s, 2)
+        done = None if f.closed_s is None else f.closed_s + f.wait_s + f.inference_s
+        shown.append({"call_id": f.call_id, "leg": f.leg, "speech_end_after_s": round(m.speech_end_s - at_wall_s, 2),
+                      "latency_s": round(m.latency_s, 2), "close_s": close, "wait_s": round(f.wait_s, 2),
+                      "inference_s": round(f.inference_s, 2), "batch": f.batch_size,
+                      "after_s": None if done is None else round(f.written_s - done, 2)})
+    return shown
 
 
 def row_line(row: dict[str, Any]) -> str:

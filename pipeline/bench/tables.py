@@ -126,8 +126,19 @@ SPECS: dict[str, tuple[str, tuple[Table | Pivot, ...]]] = {
                                                       lambda d: d["rss_mb"].get("slope_after_first_mb_per_h")),
         Col("P99 s, first → last", lambda d: f"{d['p99_s']['first']} → "
                                                                                       f"{d['p99_s']['last']}"),
-        Col("P99 drift %", "p99_s.drift_pct"), Col("turns without a final", "turns.without_final"),
+        Col("P99 drift %", "p99_s.drift_pct"),
+        Col("P99 s between restarts", lambda d: d["p99_s"].get("between_restarts", {}).get("whole_run")),
+        Col("worst restart minute's P99 s (x between)", lambda d: None if d["p99_s"].get("after_restart_ratio") is None
+            else f"{d['p99_s']['worst_after_restart']} ({d['p99_s']['after_restart_ratio']}x)"),
+        Col("turns without a final", "turns.without_final"),
         Col("met", _met))), Table((
+            Col("restart t s", "t_s", 0), Col("worker", "worker"), Col("pause s", "took_s", 2),
+            Col("next minute's P99 s", "p99_after_s", 2),
+            Col("slowest final: latency = close + wait + inference + after s", lambda r: next((
+                f"{f['latency_s']} = {f['close_s']} + {f['wait_s']} + {f['inference_s']} + {f['after_s']} "
+                f"({f['leg']}, speech ended {f['speech_end_after_s']} s after)"
+                for f in r.get("slowest_after") or []), ""))),
+            "restarts"), Table((
             Col("t s", "t_s", 0), Col("RSS MB", lambda r: ", ".join(f"{k} {v}" for k, v in r["rss_mb"].items())),
             Col("open files", lambda r: ", ".join(f"{k} {v}" for k, v in r["open_files"].items())),
             Col("finals", "finals"), Col("P99 s", "p99_s", 2), Col("lag frames", "audio_lag_frames"),
