@@ -519,10 +519,12 @@ def instance_turn(settings: Settings) -> Callable[[], None]:
         _held_locks.append(lock)
         return lambda: None
     # Loaded on the CPU the worker it replaces leaves unused (standby_priority.py), where that can be undone.
-    idle = standby_priority.to_idle()
+    refused = standby_priority.to_idle()
+    idle = not refused
+    priority = " at idle CPU priority" if idle else f" (at normal CPU priority: {refused})"
     print(f"worker {settings.worker_id}: standby: instance {settings.worker_instance_id!r} is held by pid "
-          f"{lock.holder() or '?'} on this host; loading the model{' at idle CPU priority' if idle else ''}, "
-          "then taking over when it exits", file=sys.stderr, flush=True)
+          f"{lock.holder() or '?'} on this host; loading the model{priority}, then taking over when it exits",
+          file=sys.stderr, flush=True)
 
     def wait() -> None:
         began = time.monotonic()

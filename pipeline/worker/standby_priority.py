@@ -74,12 +74,23 @@ def can_return_from_idle() -> bool:
     return bool(result and result[0])
 
 
-def to_idle() -> bool:
+def to_idle() -> str:
     """Every thread of this process to ``SCHED_IDLE`` (threads and processes started later inherit it), if it can
-    be undone; whether it was done."""
+    be undone: "" when done, else why not."""
     if not can_return_from_idle():
-        return False
-    return all(_set(tid, os.SCHED_IDLE) for tid in _threads(os.getpid()))
+        return "this process may not return from SCHED_IDLE (CAP_SYS_NICE or RLIMIT_NICE)"
+    failed = []
+    for tid in _threads(os.getpid()):
+        try:
+            os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+        except ProcessLookupError:
+            continue  # a thread that ended meanwhile
+        except OSError as exc:
+            failed.append(f"thread {tid}: {exc.strerror}")
+    if failed:
+        to_normal()
+        return "; ".join(failed)
+    return ""
 
 
 def to_normal() -> int:

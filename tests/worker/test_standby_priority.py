@@ -25,7 +25,7 @@ SCRIPT = textwrap.dedent("""
         stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
         return int(stat.rsplit(")", 1)[1].split()[38])
 
-    if not standby_priority.to_idle():
+    if standby_priority.to_idle():
         print("refused"); sys.exit(0)
     stop = threading.Event()
     started = threading.Thread(target=stop.wait, daemon=True)
