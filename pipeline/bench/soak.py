@@ -24,7 +24,8 @@ The calls still open when the traffic stops are ended there (a turn that ended a
 otherwise wait for its endpoint's silence, which never comes). After the traffic, a drain; then the
 verdict against the goals: the long-lived worker's RSS grows at most ``RSS_GROWTH_MAX_PCT`` from the first
 ``COMPARE_S`` (after the warm-up) to the last; the finals' P99 of the last ``COMPARE_S`` is within
-``P99_DRIFT_MAX_PCT`` of the first's; nothing lost: every turn whose speech ended before the traffic
+``P99_DRIFT_MAX_PCT`` of the first's; each restart's next minute has a P99 within ``AFTER_RESTART_MAX_RATIO``
+times the P99 between restarts (each restart's row names its slowest finals and their stages); nothing lost: every turn whose speech ended before the traffic
 stopped got a final. Result: ``soak``.
 """
 
