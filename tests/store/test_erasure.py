@@ -124,3 +124,21 @@ def test_an_erasure_older_than_the_watch_is_forgotten(store: Client, database: s
 
     assert sweep(store, database, 0, watch=later).erased == []
     assert later.rows_read == 0 and later.erased == {}
+
+
+def test_a_sweep_given_an_earlier_now_still_records_its_erasures_where_the_next_sweep_reads(
+        store: Client, database: str, insert, make_segment) -> None:
+    # The sweep's ``now`` places retention cutoffs; its erasures were recorded at it, before the point the watch
+    # had read to, and a next sweep with no overlap missed them (CI saw it whenever a millisecond passed between).
+    erase_calls(store, database, ["came-back"], "dpo")
+    watch = ErasureWatch(overlap_s=0.0)
+    sweep(store, database, 0, watch=watch)
+    insert(store, "segments", [make_segment("came-back", "agent", 0, "written again by a replay")])
+    an_hour_ago = datetime.now(UTC) - timedelta(hours=1)
+
+    [again] = sweep(store, database, 0, an_hour_ago, watch=watch).erased
+    read = watch.rows_read
+    sweep(store, database, 0, watch=watch)
+
+    assert again.reason == "again" and again.erased_at > an_hour_ago + timedelta(minutes=59)
+    assert watch.rows_read == read + 1  # the erasure the last sweep recorded, read by this one
