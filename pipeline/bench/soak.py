@@ -45,7 +45,7 @@ from confluent_kafka import Consumer, TopicPartition
 from rich.console import Console
 
 from pipeline.bench import probes
-from pipeline.bench.latency import match_finals, turns_in_window, unique_finals, window_latency
+from pipeline.bench.latency import MatchedFinal, match_finals, turns_in_window, unique_finals, window_latency
 from pipeline.bench.results import RESULTS, read_history, record, run_folder, utc_stamp, write_result
 from pipeline.bench.sender import LiveSender, SendReport
 from pipeline.bench.topics import TranscriptTap, checkpoint_figures, read_topic
@@ -343,20 +343,20 @@ def soak_figures(config: SoakConfig, run: SoakRun) -> dict[str, Any]:
     }
 
 
-def slowest_after(matched: Sequence[Any], at_wall_s: float) -> list[dict[str, Any]]:
+def slowest_after(matched: Sequence[MatchedFinal], at_wall_s: float) -> list[dict[str, Any]]:
     """The slowest finals whose speech ended in the minute after a restart, and where their time went:
     ``close_s`` from the speech's end to the segment's close (the endpoint's silence, and any catch-up of a
     worker behind its audio), ``wait_s`` in the batcher, ``inference_s``, ``after_s`` from the batch to the
     record's write."""
-    after = [m for m in matched if m.speech_end_s is not None and m.latency_s is not None
+    after = [(m.latency_s, m.speech_end_s, m.final) for m in matched
+             if m.speech_end_s is not None and m.latency_s is not None
              and 0 <= m.speech_end_s - at_wall_s < AFTER_RESTART_S]
     shown = []
-    for m in sorted(after, key=lambda m: m.latency_s, reverse=True)[:SLOWEST_SHOWN]:
-        f = m.final
-        close = None if f.closed_s is None else round(f.closed_s - m.speech_end_s, 2)
+    for latency, speech_end, f in sorted(after, key=lambda a: a[0], reverse=True)[:SLOWEST_SHOWN]:
+        close = None if f.closed_s is None else round(f.closed_s - speech_end, 2)
         done = None if f.closed_s is None else f.closed_s + f.wait_s + f.inference_s
-        shown.append({"call_id": f.call_id, "leg": f.leg, "speech_end_after_s": round(m.speech_end_s - at_wall_s, 2),
-                      "latency_s": round(m.latency_s, 2), "close_s": close, "wait_s": round(f.wait_s, 2),
+        shown.append({"call_id": f.call_id, "leg": f.leg, "speech_end_after_s": round(speech_end - at_wall_s, 2),
+                      "latency_s": round(latency, 2), "close_s": close, "wait_s": round(f.wait_s, 2),
                       "inference_s": round(f.inference_s, 2), "batch": f.batch_size,
                       "after_s": None if done is None else round(f.written_s - done, 2)})
     return shown

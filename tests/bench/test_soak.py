@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pipeline.bench.soak import SoakConfig, default_calls
+from pipeline.bench.latency import FinalSeen, MatchedFinal
+from pipeline.bench.soak import SoakConfig, default_calls, slowest_after
 from pipeline.bench.tables import grids
 from pipeline.bench.workers import share_cores
 
@@ -50,3 +51,20 @@ def test_the_summary_says_what_was_not_met() -> None:
     assert (shown["calls"], shown["minutes"], shown["restarts"]) == ("14", "60", "11")
     assert shown["RSS MB of the long-lived worker, first → last"] == "800.0 → 880.0"
     assert shown["met"] == "no (RSS of w0 grew 10.0 %)"
+
+
+def test_each_restart_names_its_slowest_finals_and_where_their_time_went() -> None:
+    def final(segment: str, closed_s: float, wait_s: float, inference_s: float, written_s: float) -> FinalSeen:
+        return FinalSeen("c1", "agent", segment, 0, 1000, "x", written_s=written_s, received_s=written_s,
+                         batch_size=3, closed_s=closed_s, wait_s=wait_s, inference_s=inference_s)
+
+    restart = 1000.0
+    matched = [MatchedFinal(final("late", 1012.0, 2.0, 1.5, 1016.0), None, 1005.0),  # 11 s: 7 closing
+               MatchedFinal(final("quick", 1031.0, 0.2, 0.3, 1031.6), None, 1030.5),  # 1.1 s
+               MatchedFinal(final("before", 999.0, 0.1, 0.1, 999.5), None, 998.0),  # speech ended before it
+               MatchedFinal(final("later", 1070.0, 0.1, 0.1, 1090.0), None, 1065.0)]  # after its minute
+
+    shown = slowest_after(matched, restart)
+
+    assert [(f["latency_s"], f["close_s"], f["wait_s"], f["inference_s"], f["after_s"], f["speech_end_after_s"])
+            for f in shown] == [(11.0, 7.0, 2.0, 1.5, 0.5, 5.0), (1.1, 0.5, 0.2, 0.3, 0.1, 30.5)]
