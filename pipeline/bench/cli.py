@@ -315,7 +315,7 @@ def bench_chaos(
 def bench_soak(
     minutes: Annotated[float, typer.Option(help="Live traffic after the warm-up (min).")] = 60.0,
     calls: Annotated[int, typer.Option(help="Concurrent calls (0: 70 % of what the latest bench live --search "
-                                            "held).")] = 0,
+                                            "with the workers' model held).")] = 0,
     workers: Annotated[int, typer.Option(help="Workers of the consumer group: the first runs throughout, the "
                                               "others are restarted in turn.")] = 2,
     restart_every_s: Annotated[float, typer.Option(help="A worker is stopped (SIGTERM) and started again this "
@@ -337,13 +337,14 @@ def bench_soak(
     Live traffic (70 % of the found capacity by default) for --minutes through 2 workers, one restarted every 5 minutes; every minute each worker's RSS, open files and threads, the finals' P99, the lag, the checkpoint topic and the topics' bytes on disk. Met when the long-lived worker's RSS grows <= 5 %, the P99 of the last ten minutes is within 20 % of the first ten's, a restart's next minute has a P99 within 1.5x the P99 between restarts, and every turn got its final."""
     from pipeline.bench.results import RESULTS
     from pipeline.bench.soak import SoakConfig, default_calls, run_soak
+    from pipeline.config import Settings
 
     if minutes <= 0 or calls < 0 or workers < 1 or restart_every_s <= 0 or interval_s <= 0 or warmup_s < 0:
         raise typer.BadParameter("--minutes, --restart-every-s, --interval-s > 0; --calls, --warmup-s >= 0; "
                                  "--workers >= 1")
     pinned = _cores(cores)
     if calls == 0:
-        calls, why = default_calls(out or RESULTS)
+        calls, why = default_calls(Settings().model, out or RESULTS)
         console.print(f"--calls {calls}: {why}")
     config = SoakConfig(minutes=minutes, calls=calls, cores=pinned, workers=workers, restart_every_s=restart_every_s,
                         interval_s=interval_s, warmup_s=warmup_s, seed=seed, static_membership=static,

@@ -14,7 +14,8 @@ so each compared window of whole periods holds as many restarts as the other (wi
 period after the warm-up, the last window of an hour held two and the first one). The traffic is the live benchmark's 2-6 minute calls,
 exactly ``calls`` open at every moment (a new call on a line as soon as its last one ends: with Poisson
 arrivals the first hour-long run went from about 10 to over 20 open calls, and its figures followed the
-load, not time); by default 70 % of the capacity the latest `callqa bench live --search` found.
+load, not time); by default 70 % of the capacity the latest `callqa bench live --search` found with the model
+the workers run.
 
 Every ``interval_s`` one row of the time series: each worker's RSS, open files and threads, the audio lag,
 the finals whose speech ended in that interval (count and P99 latency), the calls open, the checkpoint
@@ -107,13 +108,15 @@ class SoakConfig:
 
 
 
-def default_calls(out: Path = RESULTS) -> tuple[int, str]:
-    """70 % of the concurrent calls the latest `bench live --search` held, and where that figure comes from."""
+def default_calls(model: str, out: Path = RESULTS) -> tuple[int, str]:
+    """70 % of the concurrent calls the latest `bench live --search` with ``model`` held, and where that figure
+    comes from. Another model's capacity is no guide: tiny.en's 20 calls overloaded Moonshine base workers."""
     for doc in reversed(read_history("live", out)):
         found = (doc.get("search") or {}).get("calls") or 0
-        if found > 0:
-            return max(1, round(CAPACITY_SHARE * found)), f"70 % of {found} calls found by bench live on {doc['started']}"
-    return DEFAULT_CALLS, f"no capacity found by bench live yet: {DEFAULT_CALLS} calls"
+        if found > 0 and (doc.get("settings") or {}).get("model") == model:
+            return (max(1, round(CAPACITY_SHARE * found)),
+                    f"70 % of {found} calls found by bench live with {model} on {doc['started']}")
+    return DEFAULT_CALLS, f"no capacity found by bench live with {model} yet: {DEFAULT_CALLS} calls"
 
 
 class SoakRun:

@@ -11,13 +11,17 @@ from pipeline.bench.tables import grids
 from pipeline.bench.workers import share_cores
 
 
-def test_the_default_load_is_70_percent_of_the_latest_capacity_found(tmp_path: Path) -> None:
-    assert default_calls(tmp_path)[0] == 6  # none found yet
-    runs = [{"started": "a", "search": {"calls": 20}}, {"started": "b", "search": {"calls": 0}},
-            {"started": "c", "search": None}]
+def test_the_default_load_is_70_percent_of_the_latest_capacity_found_with_the_same_model(tmp_path: Path) -> None:
+    assert default_calls("moonshine-base", tmp_path)[0] == 6  # none found yet
+    runs = [{"started": "a", "search": {"calls": 10}, "settings": {"model": "moonshine-base"}},
+            {"started": "b", "search": {"calls": 20}, "settings": {"model": "tiny.en"}},
+            {"started": "c", "search": {"calls": 0}, "settings": {"model": "moonshine-base"}},
+            {"started": "d", "search": None, "settings": {"model": "moonshine-base"}}]
     (tmp_path / "live.jsonl").write_text("".join(json.dumps(r) + "\n" for r in runs))
-    calls, why = default_calls(tmp_path)
-    assert calls == 14 and "20 calls" in why and "on a" in why  # the latest run that found one
+    calls, why = default_calls("moonshine-base", tmp_path)
+    assert calls == 7 and "10 calls" in why and "on a" in why  # the latest run with this model that found one
+    assert default_calls("tiny.en", tmp_path)[0] == 14
+    assert default_calls("base", tmp_path)[0] == 6
 
 
 def test_a_short_soak_compares_thirds_and_workers_share_the_cores() -> None:
