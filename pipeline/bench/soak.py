@@ -292,15 +292,14 @@ def soak_figures(config: SoakConfig, run: SoakRun) -> dict[str, Any]:
     def steady(m: Any) -> bool:
         return not any(0 <= m.speech_end_s - wall0 - r["t_s"] < AFTER_RESTART_S for r in run.restarts)
 
-    p99_steady = [window_latency([m for m in matched if m.speech_end_s is not None and steady(m)],
-                                 wall0 + a, wall0 + b).p99_s for a, b in (first, last)]
+    between = [m for m in matched if m.speech_end_s is not None and steady(m)]
+    p99_steady = [window_latency(between, wall0 + a, wall0 + b).p99_s for a, b in (first, last)]
     # Does a restart's pause grow over the hour? Each one's P99 of the finals whose speech ended after it.
     restarts = [{**r, "p99_after_s": _round(window_latency(matched, wall0 + r["t_s"],
                                                            wall0 + r["t_s"] + AFTER_RESTART_S).p99_s),
                  "slowest_after": slowest_after(matched, wall0 + r["t_s"])}
                 for r in run.restarts]
-    steady_all = window_latency([m for m in matched if m.speech_end_s is not None and steady(m)],
-                                wall0 + config.warmup_s, wall0 + config.traffic_s).p99_s
+    steady_all = window_latency(between, wall0 + config.warmup_s, wall0 + config.traffic_s).p99_s
     worst_after = max((r["p99_after_s"] for r in restarts if r["p99_after_s"] is not None), default=None)
     ratio = None if steady_all is None or worst_after is None else round(worst_after / steady_all, 2)
     turns, unheard = turns_in_window(run.plans, matched, wall0, wall0 + config.warmup_s, wall0 + config.traffic_s)

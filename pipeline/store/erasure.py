@@ -72,7 +72,7 @@ def rows_of(client: Client, database: str, call_ids: Sequence[str]) -> dict[str,
 
 
 def erase_calls(client: Client, database: str, call_ids: Sequence[str], erased_by: str, reason: str = "request",
-                outside: str = "", now: datetime | None = None,
+                outside: str = "",
                 remove_recording: RemoveRecording | None = None) -> list[Erasure]:
     """Remove every row of these calls from the store, waiting for the rewrite, and record each erasure (also of
     a call with no rows: the request is on record); their recording files first (``recording_files`` in rows)."""
@@ -89,7 +89,8 @@ def erase_calls(client: Client, database: str, call_ids: Sequence[str], erased_b
         if any(counts[c].get(table) for c in ids):
             client.command(f"ALTER TABLE {db}.{table} DELETE WHERE call_id IN {{ids:Array(String)}}",
                            parameters={"ids": ids}, settings={"mutations_sync": 2})
-    when = now or datetime.now(UTC)
+    # At the clock, after the mutations: a sweep's watch has read the history up to its start (ErasureWatch).
+    when = datetime.now(UTC)
     erasures = [Erasure(c, erased_by, reason, when, counts[c], outside) for c in ids]
     client.insert("erasures", [[e.call_id, e.erased_at, e.erased_by, e.reason, e.rows, e.outside] for e in erasures],
                   column_names=["call_id", "erased_at", "erased_by", "reason", "rows", "outside"], database=db)
@@ -198,8 +199,6 @@ def sweep(client: Client, database: str, retention_days_transcripts: float, now:
     """One pass of the sweeper: erased calls whose rows came back, then calls past retention, then recordings past
     theirs (0 days: kept). ``now`` places the retention cutoffs; erasures are recorded at the clock."""
     now = now or datetime.now(UTC)
-    # Recorded at the clock, not at ``now``: the watch has read the history up to the clock, and an erasure
-    # recorded earlier than that would go unread by the next sweep.
     done = erase_calls(client, database, returned_calls(client, database, watch=watch), "sweeper", "again",
                        remove_recording=remove_recording)
     if retention_days_transcripts > 0:
