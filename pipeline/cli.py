@@ -240,6 +240,7 @@ def worker(
     """Run the streaming worker: audio frames in; transcripts, latency and QA out (Kafka and ClickHouse)."""
     from pipeline.api.auth import check_api_settings, with_local_token
     from pipeline.api.token_file import token_path
+    from pipeline.broker.security import wait_for_kafka
     from pipeline.broker.topics import check_copartitioned, ensure_topics
     from pipeline.worker.app import run_worker
 
@@ -247,6 +248,9 @@ def worker(
     # A loopback worker without CALLQA_API_TOKEN uses (and at first makes) <state_dir>/api-token.
     settings = with_local_token(configured)
     check_api_settings(settings)  # before anything starts: an exposed /api/* is refused in one line
+    if settings.kafka_start_wait_s:
+        wait_for_kafka(settings, settings.kafka_start_wait_s,
+                       lambda line: err_console.print(f"worker {settings.worker_id}: {line}", soft_wrap=True))
     ensure_topics(settings)
     check_copartitioned(settings)  # topics made elsewhere: a count that splits calls is refused in one line
     settings = _session_within_broker_bounds(settings)

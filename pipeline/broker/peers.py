@@ -14,12 +14,19 @@ Peers find each other through the group itself: a worker's Kafka client id names
 a nonce (``<worker_id>.live.<port>.<nonce>``), and the coordinator reports each member's client id and the
 address it connects from. On connecting, the listener sends that client id back, so a port reused by
 another process after a restart is not mistaken for the member it used to belong to.
+
+A static member (group.instance.id) is the exception: the coordinator keeps the client id of the instance's
+first process for as long as the member stays in the group (a rejoin under the instance id replaces only its
+member id), so a successor under a new client id could never be found by its peers, and one killed after a
+restart waited out its session. Every process of an instance therefore uses one client id: the nonce comes
+from the instance id (``instance_nonce``) and the port is the one its predecessor listened on.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import re
 import secrets
@@ -78,6 +85,11 @@ class PeerIdentity:
         return cls(match["worker"], int(match["port"]), match["nonce"])
 
 
+def instance_nonce(group_id: str, instance_id: str) -> str:
+    """The nonce every process of a static member uses, so the client id the coordinator keeps stays its own."""
+    return hashlib.sha256(f"{group_id}\0{instance_id}".encode()).hexdigest()[:16]
+
+
 @dataclass(frozen=True)
 class Member:
     """One member of the group as its coordinator describes it."""
@@ -93,10 +105,11 @@ class LivenessListener:
     Bound at once (the port goes into the worker's client id before its consumer exists); it greets each
     connection with that client id (one line) once its watch's loop runs, and reads nothing that matters."""
 
-    def __init__(self, host: str, port: int, worker_id: str) -> None:
+    def __init__(self, host: str, port: int, worker_id: str, nonce: str = "") -> None:
+        """``nonce``: empty for a process of its own (a random one); ``instance_nonce`` for a static member."""
         self.socket = socket.create_server((host, port), backlog=64)
         self.socket.setblocking(False)
-        self.identity = PeerIdentity(worker_id, self.socket.getsockname()[1], secrets.token_hex(8))
+        self.identity = PeerIdentity(worker_id, self.socket.getsockname()[1], nonce or secrets.token_hex(8))
         self.held: set[asyncio.StreamWriter] = set()
         self.leaving = False
 

@@ -20,6 +20,7 @@ import logging
 import ssl
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
@@ -40,7 +41,21 @@ class KafkaSecurityError(RuntimeError):
 
 
 class KafkaUnavailableError(RuntimeError):
-    """No broker answered in time (none running, wrong address, or a protocol the listener does not speak)."""
+    """No broker answered in time (none running, wrong address, or a protocol the listener does not speak);
+    ``cause`` is the client's last error, where there was one."""
+
+    cause = ""
+
+
+def unavailable(settings: BrokerSettings, within: str, cause: str) -> KafkaUnavailableError:
+    """The one-line error for a broker that did not answer ``within`` (a duration as said to the user)."""
+    # The local broker (no CALLQA_BOOTSTRAP_SERVERS) is most often simply not started yet.
+    start = "; `callqa broker start` starts the local one" if not settings.bootstrap_servers else ""
+    error = KafkaUnavailableError(
+        f"Kafka at {settings.bootstrap} did not answer within {within}: {cause}; is a broker running there, "
+        f"with a listener that speaks {settings.kafka_security_protocol} (CALLQA_KAFKA_SECURITY_PROTOCOL)?{start}")
+    error.cause = cause
+    return error
 
 
 def kafka_config(settings: BrokerSettings, errors: ClientErrors | None = None) -> dict[str, Any]:
@@ -183,11 +198,30 @@ def cluster_metadata(admin: AdminClient, errors: ClientErrors, timeout_s: float)
             admin.poll(0)  # serves the error callback
             errors.raise_if_failed()
             if time.monotonic() >= deadline:
-                settings = errors.settings
-                # The local broker (no CALLQA_BOOTSTRAP_SERVERS) is most often simply not started yet.
-                start = "; `callqa broker start` starts the local one" if not settings.bootstrap_servers else ""
-                raise KafkaUnavailableError(
-                    f"Kafka at {settings.bootstrap} did not answer within {timeout_s:.0f} s: "
-                    f"{exc.args[0].str() if exc.args else exc}; is a broker running there, with a listener "
-                    f"that speaks {settings.kafka_security_protocol} (CALLQA_KAFKA_SECURITY_PROTOCOL)?{start}"
-                ) from None
+                raise unavailable(errors.settings, f"{timeout_s:.0f} s",
+                                  exc.args[0].str() if exc.args else str(exc)) from None
+
+
+def wait_for_kafka(settings: BrokerSettings, wait_s: float, say: Callable[[str], None],
+                   every_s: float = 10.0, step_s: float = 3.0) -> ClusterMetadata:
+    """The cluster's metadata, waiting up to ``wait_s`` for a broker to answer: a service started beside its
+    broker (one host's boot, a compose file, a cluster restart) would otherwise exit and leave its restart
+    to a supervisor. Asked every ``step_s``; ``say`` gets a line at the first miss and then every ``every_s``
+    while the wait lasts. A refused login or TLS handshake raises KafkaSecurityError at once (waiting cannot
+    fix it); no answer by the end raises KafkaUnavailableError saying how long it waited."""
+    errors = ClientErrors(settings)
+    admin = admin_client(settings, errors)
+    began = time.monotonic()
+    said_at: float | None = None
+    while True:
+        left = wait_s - (time.monotonic() - began)
+        try:
+            return cluster_metadata(admin, errors, max(0.1, min(step_s, left)))
+        except KafkaUnavailableError as exc:
+            waited = time.monotonic() - began
+            if waited >= wait_s:
+                raise unavailable(settings, f"{wait_s:.0f} s (CALLQA_KAFKA_START_WAIT_S)", exc.cause) from None
+            if said_at is None or time.monotonic() - said_at >= every_s:
+                said_at = time.monotonic()
+                say(f"waiting for Kafka at {settings.bootstrap} ({waited:.0f} s so far, at most {wait_s:.0f} s: "
+                    "CALLQA_KAFKA_START_WAIT_S)")

@@ -26,6 +26,14 @@ class BrokerSettings(BaseModel):
     )
     kafka_heap: str = Field("-Xmx512m -Xms256m", description="JVM heap options for the local broker.")
     broker_start_timeout_s: float = Field(90.0, description="How long `broker start` waits for metadata answers.")
+    # A service (worker, gateway) started while its brokers are down (one host's boot, a compose file, a
+    # cluster's restart) waits for them rather than exiting and leaving its restart to a supervisor; each
+    # 10 s of it is said in one line. A refused login or TLS handshake is not waited on. 0: ask once (30 s).
+    # CALLQA_KAFKA_START_WAIT_S, default 300.
+    kafka_start_wait_s: float = Field(
+        300.0, ge=0, description="How long `callqa worker` and `callqa gateway` wait at start for a broker to "
+        "answer before exiting with one line (s); 0: they ask once, for 30 s.",
+    )
     schema_registry_url: str = Field(
         "",
         description="Confluent Schema Registry URL; empty means schema ids come from schemas/registry.json.",

@@ -41,12 +41,15 @@ def gateway(
     if ctx.invoked_subcommand is not None:
         return
     from pipeline.broker.producer import ContractProducer
+    from pipeline.broker.security import wait_for_kafka
     from pipeline.broker.topics import ensure_topics
     from pipeline.config import get_settings
     from pipeline.contracts import Serde
 
     logging.basicConfig(level=loglevel.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = get_settings()
+    if settings.kafka_start_wait_s:
+        wait_for_kafka(settings, settings.kafka_start_wait_s, logging.getLogger(__name__).warning)
     ensure_topics(settings)
     # Delivery reports for failures only: a report per acknowledged frame was a Python callback for each
     # of 50 frames a second per leg; flush() still waits for every acknowledgement.

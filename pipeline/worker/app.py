@@ -56,7 +56,7 @@ from pipeline.worker.checkpoint_topic import KafkaCheckpointStore
 from pipeline.worker.dead_letters import describe_error
 from pipeline.worker.frames import RejectedFrame
 from pipeline.worker.health import Component, WorkerHealth, exit_after
-from pipeline.worker.instance_lock import STANDBY_READY, InstanceLock
+from pipeline.worker.instance_lock import STANDBY_READY, InstanceLock, instance_listener
 from pipeline.worker.kafka_output import FaustOutput, TransactionalOutput
 from pipeline.worker.log_repeats import collapse_client_repeats
 from pipeline.worker.metrics import WorkerMetrics
@@ -111,8 +111,7 @@ def build_worker(settings: Settings, wait_turn: Callable[[], None] = lambda: Non
     (settings.state_dir / "faust").mkdir(parents=True, exist_ok=True)  # faust makes only the last folder
     api_auth = ApiAuth.from_settings(settings)
     # Bound before the app: the consumer's client id tells the peers where it listens (pipeline/broker/peers.py).
-    listener = (LivenessListener(settings.peer_watch_host or settings.web_host, settings.peer_watch_port,
-                                 settings.worker_id) if settings.peer_watch else None)
+    listener = liveness_listener(settings) if settings.peer_watch else None
     # With static membership, faust's URL for this worker names its instance, not its address (see there).
     member_url: dict[str, Any] = ({"canonical_url": static_member_url(settings.worker_instance_id)}
                                   if settings.worker_instance_id else {})
@@ -505,6 +504,15 @@ def run_worker(settings: Settings, loglevel: str = "warning") -> None:
     collapse_client_repeats()
     prompt_exit_worker(FaustWorker)(worker.app, loglevel=loglevel, quiet=True,
                                     redirect_stdouts=False).execute_from_commandline()
+
+
+def liveness_listener(settings: Settings) -> LivenessListener:
+    """This worker's liveness listener; a static member's keeps its instance's client id across restarts."""
+    host = settings.peer_watch_host or settings.web_host
+    if settings.worker_instance_id:
+        return instance_listener(host, settings.peer_watch_port, settings.state_dir, settings.worker_id,
+                                 settings.worker_instance_id)
+    return LivenessListener(host, settings.peer_watch_port, settings.worker_id)
 
 
 def instance_turn(settings: Settings) -> Callable[[], None]:

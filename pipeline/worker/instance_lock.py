@@ -12,12 +12,18 @@ one id by mistake no longer fence each other in turns: the second waits, and say
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
+import logging
 import os
 import re
 from pathlib import Path
 from typing import IO
+
+from pipeline.broker.peers import LivenessListener, instance_nonce
+
+log = logging.getLogger(__name__)
 
 # What a standby says (on stderr) once its model is loaded: a hand-over stops the old worker only then.
 STANDBY_READY = "standby ready"
@@ -76,3 +82,30 @@ class InstanceLock:
         handle.flush()
         self._file = handle
         return True
+
+
+def instance_listener(host: str, port: int, state_dir: Path, group: str, instance_id: str) -> LivenessListener:
+    """A static member's liveness listener: the client id the coordinator keeps for the instance names its
+    first process's port (pipeline/broker/peers.py), so each successor listens where its predecessor did:
+    ``port`` when one is configured, else the one recorded beside the instance's lock (taken once the
+    predecessor has exited and closed it). A recorded port some other process holds now is left for a free
+    one, said once: the peers then cannot watch this instance until it leaves the group."""
+    record = InstanceLock(state_dir, group, instance_id).path.with_suffix(".liveness-port")
+    recorded = 0
+    if not port:
+        try:
+            recorded = int(record.read_text().strip() or 0)
+        except (OSError, ValueError):
+            recorded = 0
+    nonce = instance_nonce(group, instance_id)
+    try:
+        listener = LivenessListener(host, port or recorded, group, nonce)
+    except OSError as exc:
+        if port or not recorded or exc.errno != errno.EADDRINUSE:
+            raise
+        log.warning("liveness port %d of instance %r is taken by another process: listening on a free one, which "
+                    "the group's peers will not find (set CALLQA_PEER_WATCH_PORT)", recorded, instance_id)
+        listener = LivenessListener(host, 0, group, nonce)
+    record.parent.mkdir(parents=True, exist_ok=True)
+    record.write_text(f"{listener.identity.port}\n")
+    return listener

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from pipeline.broker.local import free_port
 from pipeline.broker.peers import LivenessListener, Member, PeerIdentity, PeerWatch
 
 # The peer: a liveness listener served by its own watch, and a consumer of the group under the listener's
@@ -27,16 +28,19 @@ from pipeline.broker.peers import LivenessListener, Member, PeerIdentity, PeerWa
 PEER = """
 import os, signal, sys, time
 from confluent_kafka import Consumer
-from pipeline.broker.peers import LivenessListener, PeerWatch
+from pipeline.broker.peers import LivenessListener, PeerWatch, instance_nonce
 from pipeline.config import Settings
 bootstrap, group, topic = sys.argv[1:4]
-listener = LivenessListener("127.0.0.1", 0, "peer")
+# A static member: its instance id and the port each of its processes listens on.
+instance, port = (sys.argv[4], int(sys.argv[5])) if len(sys.argv) > 5 else ("", 0)
+listener = LivenessListener("127.0.0.1", port, "peer", instance_nonce(group, instance) if instance else "")
 watch = PeerWatch(Settings(bootstrap_servers=bootstrap), group, listener, 0.5)
 watch.start()
 # A clean stop that does not leave the group, as a static member's: goodbye, then exit.
 signal.signal(signal.SIGTERM, lambda *_: (watch.say_goodbye(), os._exit(0)))
+static = {"group.instance.id": instance} if instance else {}
 consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "client.id": listener.identity.client_id,
-                     "session.timeout.ms": 60000, "heartbeat.interval.ms": 1000})
+                     "session.timeout.ms": 60000, "heartbeat.interval.ms": 1000, **static})
 consumer.subscribe([topic])
 said = False
 while True:
@@ -63,8 +67,9 @@ def _until(condition, timeout_s: float, what: str) -> None:  # type: ignore[no-u
         time.sleep(0.1)
 
 
-def _start_peer(settings, group: str, log) -> tuple[subprocess.Popen[str], str]:  # type: ignore[no-untyped-def]
-    peer = subprocess.Popen([sys.executable, "-c", PEER, settings.bootstrap, group, settings.topic_audio],
+def _start_peer(settings, group: str, log, *static: str) -> tuple[subprocess.Popen[str], str]:  # type: ignore[no-untyped-def]
+    """The peer process and its client id once it holds partitions; ``static``: its instance id and port."""
+    peer = subprocess.Popen([sys.executable, "-c", PEER, settings.bootstrap, group, settings.topic_audio, *static],
                             stdout=subprocess.PIPE, stderr=log, text=True, cwd=Path(__file__).parents[2])
     assert peer.stdout is not None
     peer_id = peer.stdout.readline().strip()  # once its consumer holds partitions
@@ -212,3 +217,41 @@ def test_an_eviction_is_retried_while_the_coordinator_loads_the_group(
         watch.close()
     assert coordinator.sent == ["m1"] * 4
     assert evicted == [("dead.live.1.0123abcd", removed)]
+
+
+@pytest.mark.broker
+def test_a_static_members_successor_is_watched_and_evicted_under_the_client_id_its_group_keeps(
+        kafka_settings, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The coordinator keeps a static member's first client id across its restarts: a successor under a new
+    one was never found by its peers, and a kill -9 after a restart waited out the session."""
+    from confluent_kafka.admin import AdminClient
+
+    name = f"{kafka_settings.worker_id}.static"
+    admin = AdminClient({"bootstrap.servers": kafka_settings.bootstrap})
+    evicted: list[tuple[str, list[str]]] = []
+    watch = PeerWatch(kafka_settings, name, LivenessListener("127.0.0.1", 0, "survivor"), poll_s=0.5,
+                      on_evicted=lambda client_id, removed: evicted.append((client_id, removed)))
+    static = ("peer-1", str(free_port()))
+    with (tmp_path / "peer.log").open("w") as log:
+        first, first_id = _start_peer(kafka_settings, name, log, *static)
+        second = None
+        try:
+            watch.start()
+            _until(lambda: first_id in watch.watched, 30, f"the watch connects to {first_id}")
+            first.terminate()  # a clean stop: goodbye, and no LeaveGroup (a static member keeps its place)
+            assert first.wait(10) == 0
+            second, second_id = _start_peer(kafka_settings, name, log, *static)
+            assert second_id == first_id
+            assert [client_id for client_id, _ in _members(admin, name)] == [first_id]
+            assert evicted == []
+            _until(lambda: second_id in watch.watched, 30, "the watch connects to the successor")
+            second.kill()  # SIGKILL
+            second.wait()
+            _until(lambda: _members(admin, name) == [], 30, "the killed successor leaves the group (session: 60 s)")
+            _until(lambda: evicted != [], 10, "the watch reports the eviction")
+            assert [client_id for client_id, _ in evicted] == [first_id]
+        finally:
+            for peer in (first, second):
+                if peer is not None and peer.poll() is None:
+                    peer.kill()
+            watch.close()

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from pipeline.worker.instance_lock import InstanceLock
+from pipeline.worker.instance_lock import InstanceLock, instance_listener
 
 HOLD = """
 import sys, time
@@ -52,3 +54,26 @@ def test_ids_that_clean_to_one_file_name_are_separate_locks(tmp_path: Path) -> N
     first, second = InstanceLock(tmp_path, "g", "pod/0"), InstanceLock(tmp_path, "g", "pod:0")
     assert first.path != second.path
     assert first.try_acquire() and second.try_acquire()
+
+
+def test_a_static_members_successor_listens_where_its_predecessor_did(tmp_path: Path, caplog) -> None:  # type: ignore[no-untyped-def]
+    # Its group keeps the instance's first client id, which names this port (pipeline/broker/peers.py).
+    first = instance_listener("127.0.0.1", 0, tmp_path, "group", "pod-0")
+    port, client_id = first.identity.port, first.identity.client_id
+    first.socket.close()  # the predecessor exited
+    second = instance_listener("127.0.0.1", 0, tmp_path, "group", "pod-0")
+    assert (second.identity.port, second.identity.client_id) == (port, client_id)
+    other = instance_listener("127.0.0.1", 0, tmp_path, "group", "pod-1")
+    assert other.identity.port != port and other.identity.nonce != second.identity.nonce
+    other.socket.close()
+    second.socket.close()
+
+    blocker = socket.create_server(("127.0.0.1", port))  # another process took the port meanwhile
+    try:
+        with caplog.at_level(logging.WARNING):
+            third = instance_listener("127.0.0.1", 0, tmp_path, "group", "pod-0")
+        assert third.identity.port != port and third.identity.nonce == second.identity.nonce
+        assert f"liveness port {port} of instance 'pod-0' is taken" in caplog.text
+        third.socket.close()
+    finally:
+        blocker.close()
