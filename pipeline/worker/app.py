@@ -440,23 +440,32 @@ def build_worker(settings: Settings, wait_turn: Callable[[], None] = lambda: Non
         # here, so open calls are replayed by the next worker (at-least-once; ids make it idempotent).
         # Not when unhealthy: segments queued for a batcher that died would be waited for forever (and
         # nothing is committed: the next worker replays them). Bounded anyway.
+        # Each step's time goes in one line: a static member's restart pauses its calls for all of them.
+        steps = StopSteps(time.monotonic() - stop_began[0] if stop_began else 0.0)
         if watch is not None:  # a clean stop: no peer evicts us when our sockets close
             await asyncio.get_running_loop().run_in_executor(None, watch.say_goodbye)
+        steps.done("goodbye")
         if not health.reasons():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(processor.drain(), settings.unhealthy_exit_timeout_s / 2)
+        steps.done("drain")
         if postcall is not None:  # its job in hand is left uncommitted: the next owner redoes it
             await postcall.close()
+        steps.done("post-call")
         try:
             # Bounded: during a store outage it retried until the store came back, and a supervisor's SIGKILL
             # came first. What it gives up is not committed (make_durable flushes before any commit): replayed.
             await sink.close(timeout_s=settings.unhealthy_exit_timeout_s / 2)
         except Exception as exc:  # noqa: BLE001 - not committed, so replayed: still close the rest
             log.error("store sink did not close cleanly: %s", describe_error(exc))
+        steps.done("store")
         await transcriber.close()
+        steps.done("inference")
         if transactions is not None:  # nothing more is committed: what is open is aborted, and replayed
             await transactions.close()
+        steps.done("transactions")
         api_pool.shutdown()
+        log.info("clean stop: %s", steps)
 
     return Worker(app, processor, transcriber, sink)
 
@@ -541,6 +550,26 @@ def instance_turn(settings: Settings) -> Callable[[], None]:
     return wait
 
 
+# When this process was asked to stop (SIGTERM, SIGINT): the clean stop's line starts its account there.
+stop_began: list[float] = []
+
+
+class StopSteps:
+    """How long each step of a clean stop took, said as one line: ``consumer`` is from the signal to the
+    shutdown hook (faust stopping the consumer and waiting for every fetched message to be processed)."""
+
+    def __init__(self, consumer_s: float) -> None:
+        self.took: dict[str, float] = {"consumer": consumer_s}
+        self.mark = time.monotonic()
+
+    def done(self, step: str) -> None:
+        now = time.monotonic()
+        self.took[step], self.mark = now - self.mark, now
+
+    def __str__(self) -> str:
+        return f"{sum(self.took.values()):.2f} s (" + ", ".join(f"{k} {v:.2f}" for k, v in self.took.items()) + ")"
+
+
 # Held for the life of the process: a lock's file closes (and the lock goes) when its object is collected.
 _held_locks: list[InstanceLock] = []
 
@@ -566,6 +595,10 @@ def prompt_exit_worker(base: type[Any]) -> type[Any]:
     worker stop of the test suite. What is left is cancelled after 0.2 s and given 0.1 s to unwind."""
 
     class PromptExitWorker(base):  # type: ignore[misc,valid-type]
+        def _schedule_shutdown(self, signal: Any) -> None:
+            stop_began.append(time.monotonic())  # the clean stop's line counts its steps from here
+            super()._schedule_shutdown(signal)
+
         def _gather_all(self) -> None:
             for _ in range(20):
                 if not asyncio.all_tasks(loop=self.loop):

@@ -143,7 +143,7 @@ class WorkerMetrics:
         self.postcall_jobs = Counter("callqa_postcall_jobs_total", "Post-call jobs written for finished calls.",
                                      registry=r)
         self.postcall_backlog = Gauge(
-            "callqa_postcall_backlog", "Post-call jobs on this worker's job partitions not done yet.", registry=r,
+            "callqa_postcall_backlog", "Post-call jobs on this worker's job partitions not taken yet.", registry=r,
         )
         self.postcall_calls = Counter(
             "callqa_postcall_calls_total", "Post-call jobs taken, by outcome (written, no_audio, failed).", ["outcome"],
