@@ -50,6 +50,7 @@ from pipeline.store.client import connect
 from pipeline.store.migrations import migrate
 from pipeline.store.sink import ClickHouseSink, SinkClosedError
 from pipeline.web.views import register_web_views
+from pipeline.worker import standby_priority
 from pipeline.worker.allocator import release_free_memory, set_mmap_threshold, trim_available
 from pipeline.worker.calls import CallProcessor
 from pipeline.worker.checkpoint_topic import KafkaCheckpointStore
@@ -534,8 +535,12 @@ def instance_turn(settings: Settings) -> Callable[[], None]:
     if lock.try_acquire():
         _held_locks.append(lock)
         return lambda: None
+    # Loaded on the CPU the worker it replaces leaves unused (standby_priority.py), where that can be undone.
+    refused = standby_priority.to_idle()
+    idle = not refused
+    priority = " at idle CPU priority" if idle else f" (at normal CPU priority: {refused})"
     print(f"worker {settings.worker_id}: standby: instance {settings.worker_instance_id!r} is held by pid "
-          f"{lock.holder() or '?'} on this host; loading the model, then taking over when it exits",
+          f"{lock.holder() or '?'} on this host; loading the model{priority}, then taking over when it exits",
           file=sys.stderr, flush=True)
 
     def wait() -> None:
@@ -544,6 +549,8 @@ def instance_turn(settings: Settings) -> Callable[[], None]:
               file=sys.stderr, flush=True)
         lock.acquire()
         _held_locks.append(lock)
+        if idle:
+            standby_priority.to_normal()
         print(f"worker {settings.worker_id}: taking over instance {settings.worker_instance_id!r} after "
               f"{time.monotonic() - began:.1f} s standing by", file=sys.stderr, flush=True)
 
