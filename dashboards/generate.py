@@ -218,7 +218,7 @@ def sentiment_and_interaction_panels(y: int) -> list[Json]:
 # scores, then "agent" is the calls of the chosen agent (all agents when none is chosen) and "team" every
 # call of the tenant. Weekly figures want weeks: these panels show the last 12 whatever the dashboard's range.
 WEEKS = "84d"
-SCORED_CALLS = f"""
+SCORED_CALLS = """
     (SELECT c.started_at AS started_at, c.agent_id AS agent_id, c.tenant AS tenant, q.score_pct AS score_pct,
             q.metrics AS metrics, arrayZip(q.`items.question`, q.`items.passed`) AS items
      FROM callqa.calls_deduped AS c INNER JOIN callqa.call_qa_deduped AS q ON q.call_id = c.call_id)
