@@ -12,6 +12,7 @@ one id by mistake no longer fence each other in turns: the second waits, and say
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import hashlib
@@ -93,10 +94,8 @@ def instance_listener(host: str, port: int, state_dir: Path, group: str, instanc
     record = InstanceLock(state_dir, group, instance_id).path.with_suffix(".liveness-port")
     recorded = 0
     if not port:
-        try:
+        with contextlib.suppress(OSError, ValueError):  # none recorded yet, or unreadable: a free port
             recorded = int(record.read_text().strip() or 0)
-        except (OSError, ValueError):
-            recorded = 0
     nonce = instance_nonce(group, instance_id)
     try:
         listener = LivenessListener(host, port or recorded, group, nonce)

@@ -21,7 +21,7 @@ WAITING = "waiting for Kafka at "
 def _log_says(worker: WorkerProcess, text: str, timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if worker.log_path.exists() and text in worker.log_path.read_text(errors="replace"):
+        if text in worker.log_text():
             return True
         if worker.proc is not None and worker.proc.poll() is not None:
             return False
@@ -69,7 +69,7 @@ def test_a_worker_whose_broker_never_answers_exits_after_its_wait_with_one_line(
     assert worker.proc is not None
     assert worker.proc.wait(timeout=60) == 1
     took = time.monotonic() - began
-    log = worker.log_path.read_text()
+    log = worker.log_text()
     assert WAITING in log
     errors = [line for line in log.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "did not answer within 4 s (CALLQA_KAFKA_START_WAIT_S)" in errors[0], log
