@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import re
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -262,6 +263,25 @@ def connect(
         if not fresh:
             _clients[key] = client
         return client
+
+
+# What chdb says when another process's engine holds the data path (ClickHouse's lock on its folder).
+_CHDB_PATH_HELD = "Error initializing EmbeddedServer"
+
+
+def connect_when_free(url: str | None, database: str, wait_s: float, poll_s: float = 0.05) -> Client:
+    """``connect()``, waiting up to ``wait_s`` while another process's embedded engine still holds the chdb
+    data path: a static worker hands its instance to its standby once it has closed its store, and a
+    handle it left open keeps that engine up until its process ends (within a second). Any other failure,
+    and a server URL's, is raised at once."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return connect(url, database)
+        except StoreConnectionError as exc:
+            if parse_store_url(url).kind != "chdb" or _CHDB_PATH_HELD not in str(exc) or time.monotonic() > deadline:
+                raise
+        time.sleep(poll_s)
 
 
 def _open_database(target: StoreTarget, tls: TlsOptions, database: str, create: bool) -> Client:

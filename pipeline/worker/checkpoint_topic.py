@@ -27,6 +27,10 @@ from pipeline.contracts.messages import CallCheckpoint
 from pipeline.worker.checkpoint_cipher import CheckpointCipher
 
 READ_TIMEOUT_S = 30.0
+# The read ends at the fetch that finds nothing more, and the broker holds such a fetch for the consumer's
+# fetch.wait.max.ms (librdkafka's default 500 ms): half a second more of every take-over (a restart, a
+# rebalance, a crash) before the partition's calls resume. Nothing is waited for here, so it returns at once.
+EOF_FETCH_WAIT_MS = 10
 
 
 class CheckpointTopicError(RuntimeError):
@@ -62,7 +66,7 @@ class KafkaCheckpointStore:
         # with transactions, the last offsets are commit markers, which no poll returns.
         consumer = Consumer({**kafka_config(self.settings), "group.id": f"callqa-checkpoints-{uuid.uuid4().hex}",
                              "enable.auto.commit": False, "enable.partition.eof": True,
-                             "isolation.level": "read_committed"})
+                             "isolation.level": "read_committed", "fetch.wait.max.ms": EOF_FETCH_WAIT_MS})
         try:
             low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=READ_TIMEOUT_S)
             # Raw values first, decoded once per surviving key at the end: the uncompacted head holds many

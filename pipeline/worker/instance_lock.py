@@ -32,8 +32,9 @@ STANDBY_READY = "standby ready"
 
 class InstanceLock:
     """An exclusive ``flock`` on ``<state_dir>/instances/<group>.<id>.lock`` (an instance id is unique within its
-    consumer group only), held for the life of the process (never released by hand: the file closes when the
-    process ends, a kill -9 included). The holder's pid is written in it, for the standby's message."""
+    consumer group only), held until the worker has stopped (``release``) or its process ends, however it
+    ends (the file closes then, a kill -9 included). The holder's pid is written in it, for the standby's
+    message."""
 
     def __init__(self, state_dir: Path, group: str, instance_id: str) -> None:
         self.instance_id = instance_id
@@ -56,6 +57,12 @@ class InstanceLock:
         """Wait until the process holding the lock ends, then hold it (a SIGTERM meanwhile ends this process,
         as before any other start-up step)."""
         self._lock(fcntl.LOCK_EX)
+
+    def release(self) -> None:
+        """Hand the instance on: a standby waiting in ``acquire`` takes it now."""
+        if self._file is not None:
+            self._file.close()  # closing the file drops its flock
+            self._file = None
 
     def holder(self) -> str:
         """The pid the holder wrote, or "" (not written yet, or unreadable)."""

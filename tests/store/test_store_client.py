@@ -72,3 +72,52 @@ def test_missing_database_without_create_is_a_clear_error(store_url: str, unique
 def test_closed_port_fails_to_connect(closed_port_url: str) -> None:
     with pytest.raises(OperationalError):
         connect(closed_port_url, "callqa")
+
+
+# Each process below opens the embedded engine itself: chdb takes one data path per process, and the test
+# process may hold another. Only Python's stdlib decides what they print.
+HOLD_ENGINE = """
+import sys, time
+from pipeline.store.client import connect
+connect(sys.argv[1], "callqa").command("CREATE TABLE IF NOT EXISTS held (x UInt8) ENGINE = MergeTree ORDER BY x")
+print("open", flush=True)
+sys.stdin.readline()
+"""
+
+TAKE_ENGINE = """
+import sys
+from pipeline.store.client import StoreConnectionError, connect, connect_when_free
+try:
+    connect(sys.argv[1], "callqa")
+    print("opened at once")
+except StoreConnectionError as exc:
+    print("held:", exc, flush=True)
+client = connect_when_free(sys.argv[1], "callqa", 60)
+print("opened, tables:", sorted(r[0] for r in client.query("SHOW TABLES").result_rows), flush=True)
+"""
+
+
+def test_a_chdb_path_another_process_holds_is_waited_for_until_that_process_lets_it_go(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    url = f"chdb://{tmp_path / 'store'}"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_ENGINE, url], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdin is not None
+        assert holder.stdout.readline().strip() == "open"
+        taker = subprocess.Popen([sys.executable, "-c", TAKE_ENGINE, url], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+        assert taker.stdout is not None
+        first = taker.stdout.readline()
+        assert first.startswith("held: cannot use ClickHouse at chdb://"), first  # the engine is the holder's
+        assert taker.poll() is None  # waiting, not failed
+        holder.stdin.write("\n")
+        holder.stdin.flush()  # the holder exits, and its engine with it
+        out, err = taker.communicate(timeout=60)
+        assert taker.returncode == 0, err
+        assert out.strip() == "opened, tables: ['held']"
+    finally:
+        holder.kill()
+        holder.wait()

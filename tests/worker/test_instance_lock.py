@@ -77,3 +77,60 @@ def test_a_static_members_successor_listens_where_its_predecessor_did(tmp_path: 
         third.socket.close()
     finally:
         blocker.close()
+
+
+HAND_OVER = """
+import sys, time
+from pathlib import Path
+from pipeline.broker.peers import PeerWatch
+from pipeline.config import get_settings
+from pipeline.store.client import connect
+from pipeline.worker import app
+from pipeline.worker.instance_lock import InstanceLock, instance_listener
+state = Path(sys.argv[1])
+lock = InstanceLock(state, "group", "pod/0")
+assert lock.try_acquire()
+app._held_locks.append(lock)
+connect(sys.argv[2], "callqa").command("CREATE TABLE IF NOT EXISTS calls (x UInt8) ENGINE = MergeTree ORDER BY x")
+listener = instance_listener("127.0.0.1", 0, state, "group", "pod/0")
+print(listener.identity.port, flush=True)
+sys.stdin.readline()
+app.hand_over_instance(app.Worker(None, None, None, None, PeerWatch(get_settings(), "group", listener)))
+print("handed over", flush=True)
+time.sleep(600)  # a slow teardown: the instance is no longer this process's
+"""
+
+SUCCEED = """
+import sys
+from pipeline.store.client import connect
+print(sorted(r[0] for r in connect(sys.argv[1], "callqa").query("SHOW TABLES").result_rows))
+"""
+
+
+def test_a_stopped_worker_hands_its_instance_store_and_port_to_its_standby_before_its_process_ends(
+        tmp_path: Path) -> None:
+    url = f"chdb://{tmp_path / 'store'}"
+    child = subprocess.Popen([sys.executable, "-c", HAND_OVER, str(tmp_path), url], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdin is not None
+        port = int(child.stdout.readline())
+        standby = InstanceLock(tmp_path, "group", "pod/0")
+        assert not standby.try_acquire()
+        child.stdin.write("\n")
+        child.stdin.flush()
+        assert child.stdout.readline().strip() == "handed over"
+        assert standby.try_acquire()  # no wait: released, not left to the process's end
+        assert child.poll() is None
+        # The store is free: a plain open (no waiting) in another process reads what the old holder wrote.
+        reader = subprocess.run([sys.executable, "-c", SUCCEED, url], capture_output=True, text=True, timeout=120)
+        assert reader.returncode == 0, reader.stderr
+        assert reader.stdout.strip() == "['calls']"
+        # So is the liveness port, which the group knows this instance by.
+        successor = instance_listener("127.0.0.1", 0, tmp_path, "group", "pod/0")
+        assert successor.identity.port == port
+        successor.socket.close()
+        assert child.poll() is None
+    finally:
+        child.kill()
+        child.wait()
