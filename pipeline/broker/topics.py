@@ -11,7 +11,11 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from pipeline.broker.security import ClientErrors, KafkaUnavailableError, admin_client, cluster_metadata
 from pipeline.config import Settings
 
-COMPACTED_SEGMENT_MS = 600_000
+# A compacted topic's head (its open segment) is never cleaned: a take-over reads all of it. The checkpoint
+# topic gets a record per open call every commit interval (tens of KB), so 10-minute segments meant 50-100 MB
+# read per take-over in the soak at 3 calls, growing with the calls. A minute, or 16 MB, bounds it.
+COMPACTED_SEGMENT_MS = 60_000
+COMPACTED_SEGMENT_BYTES = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -33,9 +37,10 @@ class TopicSpec:
         if policy == "compact":
             # Kafka compacts only closed segments, and by default a segment closes at 1 GB or after 7 days:
             # the checkpoint topic's records (25 KB per leg, every commit interval per open call) piled up
-            # uncompacted, and each rebalance read them all. A segment closes after 10 minutes, and a
+            # uncompacted, and each rebalance read them all. A segment closes after a minute or 16 MB, and a
             # tenth of superseded records is enough to clean.
-            config.update({"segment.ms": str(COMPACTED_SEGMENT_MS), "min.cleanable.dirty.ratio": "0.1"})
+            config.update({"segment.ms": str(COMPACTED_SEGMENT_MS), "segment.bytes": str(COMPACTED_SEGMENT_BYTES),
+                           "min.cleanable.dirty.ratio": "0.1"})
         return config
 
 

@@ -93,6 +93,7 @@ class PostCallRunner:
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="postcall", initializer=self._low_priority)
         self._consumer: Consumer | None = None
         self._task: asyncio.Task[None] | None = None
+        self._in_hand: asyncio.Future[JobOutcome] | None = None  # the job being done, for close() to give up
         self._stopping = False
         self._backlog_at = 0.0
         self._backlog = JobBacklog()
@@ -117,10 +118,16 @@ class PostCallRunner:
         self._task = asyncio.create_task(self._run(), name="postcall-pass")
 
     async def close(self, timeout_s: float = 10.0) -> None:
-        """Stop after the job in hand (its rows written and committed, or left uncommitted for the next
-        owner). The loop is let run out rather than cancelled, so no thread is still in the consumer's
-        poll when it is closed; past ``timeout_s`` it is cancelled all the same."""
+        """Stop now. A job in hand is given up: left uncommitted, the partition's next owner redoes it (its
+        outcome was dropped once stopping anyway, and waiting for it held a worker's clean stop, and so its
+        live calls' hand-over, for seconds: a recording's read-back and encoding). A step of it already on a
+        thread runs out there, unawaited. The loop itself is let run out rather than cancelled, so no
+        thread is still in the consumer's poll when it is closed; past ``timeout_s`` it is cancelled all
+        the same."""
         self._stopping = True
+        in_hand = self._in_hand if self._in_hand is not None and not self._in_hand.done() else None
+        if in_hand is not None:
+            in_hand.cancel()
         if self._task is not None:
             try:
                 await asyncio.wait_for(asyncio.shield(self._task), timeout_s)
@@ -132,7 +139,7 @@ class PostCallRunner:
                 pass
         if self._consumer is not None:
             await asyncio.to_thread(self._consumer.close)
-        self._executor.shutdown(wait=True)
+        self._executor.shutdown(wait=in_hand is None, cancel_futures=True)
 
     async def _run(self) -> None:
         assert self._consumer is not None
@@ -156,8 +163,14 @@ class PostCallRunner:
             log.warning("post-call job %s does not decode, skipped: %s", where, exc)
             await self._commit(consumer, message, where)
             return
+        self._in_hand = asyncio.ensure_future(self.run_job(job))
         try:
-            outcome = await self.run_job(job)
+            outcome = await self._in_hand
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if self._stopping and self._in_hand.cancelled() and not (current and current.cancelling()):
+                return  # given up by close(): not stored, not committed; the partition's next owner redoes it
+            raise
         except AudioGone as gone:
             self._skip_gone(job, gone, where)
         except Exception as exc:  # noqa: BLE001 - one job's failure is that job's: the live revision stays

@@ -22,6 +22,7 @@ and failures while connecting are re-raised with the password scrubbed (``StoreC
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import threading
@@ -36,6 +37,8 @@ from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import OperationalError
 
 from pipeline.config import Settings, get_settings
+
+log = logging.getLogger("callqa.store")
 
 IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -274,14 +277,24 @@ def connect_when_free(url: str | None, database: str, wait_s: float, poll_s: flo
     data path: a static worker hands its instance to its standby once it has closed its store, and a
     handle it left open keeps that engine up until its process ends (within a second). Any other failure,
     and a server URL's, is raised at once."""
-    deadline = time.monotonic() + wait_s
+    began = time.monotonic()
+    said = False
     while True:
         try:
-            return connect(url, database)
+            client = connect(url, database)
         except StoreConnectionError as exc:
-            if parse_store_url(url).kind != "chdb" or _CHDB_PATH_HELD not in str(exc) or time.monotonic() > deadline:
+            if (parse_store_url(url).kind != "chdb" or _CHDB_PATH_HELD not in str(exc)
+                    or time.monotonic() - began > wait_s):
                 raise
-        time.sleep(poll_s)
+            if not said:
+                log.info("the embedded store is still held by another process (a predecessor closing it): "
+                         "waiting up to %.0f s", wait_s)
+                said = True
+            time.sleep(poll_s)
+            continue
+        if said:
+            log.info("the embedded store was free after %.2f s", time.monotonic() - began)
+        return client
 
 
 def _open_database(target: StoreTarget, tls: TlsOptions, database: str, create: bool) -> Client:

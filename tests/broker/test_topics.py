@@ -60,4 +60,6 @@ def test_the_compacted_checkpoint_topic_rolls_its_segments_so_compaction_runs(br
     resource = ConfigResource(ConfigResource.Type.TOPIC, settings.topic_checkpoints)
     config = admin.describe_configs([resource])[resource].result(30)
     assert config["cleanup.policy"].value == "compact"
-    assert (config["segment.ms"].value, config["min.cleanable.dirty.ratio"].value) == ("600000", "0.1")
+    # A minute or 16 MB: the open segment, never compacted, is what every take-over reads.
+    assert (config["segment.ms"].value, config["segment.bytes"].value,
+            config["min.cleanable.dirty.ratio"].value) == ("60000", str(16 * 1024 * 1024), "0.1")
