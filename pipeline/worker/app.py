@@ -48,7 +48,8 @@ from pipeline.contracts import AudioFrame, CallEvent, Serde
 from pipeline.postcall.runner import PostCallRunner
 from pipeline.qa.call import QaConfig
 from pipeline.recordings.writer import CallRecorder
-from pipeline.store.client import close_cached_clients
+from pipeline.store.client import close_cached_clients, connect_when_free
+from pipeline.store.migrations import migrate
 from pipeline.store.sink import ClickHouseSink, SinkClosedError
 from pipeline.web.views import register_web_views
 from pipeline.worker import standby_priority
@@ -63,7 +64,6 @@ from pipeline.worker.kafka_output import FaustOutput, TransactionalOutput
 from pipeline.worker.log_repeats import collapse_client_repeats
 from pipeline.worker.metrics import WorkerMetrics
 from pipeline.worker.retention import sweep_now
-from pipeline.worker.store_opening import StoreOpening
 from pipeline.worker.transcriber import BatcherTranscriber
 
 log = logging.getLogger("callqa.worker")
@@ -103,15 +103,15 @@ class HeldMessage:
         return cls(bad.tp[0], bad.tp[1], bad.offset, bad.frame.call_id.encode())
 
 
-def build_worker(settings: Settings, wait_turn: Callable[[], bool] = lambda: False) -> Worker:
+def build_worker(settings: Settings, wait_turn: Callable[[], None] = lambda: None) -> Worker:
     """The worker, ready to run. ``wait_turn`` is called once the model is loaded and before anything only
     one process may hold (the store, the liveness port, the group membership): a standby waits there for the
-    worker it replaces to exit (pipeline/worker/instance_lock.py), and says True once it has."""
+    worker it replaces to exit (pipeline/worker/instance_lock.py)."""
     check_api_settings(settings)
     metrics = WorkerMetrics()
     # The model first: its load (and each inference process's canary) is most of a start.
     transcriber = BatcherTranscriber.from_settings(settings, metrics)
-    took_over = wait_turn()
+    wait_turn()
     (settings.state_dir / "faust").mkdir(parents=True, exist_ok=True)  # faust makes only the last folder
     api_auth = ApiAuth.from_settings(settings)
     # Bound before the app: the consumer's client id tells the peers where it listens (pipeline/broker/peers.py).
@@ -165,12 +165,13 @@ def build_worker(settings: Settings, wait_turn: Callable[[], bool] = lambda: Fal
         watch.start()
         watching = watch.watched
         metrics.peers_watched.set_function(lambda: len(watching))
-    # A first start opens the store before anything (one line if it cannot); a standby taking over opens it
-    # beside its group join, the sink's first insert waiting for it (store_opening.py).
-    store = StoreOpening(settings)
-    if not took_over:
-        store.wait()
-    sink = ClickHouseSink(settings.writer_url, settings.clickhouse_database, client_factory=store.writer_client)
+    # Not on a thread beside the rest of the start, although the embedded engine's start is most of a
+    # standby's take-over (0.4 s, 2.6 s after 20 minutes of inserts): chdb changes the process's working
+    # directory while it starts, and a rules file read meanwhile by a relative path was not found (a soak's
+    # successor exited on it). A standby may find its predecessor's engine still closing (hand_over_instance).
+    store_client = connect_when_free(settings.writer_url, settings.clickhouse_database, STORE_HANDOVER_WAIT_S)
+    migrate(store_client, settings.clickhouse_database)
+    sink = ClickHouseSink(settings.writer_url, settings.clickhouse_database)
 
     # Whether a call is finished, and where an open one resumes, comes from the checkpoint topic, read
     # once per partition on assignment: no store lookup in the hot path.
@@ -394,7 +395,7 @@ def build_worker(settings: Settings, wait_turn: Callable[[], bool] = lambda: Fal
         return web.bytes(generate_latest(metrics.registry), content_type=CONTENT_TYPE_LATEST.split(";")[0])
 
     postcall = post_call_runner(settings, transcriber, FaustOutput(app, serde), sink, metrics, serde)
-    parts: dict[str, Component] = {"batcher": transcriber, "store opening": store, "store sink": sink,
+    parts: dict[str, Component] = {"batcher": transcriber, "store sink": sink,
                                    "Kafka group coordination": GroupCoordination(app)}
     if postcall is not None:
         parts["post-call pass"] = postcall
@@ -576,16 +577,16 @@ def liveness_listener(settings: Settings) -> LivenessListener:
     return LivenessListener(host, settings.peer_watch_port, settings.worker_id)
 
 
-def instance_turn(settings: Settings) -> Callable[[], bool]:
+def instance_turn(settings: Settings) -> Callable[[], None]:
     """With a static instance id: this worker's wait for its turn. Taken at once when no live process on this
     host holds the id; otherwise this worker is a standby, said on stderr (faust's logging is not up yet), and
     the wait ends when the holder exits (pipeline/worker/instance_lock.py)."""
     if not settings.worker_instance_id:
-        return lambda: False
+        return lambda: None
     lock = InstanceLock(settings.state_dir, settings.worker_id, settings.worker_instance_id)
     if lock.try_acquire():
         _held_locks.append(lock)
-        return lambda: False
+        return lambda: None
     # Loaded on the CPU the worker it replaces leaves unused (standby_priority.py), where that can be undone.
     refused = standby_priority.to_idle()
     idle = not refused
@@ -594,7 +595,7 @@ def instance_turn(settings: Settings) -> Callable[[], bool]:
           f"{lock.holder() or '?'} on this host; loading the model{priority}, then taking over when it exits",
           file=sys.stderr, flush=True)
 
-    def wait() -> bool:
+    def wait() -> None:
         began = time.monotonic()
         print(f"worker {settings.worker_id}: {STANDBY_READY}, waiting for instance {settings.worker_instance_id!r}",
               file=sys.stderr, flush=True)
@@ -604,10 +605,12 @@ def instance_turn(settings: Settings) -> Callable[[], bool]:
             standby_priority.to_normal()
         print(f"worker {settings.worker_id}: taking over instance {settings.worker_instance_id!r} after "
               f"{time.monotonic() - began:.1f} s standing by", file=sys.stderr, flush=True)
-        return True
 
     return wait
 
+
+# Longest a standby waits for its predecessor's embedded store to close (it closes within a second).
+STORE_HANDOVER_WAIT_S = 10.0
 
 # When this process was asked to stop (SIGTERM, SIGINT): the clean stop's line starts its account there.
 stop_began: list[float] = []
