@@ -167,8 +167,8 @@ def build_worker(settings: Settings, wait_turn: Callable[[], None] = lambda: Non
         metrics.peers_watched.set_function(lambda: len(watching))
     # Not on a thread beside the rest of the start, although the embedded engine's start is most of a
     # standby's take-over (0.4 s, 2.6 s after 20 minutes of inserts): chdb changes the process's working
-    # directory while it starts, and a rules file read meanwhile by a relative path was not found (a soak's
-    # successor exited on it). A standby may find its predecessor's engine still closing (hand_over_instance).
+    # directory while it starts, so a file read meanwhile by a relative path (the rules) is not found.
+    # A standby may find its predecessor's engine still closing (hand_over_instance).
     store_client = connect_when_free(settings.writer_url, settings.clickhouse_database, STORE_HANDOVER_WAIT_S)
     migrate(store_client, settings.clickhouse_database)
     sink = ClickHouseSink(settings.writer_url, settings.clickhouse_database)
@@ -545,9 +545,13 @@ def hand_over_instance(worker: Worker) -> bool:
     elsewhere keeps it until this process ends, which the successor waits out)."""
     if not _held_locks:
         return False
-    if worker.watch is not None:
-        worker.watch.close(timeout_s=1.0)
-    close_cached_clients()
+    # A step that fails leaves its part to the process's end, which the successor waits out (the store) or
+    # which costs it only its watched port: the lock goes either way.
+    with contextlib.suppress(Exception):
+        if worker.watch is not None:
+            worker.watch.close(timeout_s=1.0)
+    with contextlib.suppress(Exception):
+        close_cached_clients()
     while _held_locks:
         _held_locks.pop().release()
     return True
