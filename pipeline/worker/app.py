@@ -460,7 +460,9 @@ def build_worker(settings: Settings, wait_turn: Callable[[], None] = lambda: Non
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(processor.drain(), settings.unhealthy_exit_timeout_s / 2)
         steps.done("drain")
-        if not health.reasons():
+        # Not while the store refuses writes: nothing can become durable then, and the attempt only made a
+        # stop in an outage its whole bound longer (the chaos run's restarts came late behind it).
+        if not health.reasons() and sink.stats.last_error is None:
             try:  # within the hand-over's bound: a store outage must not hold the stop (nothing is lost)
                 await asyncio.wait_for(commit_now(), handover_budget_s(settings))
             except Exception as exc:  # noqa: BLE001 - not committed: the next owner replays it, as before

@@ -39,16 +39,25 @@ def _committed_and_end(settings) -> tuple[dict[int, int], dict[int, int]]:  # ty
         consumer.close()
 
 
+def _idle(worker) -> bool:  # type: ignore[no-untyped-def]
+    """Nothing left to read and no segment waiting for inference (on a loaded machine the segments alone can
+    stand still for seconds while the call is still being decoded)."""
+    lines = worker.metrics_text().splitlines()
+    lag = sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith("callqa_consumer_lag{"))
+    return lag == 0 and worker.metric("callqa_batcher_queue_depth") == 0
+
+
 def _settled_segments(worker, call_id: str, timeout_s: float = 180.0) -> set[str]:  # type: ignore[no-untyped-def]
-    """The call's stored segments once their number has not moved for 5 s (the store is flushed on its own
-    interval; what waits for the commit interval, the call's end among it, does not come in this test)."""
+    """The call's stored segments once their number has not moved for 5 s with the worker idle (the store is
+    flushed on its own interval; what waits for the commit interval, the call's end among it, does not come
+    in this test)."""
     seen: set[str] = set()
     since = time.monotonic()
     deadline = since + timeout_s
     while time.monotonic() < deadline:
         now = {r["segment_id"] for r in worker.query(
             "SELECT segment_id FROM segments FINAL WHERE call_id = {id:String}", id=call_id)}
-        if now != seen:
+        if now != seen or not _idle(worker):
             seen, since = now, time.monotonic()
         elif seen and time.monotonic() - since > 5:
             return seen
