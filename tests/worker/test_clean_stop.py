@@ -74,7 +74,7 @@ def test_a_clean_stop_commits_the_finals_it_drained_and_the_offsets_past_them(
     stored = _settled_segments(worker, call_id)  # decoded, published in the open transaction, stored
     assert len(stored) >= 2
     assert _finals(read_topic, kafka_settings, call_id) == []  # nothing committed yet
-    committed, ends = _committed_and_end(kafka_settings)
+    committed, _ = _committed_and_end(kafka_settings)
     assert all(offset < 0 for offset in committed.values()), committed
 
     worker.stop()
