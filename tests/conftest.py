@@ -233,7 +233,7 @@ def kafka_settings(broker: str, unique_name: str):  # type: ignore[no-untyped-de
         topic_audio=f"{prefix}.audio", topic_call_events=f"{prefix}.events",
         topic_transcripts=f"{prefix}.transcripts", topic_latency=f"{prefix}.latency",
         topic_qa=f"{prefix}.qa", topic_dead_letters=f"{prefix}.dlq", topic_checkpoints=f"{prefix}.checkpoints",
-        topic_postcall=f"{prefix}.postcall", worker_id=f"{prefix}.worker",
+        topic_postcall=f"{prefix}.postcall", topic_live_calls=f"{prefix}.live", worker_id=f"{prefix}.worker",
     )
     ensure_topics(settings)
     yield settings

@@ -47,7 +47,7 @@ def is_loopback(host: str) -> bool:
 
 
 # The pages' roots: a path under one of them needs a login (a new page goes under one, or is added here).
-PAGE_ROOTS = ("/calls", "/agents", "/calibration")
+PAGE_ROOTS = ("/calls", "/agents", "/calibration", "/live")
 # The routes open to anyone: the login itself, and the probes (Prometheus, a supervisor or load balancer).
 # Any other route needs a principal, whether or not it is declared (tests/api/test_routes.py lists them all).
 PUBLIC_PATHS = frozenset({"/login", "/logout", "/metrics", "/health"})

@@ -82,6 +82,8 @@ TEST_PLAN: tuple[tuple[float, str], ...] = ((15.0, "kill9"), (35.0, "store"), (4
                                             (70.0, "broker"), (95.0, "kill9"))
 LEG_AUDIO = "callqa_leg_audio_seconds_total"  # audio fed to the legs' segmenters
 ACTIVE_CALLS = "callqa_active_calls"
+# How long a worker fault waits for a fresh reading of a busy worker to hit.
+VICTIM_WAIT_S = 30.0
 STORE_RETRIES = "callqa_store_retries"
 PEERS_WATCHED = "callqa_peers_watched"
 ASSIGNMENTS = "callqa_rebalances_total"
@@ -189,30 +191,47 @@ class Workers:
     def life(self, slot: int) -> Life:
         return next(x for x in reversed(self.lives) if x.slot == slot)
 
-    def poll(self, slot: int) -> None:
-        """Keep the slot's last metrics (a busy worker may not answer: the last page read stays)."""
+    def poll(self, slot: int) -> bool:
+        """Keep the slot's last metrics (a busy worker may not answer: the last page read stays); whether
+        they were read now."""
         worker = self.slots[slot]
         if worker.alive():
             with suppress(OSError):
                 self.life(slot).metrics = probes.metric_sums(worker.metrics_text())
+                return True
+        return False
 
-    def poll_all(self) -> None:
-        for slot in range(len(self.slots)):
-            self.poll(slot)
+    def poll_all(self) -> set[int]:
+        """Every slot's metrics; the slots read now."""
+        return {slot for slot in range(len(self.slots)) if self.poll(slot)}
 
     def ended(self, slot: int, how: str) -> None:
         life = self.life(slot)
         life.ended_s, life.ended_by = self.now(), how
 
-    def busiest(self, turn: int) -> int:
-        """The live worker with the most active calls (ties: in turn), so a fault costs real work."""
+    def busiest(self, turn: int, read: set[int] | None = None) -> int:
+        """The live worker with the most active calls (ties: in turn), so a fault costs real work; with
+        ``read``, only those slots' figures count (the others' may be stale)."""
         def active(slot: int) -> float:
-            serving = self.slots[slot].alive() and slot not in self.stopping
+            serving = self.slots[slot].alive() and slot not in self.stopping and (read is None or slot in read)
             return self.life(slot).metrics.get(ACTIVE_CALLS, 0.0) if serving else -1.0
 
         n = len(self.slots)
         order = [(turn + k) % n for k in range(n)]
         return max(order, key=lambda s: (active(s), -order.index(s)))
+
+    def busy_victim(self, turn: int, wait_s: float = VICTIM_WAIT_S) -> int:
+        """The busiest worker by metrics read just now, waiting (bounded) while none reads busy. A worker that
+        does not answer keeps its last page and one just restarted has none: chosen on those, a kill once hit
+        a worker with no call (a fault that tests nothing). Past the bound, the busiest there is: the run's
+        check then says the fault hit an idle worker."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            read = self.poll_all()
+            slot = self.busiest(turn, read)
+            if (slot in read and self.life(slot).metrics.get(ACTIVE_CALLS, 0.0) > 0) or time.monotonic() > deadline:
+                return slot
+            time.sleep(1.0)
 
     def supervise(self) -> None:
         """Restart a worker that exited by itself, as systemd or Docker would, and note why it exited."""
@@ -297,8 +316,7 @@ class Faults:
                 # description after the broker restart (librdkafka 2.16), which left take-overs unmeasured.
                 admin = admin_client(group.settings, ClientErrors(group.settings))
                 entry["evictable"] = self._evictable(admin)
-            self.workers.poll_all()  # chosen on fresh metrics: on the last poll's, a kill hit a worker gone idle
-            slot = self.workers.busiest(turn)
+            slot = self.workers.busy_victim(turn)  # on fresh metrics: on the last poll's, a kill hit an idle worker
             worker = self.workers.slots[slot]
             entry.update(worker=slot, active_calls=self.workers.life(slot).metrics.get(ACTIVE_CALLS, 0.0))
             if admin is not None:  # a kill

@@ -56,6 +56,9 @@ def topic_specs(s: Settings) -> list[TopicSpec]:
         # partition count as the audio, so a worker reads just the checkpoints of the partitions it owns.
         TopicSpec(s.topic_checkpoints, s.audio_partitions, -1, "call checkpoints (resume points)", "compact"),
         TopicSpec(s.topic_postcall, s.audio_partitions, s.postcall_retention_ms, "finished calls for the post-call pass"),
+        # The newest summary of each call in progress and a tombstone when it ends: a desk that starts reads
+        # just the calls in progress from it (pipeline/live/).
+        TopicSpec(s.topic_live_calls, s.output_partitions, -1, "calls in progress (the live desk)", "compact"),
     ]
 
 

@@ -25,6 +25,7 @@ from pydantic_settings import (
 from pipeline.config.asr import AsrSettings
 from pipeline.config.broker import BrokerSettings
 from pipeline.config.gateway import GatewaySettings
+from pipeline.config.live import LiveSettings
 from pipeline.config.postcall import PostCallSettings
 from pipeline.config.qa import QaSettings
 from pipeline.config.recordings import RecordingSettings
@@ -49,6 +50,7 @@ class Settings(
     SiprecSettings,
     PostCallSettings,
     RecordingSettings,
+    LiveSettings,
     BaseSettings,
 ):
     model_config = SettingsConfigDict(

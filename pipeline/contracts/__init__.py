@@ -6,6 +6,7 @@ from pipeline.contracts.messages import (
     CallQA,
     DeadLetter,
     LatencyMetric,
+    LiveCall,
     Message,
     QaAlert,
     QaEvent,
@@ -15,6 +16,6 @@ from pipeline.contracts.messages import (
 from pipeline.contracts.serde import ContractError, Serde
 
 __all__ = [
-    "AudioFrame", "CallEvent", "CallQA", "ContractError", "DeadLetter", "LatencyMetric", "Message",
+    "AudioFrame", "CallEvent", "CallQA", "ContractError", "DeadLetter", "LatencyMetric", "LiveCall", "Message",
     "QaAlert", "QaEvent", "QaItem", "Serde", "TranscriptSegment",
 ]

@@ -233,6 +233,34 @@ class QaAlert(Message):
 
 
 @dataclass
+class LiveCall(Message):
+    """A call in progress as the live desk shows it (schemas/LiveCall.avsc): the newest per call on a compacted
+    topic, a tombstone when it ended. Figures, never text: the turns themselves are on the transcripts topic."""
+
+    SCHEMA: ClassVar[str] = "io.callqa.LiveCall"
+    call_id: str
+    started_at_ms: int
+    updated_at_ms: int
+    tenant: str = ""
+    agent_id: str = ""
+    queue: str = ""
+    direction: str = "inbound"
+    call_ms: int = 0
+    agent_talk_ms: int = 0
+    customer_talk_ms: int = 0
+    silence_ms: int = 0
+    turns: int = 0
+    customer_sentiment: float = 0.0
+    customer_trend: str = "steady"
+    customer_scores: list[float] = field(default_factory=list)
+    alerts: int = 0
+    last_alert_rule: str = ""
+    last_alert_severity: str = ""
+    last_alert_ms: int = -1
+    on_hold: bool = False
+
+
+@dataclass
 class DeadLetter(Message):
     """A reference to what failed (where, which call, leg and time range, why), not the data itself.
 
@@ -431,5 +459,5 @@ class PostCallJob(Message):
 
 ALL_MESSAGES: tuple[type[Message], ...] = (
     AudioFrame, CallEvent, TranscriptSegment, LatencyMetric, CallQA, QaAlert, DeadLetter, CallCheckpoint,
-    PostCallJob,
+    PostCallJob, LiveCall,
 )

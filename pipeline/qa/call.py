@@ -94,6 +94,9 @@ class CallAnalyzer:
     redaction_counts: dict[str, int] = field(default_factory=dict)
     sentiments: dict[str, float] = field(default_factory=dict)  # segment id -> score of its redacted text
     redacted_turns: list[RedactedTurn] = field(default_factory=list)  # what the call's recording cuts
+    # The live alerts raised so far, in the order they fired: a call resumed from a checkpoint raises those
+    # of its restored segments again here (not on the topic), so the live desk's count survives a take-over.
+    alerts: list[QaEvent] = field(default_factory=list)
     _redactor: CallRedactor = field(init=False)
     _rules: RuleEngine = field(init=False)
     _expected: list[_Expected] = field(default_factory=list)  # submitted, not yet released; time order
@@ -196,7 +199,9 @@ class CallAnalyzer:
         if turn is not None:
             self.redacted_turns.append(turn)
         score = self.sentiments[segment.segment_id] = score_text(redacted.segment.text)
-        return AnalyzedSegment(redacted, self._rules.on_segment(redacted.segment, score), score)
+        events = self._rules.on_segment(redacted.segment, score)
+        self.alerts.extend(events)
+        return AnalyzedSegment(redacted, events, score)
 
     def add_segment(self, segment: Segment) -> list[QaEvent]:
         """Redact first, then match: returns the alerts to raise while the call is live (violations, intents)."""

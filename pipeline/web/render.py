@@ -171,12 +171,20 @@ def _when(value: datetime | None) -> str:
     return "–" if value is None else value.strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+SPARK_BARS = "▁▂▃▄▅▆▇█"
+
+
+def spark(scores: list[float]) -> str:
+    """A sentiment trend (−5..+5 each) as block characters, as the live wall's script draws it."""
+    return "".join(SPARK_BARS[max(0, min(7, round((v + 5) / 10 * 7)))] for v in scores)
+
+
 @cache
 def environment() -> Environment:
     env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=True, undefined=StrictUndefined,
                       trim_blocks=True, lstrip_blocks=True)
     env.filters.update(clock=timeline.clock, sentiment_class=sentiment_class, signed=_signed, metric=_metric,
-                       when=_when, marked=marked)
+                       when=_when, marked=marked, spark=spark)
     env.globals.update(csp=CSP_META, pass_pct=PASS_PCT, seek_script=SEEK_SCRIPT)
     return env
 

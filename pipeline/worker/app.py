@@ -45,6 +45,8 @@ from pipeline.broker.security import faust_credentials
 from pipeline.broker.transactions import PartitionTransactions
 from pipeline.config import Settings
 from pipeline.contracts import AudioFrame, CallEvent, Serde
+from pipeline.live.desk import LiveDesk
+from pipeline.live.views import register_live_views
 from pipeline.postcall.runner import PostCallRunner
 from pipeline.qa.call import QaConfig
 from pipeline.recordings.writer import CallRecorder
@@ -425,8 +427,16 @@ def build_worker(settings: Settings, wait_turn: Callable[[], None] = lambda: Non
             await asyncio.to_thread(release_free_memory)
 
     api_pool = QueryPool(settings.api_query_threads, settings.api_query_max_waiting)
-    # The call pages plug into the API server.
-    register_web_views(register_api_views(app, settings, api_pool, api_auth))
+    # The call pages and the live desk plug into the API server. The desk follows the topics only while
+    # someone looks (pipeline/live/desk.py): a worker nobody watches reads nothing for it.
+    api_server = register_api_views(app, settings, api_pool, api_auth)
+    register_web_views(api_server)
+    live_desk = LiveDesk(settings)
+    register_live_views(api_server, live_desk)
+
+    @app.timer(interval=min(30.0, settings.live_idle_stop_s))
+    async def stop_idle_live_desk() -> None:
+        await live_desk.stop_if_idle()
 
     @app.task
     async def start_batcher() -> None:
@@ -453,6 +463,7 @@ def build_worker(settings: Settings, wait_turn: Callable[[], None] = lambda: Non
         # nothing is committed: the next worker replays them). Bounded anyway.
         # Each step's time goes in one line: a static member's restart pauses its calls for all of them.
         steps = StopSteps(time.monotonic() - stop_began[0] if stop_began else 0.0)
+        await live_desk.close()  # its streams end now: a browser reconnects to another desk
         if watch is not None:  # a clean stop: no peer evicts us when our sockets close
             await asyncio.get_running_loop().run_in_executor(None, watch.say_goodbye)
         steps.done("goodbye")

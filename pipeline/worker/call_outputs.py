@@ -18,6 +18,7 @@ from pipeline.segmentation.segmenter import SpeechSegment
 from pipeline.store.base import RowSink
 from pipeline.worker.dead_letters import segment_dead_letter
 from pipeline.worker.legs import LegState
+from pipeline.worker.live_summary import LiveSummaries
 from pipeline.worker.metrics import WorkerMetrics
 from pipeline.worker.outputs import (
     call_qa_message,
@@ -50,6 +51,7 @@ class CallOutputs:
         # QA result and job), and by the commit while it records what is published and commits: a
         # transaction holds all of an output's messages or none, and the record that lists it.
         self.publishing = asyncio.Lock()
+        self.live = LiveSummaries(settings, output)  # the call's summary for the live desk, and its end
 
     async def segment(self, call: CallState, decoded: DecodedSegment, analyzed: AnalyzedSegment) -> None:
         """A released final: its transcript, latency and QA alerts, and its rows."""
@@ -75,6 +77,7 @@ class CallOutputs:
         await self.sink.write("latency", [latency_row(latency)])
         call.segments_done += 1
         call.unresolved.discard(seg_id)  # only now: a checkpoint after it needs its rows written
+        await self.live.changed(call)
         self.metrics.segments.labels("final").inc()
         self.metrics.final_delay.observe(latency.end_to_end_ms / 1000)
         self.metrics.batch_size.observe(r.batch_size)
@@ -114,6 +117,7 @@ class CallOutputs:
         await self.sink.write("call_qa", [call_qa_row(qa)])
         if result.events:
             await self.sink.write("qa_events", [qa_event_row(call.call_id, e) for e in result.events])
+        await self.live.ended(call)
         self.metrics.calls_finished.labels(how).inc()
         self.metrics.holds.inc(result.metrics.get("holds", 0))
         self.metrics.hold_seconds.inc(result.metrics.get("hold_ms", 0) / 1000)

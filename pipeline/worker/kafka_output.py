@@ -26,11 +26,12 @@ class FaustOutput:
         self.serde = serde
         self._topics: dict[str, Any] = {}
 
-    async def publish(self, topic: str, key: str, message: Message, partition: int = -1) -> Awaitable[Any]:
+    async def publish(self, topic: str, key: str, message: Message | None, partition: int = -1) -> Awaitable[Any]:
         t = self._topics.get(topic)
         if t is None:
             t = self._topics[topic] = self.app.topic(topic, key_serializer="raw", value_serializer="raw")
-        fut: Awaitable[Any] = await t.send(key=key.encode(), value=self.serde.encode(message))
+        value = self.serde.encode(message) if message is not None else None  # None: a tombstone
+        fut: Awaitable[Any] = await t.send(key=key.encode(), value=value)
         return fut
 
 
@@ -41,5 +42,6 @@ class TransactionalOutput:
         self.transactions = transactions
         self.serde = serde
 
-    async def publish(self, topic: str, key: str, message: Message, partition: int) -> Awaitable[Any]:
-        return await self.transactions.send(partition, topic, key.encode(), self.serde.encode(message))
+    async def publish(self, topic: str, key: str, message: Message | None, partition: int) -> Awaitable[Any]:
+        value = self.serde.encode(message) if message is not None else None  # None: a tombstone
+        return await self.transactions.send(partition, topic, key.encode(), value)

@@ -18,9 +18,13 @@ class MemoryPorts:
     def __init__(self) -> None:
         self.messages: list[Message] = []
         self.rows: list[tuple[str, Row]] = []
+        self.tombstones: list[tuple[str, str]] = []  # (topic, key), in order
 
-    async def publish(self, topic: str, key: str, message: Message, partition: int = 0) -> Awaitable[Any]:
-        self.messages.append(message)
+    async def publish(self, topic: str, key: str, message: Message | None, partition: int = 0) -> Awaitable[Any]:
+        if message is None:
+            self.tombstones.append((topic, key))
+        else:
+            self.messages.append(message)
         delivered: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         delivered.set_result(None)
         return delivered

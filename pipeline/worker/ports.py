@@ -14,9 +14,10 @@ from pipeline.contracts.messages import Message
 class OutputPort(Protocol):
     """Where contract messages go (Kafka in the worker). Returns an awaitable that resolves on delivery."""
 
-    async def publish(self, topic: str, key: str, message: Message, partition: int) -> Awaitable[Any]:
+    async def publish(self, topic: str, key: str, message: Message | None, partition: int) -> Awaitable[Any]:
         """``partition``: the input (audio) partition whose input the message accounts for: with exactly
-        once, it goes in that partition's transaction."""
+        once, it goes in that partition's transaction. ``message`` None: a tombstone for ``key`` (a
+        compacted topic's record deleted)."""
         ...
 
 

@@ -149,7 +149,7 @@ def watermarks(call: CallState, pre_roll_ms: int, held_final_max_ms: int = 2000,
     return marks
 
 
-async def publish(output: OutputPort, call: CallState, topic: str, key: str, message: Message) -> None:
+async def publish(output: OutputPort, call: CallState, topic: str, key: str, message: Message | None) -> None:
     """Publish one of the call's messages (in its audio partition's transaction); its delivery is awaited
     before the call's offsets are released."""
     partition = call.audio_tp[1] if call.audio_tp is not None else -1  # set when it opens (-1: a test's call)

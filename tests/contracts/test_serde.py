@@ -30,6 +30,7 @@ from pipeline.contracts.messages import (
     CheckpointSegment,
     JobHold,
     LegCheckpoint,
+    LiveCall,
     PostCallJob,
 )
 from pipeline.contracts.registry import FileSchemaRegistry
@@ -46,6 +47,10 @@ EXAMPLES = [
     CallQA("c1", 87.5, False, {"silence_pct": 12.5}, [QaItem("Greeted?", 10.0, True, "greeting at 1.2 s")],
            [QaEvent("greeting", "opening", "agent", "match", 1200, "hello")], tenant="t", agent_id="a7"),
     QaAlert("c1", "escalation", "intent", "customer", "alert", 31_000, "speak to a manager"),
+    LiveCall("c1", 1_772_443_770_000, 1_772_443_800_000, tenant="t", agent_id="a7", queue="billing", call_ms=30_000,
+             agent_talk_ms=12_000, customer_talk_ms=9_500, silence_ms=8_500, turns=9, customer_sentiment=-1.25,
+             customer_trend="worsening", customer_scores=[0.5, -0.75, -2.0], alerts=1,
+             last_alert_rule="escalation", last_alert_severity="warning", last_alert_ms=27_300, on_hold=True),
     DeadLetter("callqa.audio-frames", 3, 1234, "bad payload", b"\x01\x02", key=b"c1", error_type="ContractError",
                call_id="c1", raw_kind="message"),
     DeadLetter("callqa.audio-frames", 3, -1, "segment c1/agent/000000140: inference failed", call_id="c1",

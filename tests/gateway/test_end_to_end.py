@@ -83,7 +83,8 @@ def stack(broker: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sta
     settings = Settings(bootstrap_servers=broker, topic_audio=f"{prefix}.audio", topic_call_events=f"{prefix}.events",
                         topic_transcripts=f"{prefix}.transcripts", topic_latency=f"{prefix}.latency",
                         topic_qa=f"{prefix}.qa", topic_dead_letters=f"{prefix}.dlq",
-                        topic_checkpoints=f"{prefix}.checkpoints", worker_id=f"{prefix}.worker")
+                        topic_checkpoints=f"{prefix}.checkpoints", topic_live_calls=f"{prefix}.live",
+                        worker_id=f"{prefix}.worker")
     ensure_topics(settings)
     tmp = tmp_path_factory.mktemp("e2e")
     topics = {name: getattr(settings, name) for name in ("topic_audio", "topic_call_events", "topic_transcripts",

@@ -29,6 +29,7 @@ def start_worker(kafka_settings: Settings, tmp_path: Path) -> Iterator[Callable[
         "topic_dead_letters": kafka_settings.topic_dead_letters,
         "topic_checkpoints": kafka_settings.topic_checkpoints,
         "topic_postcall": kafka_settings.topic_postcall,
+        "topic_live_calls": kafka_settings.topic_live_calls,
         "worker_id": kafka_settings.worker_id,
         "clickhouse_url": f"chdb://{(tmp_path / 'chdb').resolve()}",
         # Off here: these tests' subject is the live path, and a recording per finished call (its audio read back,

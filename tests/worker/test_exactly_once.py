@@ -41,8 +41,9 @@ class Transactions:
         self._messages: list[Message] = []
         self._checkpoints: list[tuple[int, str, CallCheckpoint | None]] = []
 
-    async def publish(self, topic: str, key: str, message: Message, partition: int = 0) -> Awaitable[Any]:
-        self._messages.append(message)
+    async def publish(self, topic: str, key: str, message: Message | None, partition: int = 0) -> Awaitable[Any]:
+        if message is not None:  # a tombstone (the live-calls topic) holds nothing this test counts
+            self._messages.append(message)
         return _done()
 
     async def save(self, partition: int, call_id: str, checkpoint: CallCheckpoint | None) -> Awaitable[Any]:

@@ -11,7 +11,7 @@ import numpy as np
 
 from pipeline.asr.engine import LegFrontEnd
 from pipeline.config import Settings
-from pipeline.contracts.messages import CallEvent, CallQA
+from pipeline.contracts.messages import CallEvent, CallQA, LiveCall
 from pipeline.ingest.replay import ReplayOptions, load_recording
 from pipeline.qa.call import QaConfig
 from pipeline.worker.budget import InflightBudget
@@ -80,8 +80,11 @@ async def test_an_end_event_after_all_frames_completes_the_call() -> None:
     await stage.lifecycle.on_event(EVENTS, 1, CallEvent("c1", "end", frame_counts={}))
     await stage.completed()
     assert stage.call_rows() == [("c1", "end")] and stage.registry.awaiting_release == [call]
-    [qa] = stage.ports.messages
+    # The live desk's summary at the start, then the call's QA, and the summary's tombstone at its end.
+    summary, qa = stage.ports.messages
+    assert isinstance(summary, LiveCall) and summary.tenant == "acme" and summary.started_at_ms == 5_000
     assert isinstance(qa, CallQA) and qa.tenant == "acme"
+    assert stage.ports.tombstones == [(SETTINGS.topic_live_calls, "c1")]
 
 
 async def test_an_abort_closes_the_call_at_once_with_frames_missing() -> None:
@@ -137,7 +140,7 @@ async def test_closing_flushes_the_open_segment_and_its_final_comes_before_the_c
     await stage.lifecycle.on_event(EVENTS, 1, CallEvent("c1", "end", frame_counts={"agent": seq}))
     await stage.completed()
     kinds = [type(m).__name__ for m in stage.ports.messages]
-    assert kinds == ["TranscriptSegment", "LatencyMetric", "CallQA"]
+    assert kinds == ["LiveCall", "TranscriptSegment", "LatencyMetric", "CallQA"]
     assert stage.ports.finals()[0].start_ms == open_start
 
 

@@ -45,7 +45,7 @@ class TopicPorts(MemoryPorts):
         super().__init__()
         self.topics: list[str] = []
 
-    async def publish(self, topic: str, key: str, message: Message, partition: int = 0) -> Awaitable[Any]:
+    async def publish(self, topic: str, key: str, message: Message | None, partition: int = 0) -> Awaitable[Any]:
         self.topics.append(topic)
         return await super().publish(topic, key, message)
 
@@ -98,7 +98,8 @@ async def test_a_calls_result_is_its_qa_message_and_rows() -> None:
                           [EVENT], "default")
     await stage.call_result(call, result, "end", 42_000)
     [qa] = ports.messages
-    assert ports.topics == ["qa"] and isinstance(qa, CallQA) and qa.tenant == "acme"
+    assert ports.topics == ["qa", SETTINGS.topic_live_calls] and isinstance(qa, CallQA) and qa.tenant == "acme"
+    assert ports.tombstones == [(SETTINGS.topic_live_calls, "c1")]  # the call leaves the live desk
     assert [t for t, _ in ports.rows] == ["calls", "call_qa", "qa_events"]
     assert ports.rows[0][1]["audio_ms"] == 42_000 and ports.rows[0][1]["end_reason"] == "end"
     assert metrics.registry.get_sample_value("callqa_calls_finished_total", {"how": "end"}) == 1
