@@ -242,12 +242,14 @@ def worker(
     from pipeline.api.token_file import token_path
     from pipeline.broker.security import wait_for_kafka
     from pipeline.broker.topics import check_copartitioned, ensure_topics
+    from pipeline.notify.notifier import check_notify_settings
     from pipeline.worker.app import run_worker
 
     configured = get_settings()
     # A loopback worker without CALLQA_API_TOKEN uses (and at first makes) <state_dir>/api-token.
     settings = with_local_token(configured)
     check_api_settings(settings)  # before anything starts: an exposed /api/* is refused in one line
+    check_notify_settings(settings)  # and a rule's notify: naming no webhook, or webhooks without a key
     if settings.kafka_start_wait_s:
         wait_for_kafka(settings, settings.kafka_start_wait_s,
                        lambda line: err_console.print(f"worker {settings.worker_id}: {line}", soft_wrap=True))

@@ -26,6 +26,7 @@ from pipeline.config.asr import AsrSettings
 from pipeline.config.broker import BrokerSettings
 from pipeline.config.gateway import GatewaySettings
 from pipeline.config.live import LiveSettings
+from pipeline.config.notify import NotifySettings
 from pipeline.config.postcall import PostCallSettings
 from pipeline.config.qa import QaSettings
 from pipeline.config.recordings import RecordingSettings
@@ -51,6 +52,7 @@ class Settings(
     PostCallSettings,
     RecordingSettings,
     LiveSettings,
+    NotifySettings,
     BaseSettings,
 ):
     model_config = SettingsConfigDict(

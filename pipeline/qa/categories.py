@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.qa.rules import QaEvent, RuleSet
+from pipeline.qa.rules import QaEvent, RuleSet, notify_targets
 from pipeline.qa.yaml_source import RulesError, YamlNode, compose_file
 
 HELD = ("match", "violation", "alert")
@@ -39,6 +39,7 @@ class Category:
     any: tuple[str, ...] = ()
     all: tuple[str, ...] = ()
     none: tuple[str, ...] = ()
+    notify: tuple[str, ...] = ()  # webhooks the live alerts of its any/all rules go to (pipeline/notify/)
 
     def holds(self, held: set[str]) -> bool:
         return (all(r in held for r in self.all) and (not self.any or any(r in held for r in self.any))
@@ -67,7 +68,7 @@ def load_categories(rules_dir: str | Path, rule_set: RuleSet) -> tuple[Category,
 
 
 def _parse(node: YamlNode, rule_set: RuleSet) -> Category:
-    keys = node.mapping("category", {"name"}, {"description", "any", "all", "none"})
+    keys = node.mapping("category", {"name"}, {"description", "any", "all", "none", "notify"})
     lists: dict[str, tuple[str, ...]] = {}
     for key in ("any", "all", "none"):
         names = tuple(n.string(f"rule name in {key}") for n in keys[key].sequence(key)) if key in keys else ()
@@ -79,4 +80,5 @@ def _parse(node: YamlNode, rule_set: RuleSet) -> Category:
     if not any(lists.values()):
         raise node.fail("a category needs rules: any, all or none")
     return Category(keys["name"].string("name"), keys["description"].string("description") if "description" in keys
-                    else "", lists["any"], lists["all"], lists["none"])
+                    else "", lists["any"], lists["all"], lists["none"],
+                    notify_targets(keys["notify"]) if "notify" in keys else ())

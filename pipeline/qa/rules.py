@@ -120,6 +120,8 @@ class Rule:
     file: str = ""
     line: int = 0
     sentiment: SentimentCondition | None = None
+    # Where its live alerts are sent: names of webhooks in CALLQA_WEBHOOKS (pipeline/notify/).
+    notify: tuple[str, ...] = ()
 
     def applies_to(self, segment: Segment) -> bool:
         return self.leg == "any" or self.leg == segment.leg
@@ -154,7 +156,7 @@ class QaEvent:
 
 
 _RULE_KEYS = {"name", "category", "type"}
-_RULE_OPTIONAL = {"phrases", "sentiment", "leg", "match", "window", "threshold", "severity", "description"}
+_RULE_OPTIONAL = {"phrases", "sentiment", "leg", "match", "window", "threshold", "severity", "description", "notify"}
 # What a sentiment rule may be: bounds at call end for must/must_not, a live drop for detect/must_not.
 _SENTIMENT_TYPES = {"at": ("must", "must_not"), "drop": ("detect", "must_not")}
 
@@ -236,7 +238,18 @@ def parse_rule(node: YamlNode) -> Rule:
         file=node.file,
         line=node.line,
         sentiment=sentiment,
+        notify=notify_targets(keys["notify"]) if "notify" in keys else (),
     )
+
+
+def notify_targets(node: YamlNode) -> tuple[str, ...]:
+    """A rule's or category's ``notify:``: webhook names (CALLQA_WEBHOOKS), checked against the settings when
+    the notifier starts."""
+    names = tuple(n.string("webhook name in notify") for n in node.sequence("notify"))
+    bad = [n for n in names if not n or not n.replace("-", "").replace("_", "").isalnum()]
+    if bad:
+        raise node.fail(f"notify names webhooks by name (letters, digits, - and _): {', '.join(map(repr, bad))}")
+    return names
 
 
 def load_rules_file(path: Path) -> list[Rule]:

@@ -47,6 +47,7 @@ from pipeline.config import Settings
 from pipeline.contracts import AudioFrame, CallEvent, Serde
 from pipeline.live.desk import LiveDesk
 from pipeline.live.views import register_live_views
+from pipeline.notify.notifier import AlertNotifier
 from pipeline.postcall.runner import PostCallRunner
 from pipeline.qa.call import QaConfig
 from pipeline.recordings.writer import CallRecorder
@@ -438,11 +439,16 @@ def build_worker(settings: Settings, wait_turn: Callable[[], None] = lambda: Non
     async def stop_idle_live_desk() -> None:
         await live_desk.stop_if_idle()
 
+    # Live alerts to the webhooks their rules name, on a thread of its own (pipeline/notify/).
+    notifier = AlertNotifier.from_settings(settings, QaConfig.from_settings(settings), metrics.registry)
+
     @app.task
     async def start_batcher() -> None:
         await transcriber.start()
         if postcall is not None:
             postcall.start()
+        if notifier is not None:
+            notifier.start()
 
     if settings.debug_raw_audio:
         @app.task
@@ -464,6 +470,8 @@ def build_worker(settings: Settings, wait_turn: Callable[[], None] = lambda: Non
         # Each step's time goes in one line: a static member's restart pauses its calls for all of them.
         steps = StopSteps(time.monotonic() - stop_began[0] if stop_began else 0.0)
         await live_desk.close()  # its streams end now: a browser reconnects to another desk
+        if notifier is not None:  # an alert whose request is in flight is sent again by the next owner
+            await asyncio.to_thread(notifier.close)
         if watch is not None:  # a clean stop: no peer evicts us when our sockets close
             await asyncio.get_running_loop().run_in_executor(None, watch.say_goodbye)
         steps.done("goodbye")
