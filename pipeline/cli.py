@@ -263,6 +263,22 @@ def worker(
     run_worker(settings, loglevel=loglevel)
 
 
+@app.command("desk")
+def desk(
+    port: Annotated[int, typer.Option(help="Port of the desk's web server (on CALLQA_WEB_HOST).")] = 8090,
+) -> None:
+    """Serve the live desk (/live, /api/live/*) and the call pages from a process of its own, following the topics."""
+    import asyncio
+
+    from pipeline.api.auth import check_api_settings, with_local_token
+    from pipeline.live.process import serve_desk
+
+    settings = with_local_token(get_settings())
+    check_api_settings(settings)  # the same rule as a worker's: an exposed desk needs an explicit token
+    console.print(f"desk: Kafka {settings.bootstrap}, live desk http://{settings.web_host}:{port}/live", soft_wrap=True)
+    asyncio.run(serve_desk(settings, port))
+
+
 def _session_within_broker_bounds(settings: Settings) -> Settings:
     """The session timeout the brokers allow nearest to the setting (said in one line when it differs)."""
     from pipeline.broker.groups import fitted_session_timeout, session_timeout_bounds

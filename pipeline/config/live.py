@@ -47,6 +47,9 @@ class LiveSettings(BaseModel):
     live_max_streams: int = Field(
         200, ge=1, description="Live event streams one process serves at once; past it a new one is answered 503.",
     )
+    live_source_max_streams: int = Field(
+        20, ge=1, description="Live event streams one source (peer address) may hold open at once; past it 429.",
+    )
     live_ended_keep_s: float = Field(
         900.0, ge=0, description="How long a desk still answers for a call that ended (its page links to the "
         "finished call) before the call id is unknown to it (s).",

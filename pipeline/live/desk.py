@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 
 from pipeline.config import Settings
 from pipeline.live.board import LiveBoard
@@ -23,6 +24,7 @@ class LiveDesk:
         self.board = self._new_board()
         self.follower: LiveFollower | None = None
         self.streams = 0
+        self.streams_by_source: Counter[str] = Counter()
         self._last_use = time.monotonic()
 
     def _new_board(self) -> LiveBoard:

@@ -66,7 +66,7 @@ def register_live_views(server: ApiServer, desk: LiveDesk) -> None:
 
     async def events_view(web: Any, request: Any) -> Any:
         return await _stream(request, desk, await board(), settings.live_heartbeat_s, settings.live_stream_max_s,
-                             settings.live_max_streams)
+                             settings.live_max_streams, settings.live_source_max_streams)
 
     app.page("/api/live/events")(events_view)
     app.page("/live/events")(events_view)
@@ -90,7 +90,7 @@ def register_live_views(server: ApiServer, desk: LiveDesk) -> None:
 
 
 async def _stream(request: Any, desk: LiveDesk, board: LiveBoard, heartbeat_s: float, max_s: float,
-                  max_streams: int) -> aioweb.StreamResponse:
+                  max_streams: int, per_source: int) -> aioweb.StreamResponse:
     who = principal_of(request)
     call_id = request.query.get("call") or None
     kinds = _kinds(request.query.get("kinds"), call_id)
@@ -102,9 +102,15 @@ async def _stream(request: Any, desk: LiveDesk, board: LiveBoard, heartbeat_s: f
     if desk.streams >= max_streams:
         return aioweb.json_response({"error": "too many live streams open; try again shortly"}, status=503,
                                     headers={"Retry-After": "5"})
+    source = request.remote or "unknown"
+    if desk.streams_by_source[source] >= per_source:
+        return aioweb.json_response({"error": f"too many live streams open from {source} ({per_source}, "
+                                              "CALLQA_LIVE_SOURCE_MAX_STREAMS)"}, status=429,
+                                    headers={"Retry-After": "5"})
     response = aioweb.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store",
                                               "X-Accel-Buffering": "no"})
     desk.streams += 1
+    desk.streams_by_source[source] += 1
     try:
         await response.prepare(request)
         last = request.headers.get("Last-Event-ID") or request.query.get("last_event_id")
@@ -130,6 +136,9 @@ async def _stream(request: Any, desk: LiveDesk, board: LiveBoard, heartbeat_s: f
         pass  # the client went away: nothing to finish
     finally:
         desk.streams -= 1
+        desk.streams_by_source[source] -= 1
+        if desk.streams_by_source[source] <= 0:
+            del desk.streams_by_source[source]
     return response
 
 

@@ -19,6 +19,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from confluent_kafka import Producer
 
 from pipeline.api.auth import ApiAuth, auth_middleware
+from pipeline.api.limits import SourceLimit, source_limit_middleware
 from pipeline.api.pool import QueryPool
 from pipeline.api.server import register_api_views
 from pipeline.api.sessions import SESSION_COOKIE
@@ -85,7 +86,8 @@ def serve(kafka_settings: Settings, chdb_path: str, store: Any, unique_name: str
                                "live_heartbeat_s": 0.5, **overrides})
         auth = ApiAuth.from_settings(settings)
         app = faust.App(f"live-{unique_name}", web_enabled=True, web_application_options={
-            "middlewares": [auth_middleware(auth)]})
+            "middlewares": [source_limit_middleware(SourceLimit(settings.api_source_max_concurrent), auth.refusals),
+                            auth_middleware(auth)]})
         pool = QueryPool(2, 8)
         server = register_api_views(app, settings, pool, auth)
         register_web_views(server)
@@ -265,6 +267,25 @@ async def test_the_pages_need_a_login_and_allow_their_own_script_and_connection_
         assert kind == "snapshot" and [t["text"] for t in snapshot["turns"]] == ["I want to speak to <b>a manager</b>"]
         stream.close()
         assert (await client.get("/api/live/calls", headers=browser)).status == 401  # the API wants its token
+
+
+async def test_open_streams_do_not_hold_the_requests_a_source_may_have_in_flight_and_are_bounded_themselves(
+    serve: Callable[..., Any], topics: Topics
+) -> None:
+    async for client, tokens in serve(api_source_max_concurrent=1, live_source_max_streams=2):
+        streams = [await client.get("/api/live/events", headers=tokens["sue"]) for _ in range(2)]
+        for stream in streams:
+            [(_, kind, _)] = await read_events(stream, 1)
+            assert kind == "snapshot"
+        third = await client.get("/api/live/events", headers=tokens["sue"])
+        assert third.status == 429 and "CALLQA_LIVE_SOURCE_MAX_STREAMS" in (await third.json())["error"]
+        assert (await client.get("/api/live/calls", headers=tokens["sue"])).status == 200  # not held by them
+        for stream in streams:
+            stream.close()
+        await asyncio.sleep(0.5)
+        again = await client.get("/api/live/events", headers=tokens["sue"])
+        assert again.status == 200  # a closed stream gave its place back
+        again.close()
 
 
 async def _listed_is(client: Client, who: dict[str, str], expected: set[str]) -> bool:
