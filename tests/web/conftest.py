@@ -3,6 +3,7 @@ read through the same checked read-only query path the worker's pages use."""
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -135,3 +136,19 @@ def filled(chdb_path: str, unique_name: str, qa_config: QaConfig) -> Iterator[Fi
 @pytest.fixture
 def source(filled: FilledStore) -> StoreRows:
     return StoreRows(filled.client, filled.database)
+
+
+CHROMIUM = next((p for p in (shutil.which("chromium-headless-shell"), "/usr/lib/chromium/chromium-headless-shell")
+                 if p and Path(p).is_file()), None)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """Debian's chromium-headless-shell, driven by Playwright (the browser tests' one browser per module)."""
+    from playwright.sync_api import sync_playwright
+
+    assert CHROMIUM, "chromium-headless-shell is not installed: `make system` installs it"
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield chromium
+        chromium.close()

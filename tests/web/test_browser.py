@@ -44,8 +44,6 @@ pytestmark = [pytest.mark.broker, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
 CALLS = ("02_card_payment", "05_rude_agent")  # a card payment (PII spans) and a rude agent (live alerts)
 SCREENSHOT_CALL = "05_rude_agent"
-CHROMIUM = next((p for p in (shutil.which("chromium-headless-shell"), "/usr/lib/chromium/chromium-headless-shell")
-                 if p and Path(p).is_file()), None)
 # Sentiment colours of the turns (pipeline/web/templates/base.html), as the browser computes them.
 BACKGROUND = {"sent-neg2": "rgb(244, 182, 182)", "sent-neg1": "rgb(251, 224, 224)", "sent-neu": "rgb(240, 241, 243)",
               "sent-pos1": "rgb(220, 241, 224)", "sent-pos2": "rgb(173, 224, 184)", "sent-none": "rgb(255, 255, 255)"}
@@ -100,17 +98,6 @@ def library_worker(broker: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
     finally:
         worker.stop()
         drop_topics(broker, prefix)
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    assert CHROMIUM, "chromium-headless-shell is not installed: `make system` installs it"
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        yield chromium
-        chromium.close()
 
 
 class Watched:

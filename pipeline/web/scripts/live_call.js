@@ -3,7 +3,7 @@
 // alerts, its figures; when it ends, a link to its finished page. Text goes in as text only.
 const turns = document.getElementById("turns"), alerts = document.getElementById("alerts");
 const state = document.getElementById("state"), ended = document.getElementById("ended");
-const callId = document.body.dataset.call;
+const callId = document.getElementById("call").dataset.call;
 const clock = ms => { const s = Math.max(0, Math.floor(ms / 1000)); return Math.floor(s / 60) + ":" + String(s % 60).padStart(2, "0"); };
 function span(parent, text, cls) { const s = document.createElement("span"); s.textContent = text; s.className = cls; parent.appendChild(s); }
 function putTurn(t) {
