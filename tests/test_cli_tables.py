@@ -251,7 +251,8 @@ def test_models_list_json_holds_every_version(models_env: dict[str, str]) -> Non
 def topics_env(broker: str, unique_name: str) -> dict[str, str]:
     """Topic names of this test only (about 40 characters), on the real broker."""
     prefix = f"test.{unique_name}.cli-tables"
-    names = ("audio", "call_events", "transcripts", "latency", "qa", "dead_letters", "checkpoints", "postcall")
+    names = ("audio", "call_events", "transcripts", "latency", "qa", "dead_letters", "checkpoints", "postcall",
+             "live_calls")
     return {"CALLQA_BOOTSTRAP_SERVERS": broker, **{f"CALLQA_TOPIC_{n.upper()}": f"{prefix}.{n}" for n in names}}
 
 
@@ -276,7 +277,7 @@ def test_broker_status_json_and_table_agree(topics_env: dict[str, str]) -> None:
             break
         time.sleep(0.1)
     assert status["running"] is True and status["answers_metadata"] is True
-    assert len(ours) == expected == 8, status
+    assert len(ours) == expected == 9, status
     assert CUT not in invoke(["broker", "status"], 60, topics_env).output
     text = invoke(["broker", "status"], None, topics_env).output  # piped: one line per topic
     for name, partitions in ours.items():

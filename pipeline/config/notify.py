@@ -12,7 +12,7 @@ class NotifySettings(BaseModel):
     # JSON in the environment: CALLQA_WEBHOOKS='{"supervisors": "https://hooks.example.com/qa"}'. A rule names
     # its targets by these names (notify: [supervisors]); an unknown name stops the worker at its start.
     webhooks: dict[str, str] = Field(
-        default_factory=dict, description="Webhook URLs by name, which rules' and categories' notify: name (JSON).",
+        default={}, description="Webhook URLs by name, which rules' and categories' notify: name (JSON).",
     )
     # The receiver checks X-Callqa-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>">, the way
     # Stripe and Slack sign theirs, and refuses a stale t (replays).
