@@ -145,6 +145,13 @@ SPECS: dict[str, tuple[str, tuple[Table | Pivot, ...]]] = {
             Col("checkpoint offsets", lambda r: r.get("checkpoint_offsets")),
             Col("topics MB", lambda r: sum((r["topic_bytes"] or {}).values()), 1, 1e-6)),
             "timeline"))),
+    "live-desk": ("Live desk", (Table((
+        Col("calls in progress", "calls"), Col("finals seen", "finals_seen"), Col("final P50 ms", "final_p50_ms", 1),
+        Col("final P99 ms", "final_p99_ms", 1), Col("partial P99 ms", "partial_p99_ms", 1),
+        Col("desk core share", "desk_cpu_core", 3), Col("desk CPU ms per call s", "desk_cpu_ms_per_call_s", 3),
+        Col("wall rows", "wall_rows"), Col("browser script ms/s", "browser_script_ms_per_s", 1),
+        Col("browser task ms/s", "browser_task_ms_per_s", 1)), "levels"),
+        Table((Col("goal: final P99 ms at 100 calls", "goals.final_p99_ms_at_100", 0), Col("met", "met"))))),
     "search": ("Search and the call list", (Table((
         Col("calls", "calls"), Col("segments", "segments"), Col("search P50 ms", "p50_ms", 1),
         Col("search P95 ms", "p95_ms", 1), Col("list P50 ms", "list_p50_ms", 1), Col("list P95 ms", "list_p95_ms", 1),

@@ -97,7 +97,12 @@ class LiveFollower:
             consumer.incremental_assign([TopicPartition(tp.topic, tp.partition, tp.offset if tp.offset >= 0
                                                         else OFFSET_END) for tp in found])
             while not self._stop.is_set():
-                batch = self._decode(consumer.consume(BATCH, POLL_S))
+                # The first message as soon as it comes, then what else is there: consume() alone waits out
+                # its whole timeout unless the batch fills, which held every final up to that long.
+                first = consumer.poll(POLL_S)
+                if first is None:
+                    continue
+                batch = self._decode([first, *consumer.consume(BATCH, 0)])
                 if batch:
                     feed(batch)
         finally:
