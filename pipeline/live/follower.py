@@ -71,12 +71,15 @@ class LiveFollower:
             self._thread.join(timeout_s)
 
     def _run(self, feed: Callable[[Feed], None], ready: Callable[[], None]) -> None:
+        said = ""
         while not self._stop.is_set():
             try:
                 self._follow(feed, ready)
             except Exception as exc:  # noqa: BLE001 - the desk keeps trying; the workers never wait on it
-                log.warning("live desk: reading the topics failed (%s: %s); again in %.0f s", type(exc).__name__,
-                            str(exc).splitlines()[0] if str(exc) else "", RETRY_S)
+                why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                if why != said:  # once per cause, not every retry
+                    log.warning("live desk: reading the topics failed (%s); trying again every %.0f s", why, RETRY_S)
+                    said = why
                 self._stop.wait(RETRY_S)
 
     def _follow(self, feed: Callable[[Feed], None], ready: Callable[[], None]) -> None:

@@ -98,8 +98,13 @@ class AlertNotifier:
         self._thread = threading.Thread(target=self._run, name="callqa-notifier", daemon=True)
         self._thread.start()
 
+    def stop(self) -> None:
+        """Ask it to stop (returns at once): no new request starts, a backoff ends."""
+        self._stop.set()
+
     def close(self, timeout_s: float = 10.0) -> None:
-        """Stop: a request in flight ends (its alert is not committed: the partition's next owner sends it)."""
+        """Stop and wait (bounded): a request in flight ends (its alert is not committed: the partition's next
+        owner sends it), the consumer leaves its group."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
@@ -112,7 +117,7 @@ class AlertNotifier:
         consumer.subscribe([s.topic_qa], on_assign=self._on_assign)
         try:
             while not self._stop.is_set():
-                msg = consumer.poll(0.5)
+                msg = consumer.poll(0.2)  # how soon a stop is seen
                 if msg is None or msg.error() is not None:
                     continue
                 if self._handle(msg, lambda letter: self._dead_letter(producer, letter)):

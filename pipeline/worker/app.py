@@ -470,8 +470,8 @@ def build_worker(settings: Settings, wait_turn: Callable[[], None] = lambda: Non
         # Each step's time goes in one line: a static member's restart pauses its calls for all of them.
         steps = StopSteps(time.monotonic() - stop_began[0] if stop_began else 0.0)
         await live_desk.close()  # its streams end now: a browser reconnects to another desk
-        if notifier is not None:  # an alert whose request is in flight is sent again by the next owner
-            await asyncio.to_thread(notifier.close)
+        if notifier is not None:  # told now, waited for last: its group leave must not lengthen the pause
+            notifier.stop()
         if watch is not None:  # a clean stop: no peer evicts us when our sockets close
             await asyncio.get_running_loop().run_in_executor(None, watch.say_goodbye)
         steps.done("goodbye")
@@ -503,6 +503,8 @@ def build_worker(settings: Settings, wait_turn: Callable[[], None] = lambda: Non
         if transactions is not None:  # nothing more is committed: what is open is aborted, and replayed
             await transactions.close()
         steps.done("transactions")
+        if notifier is not None:  # an alert whose request was in flight is sent again by the next owner
+            await asyncio.to_thread(notifier.close, 5.0)
         api_pool.shutdown()
         log.info("clean stop: %s", steps)
 
