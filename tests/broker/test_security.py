@@ -138,7 +138,7 @@ def test_scram_sha_512_over_sasl_ssl_runs_the_whole_pipeline_and_no_secret_is_wr
 ) -> None:
     prefix = f"sec.{uuid.uuid4().hex[:8]}"
     topics = {f"topic_{t}": f"{prefix}.{t}" for t in ("audio", "call_events", "transcripts", "latency", "qa",
-                                                        "dead_letters", "checkpoints", "postcall")}
+                                                        "dead_letters", "checkpoints", "postcall", "live_calls")}
     overrides = secure_broker.client(PIPELINE_USER, secure_broker.pipeline_password, worker_id=prefix, **topics)
     env = worker_env(overrides)
     settings = settings_of(overrides)

@@ -21,7 +21,8 @@ def _settings(broker: str, name: str, events_partitions: int) -> Settings:
     return Settings(bootstrap_servers=broker, topic_audio=f"{prefix}.audio", topic_call_events=f"{prefix}.events",
                     topic_checkpoints=f"{prefix}.checkpoints", topic_transcripts=f"{prefix}.transcripts",
                     topic_latency=f"{prefix}.latency", topic_qa=f"{prefix}.qa", topic_dead_letters=f"{prefix}.dlq",
-                    topic_postcall=f"{prefix}.postcall", audio_partitions=4, events_partitions=events_partitions,
+                    topic_postcall=f"{prefix}.postcall", topic_live_calls=f"{prefix}.live", audio_partitions=4,
+                    events_partitions=events_partitions,
                     worker_id=f"{prefix}.worker")
 
 
@@ -57,9 +58,11 @@ def test_the_compacted_checkpoint_topic_rolls_its_segments_so_compaction_runs(br
     ensure_topics(settings)
     check_copartitioned(settings)  # waits until the new topics are in the metadata
     admin = AdminClient({"bootstrap.servers": broker})
-    resource = ConfigResource(ConfigResource.Type.TOPIC, settings.topic_checkpoints)
-    config = admin.describe_configs([resource])[resource].result(30)
-    assert config["cleanup.policy"].value == "compact"
-    # A minute or 16 MB: the open segment, never compacted, is what every take-over reads.
-    assert (config["segment.ms"].value, config["segment.bytes"].value,
-            config["min.cleanable.dirty.ratio"].value) == ("60000", str(16 * 1024 * 1024), "0.1")
+    # The live desk's calls in progress too: a desk that starts reads all of it.
+    for topic in (settings.topic_checkpoints, settings.topic_live_calls):
+        resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
+        config = admin.describe_configs([resource])[resource].result(30)
+        assert config["cleanup.policy"].value == "compact"
+        # A minute or 16 MB: the open segment, never compacted, is what every take-over reads.
+        assert (config["segment.ms"].value, config["segment.bytes"].value,
+                config["min.cleanable.dirty.ratio"].value) == ("60000", str(16 * 1024 * 1024), "0.1")
