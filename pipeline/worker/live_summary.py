@@ -10,12 +10,17 @@ and its end is a tombstone, which removes the call from the compacted topic.
 
 from __future__ import annotations
 
+import asyncio
+import logging
+
 from pipeline.config import Settings
 from pipeline.contracts.messages import LiveCall, now_ms
 from pipeline.qa.metrics import merge_intervals, total_ms
 from pipeline.qa.sentiment import trend_of
 from pipeline.worker.ports import OutputPort
-from pipeline.worker.state import CallState, publish
+from pipeline.worker.state import CallState
+
+log = logging.getLogger("callqa.worker")
 
 # The wall's small trend line: the customer's last turns.
 TREND_TURNS = 12
@@ -52,15 +57,22 @@ def live_summary(call: CallState, default_tenant: str, at_ms: int) -> LiveCall |
 
 
 class LiveSummaries:
-    """Sends each call's live summary when it changed and its interval has passed, and its tombstone."""
+    """Sends each call's live summary when it changed and its interval has passed, and its tombstone.
+
+    Best effort, beside the call's own outputs: a summary is sent on a task of its own and nothing of the
+    call waits for it or fails with it (a partition moving away, a broker restart). A lost summary is
+    replaced by the call's next one, and the desk takes a lost tombstone's call away with the call's QA
+    published all the same; failures are counted and logged, not raised."""
 
     def __init__(self, settings: Settings, output: OutputPort) -> None:
         self.topic = settings.topic_live_calls
         self.interval_ms = settings.live_summary_interval_s * 1000
         self.default_tenant = settings.default_tenant
         self.output = output
+        self.failures = 0
         self._sent_ms: dict[str, int] = {}  # call id -> when its last summary went
         self._due: set[str] = set()  # calls changed since their last summary
+        self._sending: set[asyncio.Task[None]] = set()
 
     async def changed(self, call: CallState) -> None:
         """The call moved on (started, a final, a hold): its summary now, or at a tick once its interval passed."""
@@ -68,7 +80,7 @@ class LiveSummaries:
             return  # its tombstone follows
         self._due.add(call.call_id)
         if now_ms() - self._sent_ms.get(call.call_id, 0) >= self.interval_ms:
-            await self._send(call)
+            self._send(call)
 
     async def send_due(self, calls: dict[str, CallState]) -> None:
         """The tick: each call with a change held back by its interval, once the interval has passed."""
@@ -80,18 +92,45 @@ class LiveSummaries:
             if call is None or call.finishing:
                 self._due.discard(call_id)
             elif wall - self._sent_ms.get(call_id, 0) >= self.interval_ms:
-                await self._send(call)
+                self._send(call)
 
     async def ended(self, call: CallState) -> None:
         """The call is over: its tombstone (a reader removes it; compaction drops its summaries)."""
         self._due.discard(call.call_id)
         self._sent_ms.pop(call.call_id, None)
-        await publish(self.output, call, self.topic, call.call_id, None)
+        self._publish(call, None)
 
-    async def _send(self, call: CallState) -> None:
-        summary = live_summary(call, self.default_tenant, now_ms())
+    async def settled(self) -> None:
+        """Until what was handed over so far is sent (or failed)."""
+        while self._sending:
+            await asyncio.gather(*list(self._sending))
+
+    def _send(self, call: CallState) -> None:
         self._due.discard(call.call_id)
-        if summary is None:
+        try:
+            summary = live_summary(call, self.default_tenant, now_ms())
+        except Exception as exc:  # noqa: BLE001 - the live view's figures must never fail a call
+            self._failed(call.call_id, exc)
             return
-        self._sent_ms[call.call_id] = summary.updated_at_ms
-        await publish(self.output, call, self.topic, call.call_id, summary)
+        if summary is not None:
+            self._sent_ms[call.call_id] = summary.updated_at_ms
+            self._publish(call, summary)
+
+    def _publish(self, call: CallState, message: LiveCall | None) -> None:
+        partition = call.audio_tp[1] if call.audio_tp is not None else -1
+        task = asyncio.create_task(self._deliver(call.call_id, partition, message))
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+
+    async def _deliver(self, call_id: str, partition: int, message: LiveCall | None) -> None:
+        try:
+            delivered = await self.output.publish(self.topic, call_id, message, partition)
+            await delivered
+        except Exception as exc:  # noqa: BLE001 - see the class: counted and logged, never raised
+            self._failed(call_id, exc)
+
+    def _failed(self, call_id: str, exc: BaseException) -> None:
+        self.failures += 1
+        if self.failures == 1 or self.failures % 100 == 0:
+            log.warning("live summary of call %s not published (%s); %d so far", call_id, type(exc).__name__,
+                        self.failures)

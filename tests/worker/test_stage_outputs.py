@@ -97,6 +97,7 @@ async def test_a_calls_result_is_its_qa_message_and_rows() -> None:
     result = CallQaResult("c1", 80.0, False, [ScoreItem("Greets?", 10, True, "said hello")], {"talk_pct": 55},
                           [EVENT], "default")
     await stage.call_result(call, result, "end", 42_000)
+    await stage.live.settled()
     [qa] = ports.messages
     assert ports.topics == ["qa", SETTINGS.topic_live_calls] and isinstance(qa, CallQA) and qa.tenant == "acme"
     assert ports.tombstones == [(SETTINGS.topic_live_calls, "c1")]  # the call leaves the live desk
