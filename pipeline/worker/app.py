@@ -188,6 +188,9 @@ def build_worker(settings: Settings, wait_turn: Callable[[], None] = lambda: Non
         settings, transcriber, output, sink, transcriber.engine.open_front_end,
         QaConfig.from_settings(settings), metrics,
         checkpoints=KafkaCheckpointStore(app, settings, serde, transactions),
+        # Live summaries on faust's producer, never in a partition's transaction: the desk reads them
+        # read_uncommitted, and nothing of exactly once (locks, fencing, commits) waits on them.
+        live_output=FaustOutput(app, serde),
     )
 
     def lag(tp: tuple[str, int]) -> int:

@@ -42,7 +42,8 @@ QA_OUTPUT = "qa"
 class CallOutputs:
     """Publishes a call's results and writes its rows."""
 
-    def __init__(self, settings: Settings, output: OutputPort, sink: RowSink, metrics: WorkerMetrics) -> None:
+    def __init__(self, settings: Settings, output: OutputPort, sink: RowSink, metrics: WorkerMetrics,
+                 live_output: OutputPort | None = None) -> None:
         self.settings = settings
         self.output = output
         self.sink = sink
@@ -51,7 +52,9 @@ class CallOutputs:
         # QA result and job), and by the commit while it records what is published and commits: a
         # transaction holds all of an output's messages or none, and the record that lists it.
         self.publishing = asyncio.Lock()
-        self.live = LiveSummaries(settings, output)  # the call's summary for the live desk, and its end
+        # The call's summary for the live desk, and its end: with ``live_output`` (the worker: faust's own
+        # producer) outside the partitions' transactions, which a best-effort view has no part in.
+        self.live = LiveSummaries(settings, live_output or output)
 
     async def segment(self, call: CallState, decoded: DecodedSegment, analyzed: AnalyzedSegment) -> None:
         """A released final: its transcript, latency and QA alerts, and its rows."""

@@ -74,6 +74,7 @@ class CallProcessor:
         qa_config: QaConfig,
         metrics: WorkerMetrics | None = None,
         checkpoints: CheckpointStore | None = None,
+        live_output: OutputPort | None = None,
     ) -> None:
         self.settings = settings
         self.metrics = metrics or WorkerMetrics()
@@ -86,7 +87,7 @@ class CallProcessor:
         self.registry = CallRegistry(settings, qa_config, front_ends, store, self.metrics)
         self.intake = FrameIntake(settings, self.registry, self.offsets, self.clock, front_ends, self.metrics)
         self.segmentation = LegSegmentation(self.metrics)
-        self.outputs = CallOutputs(settings, output, sink, self.metrics)
+        self.outputs = CallOutputs(settings, output, sink, self.metrics, live_output)
         self.gate = ReleaseGate(settings, self.outputs, self.tasks, self.clock)
         self.scheduler = TranscriptionScheduler(settings, transcriber, self.budget, self.gate, self.outputs,
                                                 self.tasks, self.metrics)
