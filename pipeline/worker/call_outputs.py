@@ -80,7 +80,7 @@ class CallOutputs:
         await self.sink.write("latency", [latency_row(latency)])
         call.segments_done += 1
         call.unresolved.discard(seg_id)  # only now: a checkpoint after it needs its rows written
-        await self.live.changed(call)
+        self.live.changed(call)
         self.metrics.segments.labels("final").inc()
         self.metrics.final_delay.observe(latency.end_to_end_ms / 1000)
         self.metrics.batch_size.observe(r.batch_size)
@@ -120,7 +120,7 @@ class CallOutputs:
         await self.sink.write("call_qa", [call_qa_row(qa)])
         if result.events:
             await self.sink.write("qa_events", [qa_event_row(call.call_id, e) for e in result.events])
-        await self.live.ended(call)
+        self.live.ended(call)
         self.metrics.calls_finished.labels(how).inc()
         self.metrics.holds.inc(result.metrics.get("holds", 0))
         self.metrics.hold_seconds.inc(result.metrics.get("hold_ms", 0) / 1000)

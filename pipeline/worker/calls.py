@@ -201,7 +201,7 @@ class CallProcessor:
         """Close calls that are due (clock.py), and report the call core's gauges."""
         if not self.registry.suspended:  # a rebalance under way: who closes them is not known yet
             await self.lifecycle.close_due()
-            await self.outputs.live.send_due(self.calls)
+            self.outputs.live.send_due(self.calls)
         self.metrics.active_calls.set(len(self.calls))
         self.metrics.active_legs.set(sum(len(c.legs) for c in self.calls.values()))
         self.metrics.inflight_audio_bytes.set(self.budget.used)

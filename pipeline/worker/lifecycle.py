@@ -68,16 +68,16 @@ class CallLifecycle:
             call.audio_tp = (self.settings.topic_audio, tp[1])
         if event.is_hold_change:
             self._hold_change(call, event)
-            await self.outputs.live.changed(call)
+            self.outputs.live.changed(call)
             return
         if event.is_pause_change:
             self._pause_change(call, event)
-            await self.outputs.live.changed(call)
+            self.outputs.live.changed(call)
             return
         if event.event_type == "start":
             call.start = event
             call.started_at_ms = event.at_ms
-            await self.outputs.live.changed(call)
+            self.outputs.live.changed(call)
             return
         call.end, call.end_offset = event, offset
         call.end_consumed_ms = now_ms()

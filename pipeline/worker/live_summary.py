@@ -74,7 +74,7 @@ class LiveSummaries:
         self._due: set[str] = set()  # calls changed since their last summary
         self._sending: set[asyncio.Task[None]] = set()
 
-    async def changed(self, call: CallState) -> None:
+    def changed(self, call: CallState) -> None:
         """The call moved on (started, a final, a hold): its summary now, or at a tick once its interval passed."""
         if call.finishing:
             return  # its tombstone follows
@@ -82,7 +82,7 @@ class LiveSummaries:
         if now_ms() - self._sent_ms.get(call.call_id, 0) >= self.interval_ms:
             self._send(call)
 
-    async def send_due(self, calls: dict[str, CallState]) -> None:
+    def send_due(self, calls: dict[str, CallState]) -> None:
         """The tick: each call with a change held back by its interval, once the interval has passed."""
         wall = now_ms()
         for call_id in [c for c in self._sent_ms if c not in calls]:
@@ -94,7 +94,7 @@ class LiveSummaries:
             elif wall - self._sent_ms.get(call_id, 0) >= self.interval_ms:
                 self._send(call)
 
-    async def ended(self, call: CallState) -> None:
+    def ended(self, call: CallState) -> None:
         """The call is over: its tombstone (a reader removes it; compaction drops its summaries)."""
         self._due.discard(call.call_id)
         self._sent_ms.pop(call.call_id, None)

@@ -56,7 +56,7 @@ async def summaries(stage: LiveSummaries, ports: MemoryPorts) -> list[LiveCall]:
 async def test_a_calls_start_is_sent_at_once_with_who_and_where(clock: Clock) -> None:
     ports = MemoryPorts()
     stage = LiveSummaries(SETTINGS, ports)
-    await stage.changed(a_call())
+    stage.changed(a_call())
     [summary] = await summaries(stage, ports)
     assert (summary.call_id, summary.tenant, summary.agent_id, summary.queue) == ("c1", "acme", "a7", "billing")
     assert (summary.started_at_ms, summary.updated_at_ms, summary.call_ms) == (900_000, 1_000_000, 6_000)
@@ -67,7 +67,7 @@ async def test_a_calls_start_is_sent_at_once_with_who_and_where(clock: Clock) ->
 async def test_a_call_whose_producer_named_no_tenant_is_the_default_tenants(clock: Clock) -> None:
     ports = MemoryPorts()
     stage = LiveSummaries(SETTINGS, ports)
-    await stage.changed(a_call(tenant=""))
+    stage.changed(a_call(tenant=""))
     assert (await summaries(stage, ports))[0].tenant == "house"
 
 
@@ -76,7 +76,7 @@ async def test_a_call_without_its_start_event_is_not_shown_until_it_comes(clock:
     stage = LiveSummaries(SETTINGS, ports)
     call = a_call()
     call.start = None
-    await stage.changed(call)
+    stage.changed(call)
     assert await summaries(stage, ports) == []
 
 
@@ -84,18 +84,18 @@ async def test_changes_inside_the_interval_wait_for_a_tick_after_it(clock: Clock
     ports = MemoryPorts()
     stage = LiveSummaries(SETTINGS, ports)
     call = a_call()
-    await stage.changed(call)
+    stage.changed(call)
     clock.at_ms += 200
     call.analyzer.process(Segment("c1", "agent", "c1/agent/0", 0, 2_000, "thank you for calling"))  # type: ignore[union-attr]
-    await stage.changed(call)
-    await stage.changed(call)
+    stage.changed(call)
+    stage.changed(call)
     assert len(await summaries(stage, ports)) == 1  # 200 ms after the last: held back
     clock.at_ms += 200
-    await stage.send_due({"c1": call})
+    stage.send_due({"c1": call})
     assert len(await summaries(stage, ports)) == 1  # 400 ms: still inside the interval
     clock.at_ms += 100
-    await stage.send_due({"c1": call})
-    await stage.send_due({"c1": call})  # nothing new since: nothing more
+    stage.send_due({"c1": call})
+    stage.send_due({"c1": call})  # nothing new since: nothing more
     first, second = await summaries(stage, ports)
     assert (first.turns, second.turns, second.updated_at_ms) == (0, 1, 1_000_500)
 
@@ -111,7 +111,7 @@ async def test_talk_silence_holds_sentiment_and_alerts_so_far(clock: Clock) -> N
                              "this is terrible and I am furious I want to speak to a manager"))
     call.holds_ms.append((5_000, 6_000))  # a hold of a second, over
     call.held_from_ms = 7_000  # and held again now
-    await stage.changed(call)
+    stage.changed(call)
     [summary] = await summaries(stage, ports)
     assert (summary.agent_talk_ms, summary.customer_talk_ms, summary.turns) == (2_000, 1_500, 2)
     # 8 s of call: 3.5 s spoken, 1 s held, 1 s held since 7 s; silent 0.5 s between the turns and 4-5 s, 6-7 s.
@@ -129,7 +129,7 @@ async def test_the_trend_line_keeps_the_customers_last_twelve_turns_oldest_first
     for i in range(14):
         text = "thank you that is wonderful" if i >= 9 else "okay"  # the last five pleased
         call.analyzer.process(Segment("c1", "customer", f"c1/customer/{i}", i * 3_000, i * 3_000 + 1_000, text))  # type: ignore[union-attr]
-    await stage.changed(call)
+    stage.changed(call)
     [summary] = await summaries(stage, ports)
     assert len(summary.customer_scores) == 12
     # Turns 2-13: seven neutral, then five pleased; the first third (five turns) neutral, the last pleased.
@@ -141,14 +141,14 @@ async def test_a_calls_end_is_a_tombstone_and_nothing_after_it(clock: Clock) -> 
     ports = MemoryPorts()
     stage = LiveSummaries(SETTINGS, ports)
     call = a_call()
-    await stage.changed(call)
+    stage.changed(call)
     clock.at_ms += 100
-    await stage.changed(call)  # held back by the interval
-    await stage.ended(call)
+    stage.changed(call)  # held back by the interval
+    stage.ended(call)
     call.finishing = True
     clock.at_ms += 1_000
-    await stage.send_due({"c1": call})
-    await stage.changed(call)
+    stage.send_due({"c1": call})
+    stage.changed(call)
     assert len(await summaries(stage, ports)) == 1 and ports.tombstones == [("live", "c1")]
 
 
@@ -162,7 +162,7 @@ class BrokenPorts(MemoryPorts):
 async def test_a_summary_that_cannot_be_published_fails_nothing_of_the_call(clock: Clock) -> None:
     stage = LiveSummaries(SETTINGS, BrokenPorts())
     call = a_call()
-    await stage.changed(call)  # returns: the send is beside the call, not in its way
-    await stage.ended(call)
+    stage.changed(call)  # returns: the send is beside the call, not in its way
+    stage.ended(call)
     await stage.settled()
     assert stage.failures == 2
