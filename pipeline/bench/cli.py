@@ -65,6 +65,10 @@ def bench_live(
         help="Also the same traffic at the level (with --search: at the found load) with these worker settings, "
              "e.g. --variant max_batch=8 --variant endpoint_silence_ms=400,beam_size=1 (repeatable; several "
              "settings comma-separated): CPU per speech second and P99 beside the base's.")] = None,
+    desk: Annotated[bool, typer.Option(
+        "--desk", help="Also a `callqa desk` on each level's topics and a client of its live stream: when each spoken "
+                       "word (ends by faster-whisper's word timestamps) first reached it, partial or final; "
+                       "with partials on (CALLQA_PARTIAL_INTERVAL_MS or --variant partial_interval_ms=...).")] = False,
     out: Annotated[Path | None, typer.Option(help="Folder for live.json, live.jsonl and live.png "
                                                   "(default bench/results).")] = None,
 ) -> None:
@@ -80,7 +84,7 @@ def bench_live(
         raise typer.BadParameter("--calls and --workers must be >= 1, --hold-s > 0 and --warmup-s >= 0")
     pinned = _cores(cores)
     level = LevelConfig(calls=calls, cores=pinned, warmup_s=warmup_s, hold_s=hold_s, seed=seed, p99_max_s=p99_max_s,
-                        workers=workers)
+                        workers=workers, desk=desk)
     options = BenchOptions(level, search=search, compare=compare, max_calls=max_calls, out=out or RESULTS,
                            variants=tuple(variant or ()))
     try:

@@ -16,9 +16,12 @@ seconds of audio it is behind stays under LAG_SLOPE_MAX), it drained, and finals
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -28,6 +31,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from pipeline.bench import probes
+from pipeline.bench.desk import TurnStream, start_desk
 from pipeline.bench.latency import (
     FinalSeen,
     MatchedFinal,
@@ -52,7 +56,10 @@ from pipeline.bench.traffic import (
     plan_traffic,
 )
 from pipeline.bench.variants import settings_variant
+from pipeline.bench.word_times import ALIGNER, TurnKey, WordTime, library_word_times
+from pipeline.bench.words_on_screen import ShownTurn, summary, words_shown
 from pipeline.bench.workers import Background, BenchError, WorkerGroup, WorkerProcess, share_cores
+from pipeline.broker.local import free_port
 from pipeline.broker.producer import ContractProducer
 from pipeline.config import Settings
 from pipeline.contracts import Serde
@@ -65,6 +72,8 @@ FRAMES_PER_S_PER_LEG = 1000 // FRAME_MS
 # unless the level is far over its capacity (then P99 fails whether or not its last finals are counted).
 DRAIN_QUIET_S = 8.0
 ASSIGNMENT_TIMEOUT_S = 90.0
+# From the end of a spoken word to its first showing on a supervisor's screen (partials on).
+WORDS_P99_GOAL_S = 1.5
 
 
 @dataclass(frozen=True)
@@ -79,6 +88,9 @@ class LevelConfig:
     seed: int = 1
     max_batch: int | None = None  # None: the worker's own setting
     p99_max_s: float = 1.5
+    # A `callqa desk` follows the level's topics and a stream client notes when each spoken word first
+    # reaches it (``words_on_screen``); worth it with partials on (CALLQA_PARTIAL_INTERVAL_MS).
+    desk: bool = False
     workers: int = 1  # worker processes in the level's consumer group, the cores shared out among them
     # A --variant: worker settings (name, value as written) over the environment's, and its label.
     overrides: tuple[tuple[str, str], ...] = ()
@@ -179,7 +191,10 @@ def run_level(config: LevelConfig, library: TurnLibrary, work: Path, console: Co
         serde = Serde.from_settings(settings.schema_registry_url)
         tap = TranscriptTap(settings, serde)
         tap.start()
+        screen: ScreenWatch | None = None
         try:
+            if config.desk:
+                screen = ScreenWatch.start(workers, work / prefix)
             sender = LiveSender(ContractProducer.from_settings(settings, serde), settings.topic_audio,
                                   settings.topic_call_events, library, NoiseBed(config.traffic.max_call_s),
                                   config.settings().audio_message_ms)
@@ -189,12 +204,60 @@ def run_level(config: LevelConfig, library: TurnLibrary, work: Path, console: Co
             partials = partial_figures(workers.workers) if config.settings().partial_interval_ms > 0 else None
         finally:
             tap.stop()
+            if screen is not None:
+                screen.stop()
         run = measure(config, plans, finals, report, watch)
         if passed is not None:
             run.result["postcall"] = passed
         if partials is not None:
             run.result["partials"] = partials
+        if screen is not None:
+            run.result["words_on_screen"] = screen.figures(config, plans, report, library_word_times(
+                library, (t.source for p in plans for t in p.turns), console))
         return run
+
+
+@dataclass
+class ScreenWatch:
+    """A `callqa desk` on the level's topics (the workers' settings and token, a store of its own) and a
+    stream client of all calls' turns: what a supervisor's screen is sent, and when."""
+
+    desk: subprocess.Popen[bytes]
+    stream: TurnStream
+    shown: list[ShownTurn] = field(default_factory=list)
+    started_s: float = field(default_factory=time.monotonic)
+    core_share: float | None = None  # the desk's CPU over its life (its start included)
+    STREAM_MAX_S = "7200"  # one stream for the whole level: a reconnect would only add its gap
+
+    @classmethod
+    def start(cls, workers: WorkerGroup, folder: Path) -> ScreenWatch:
+        env = {**workers.workers[0].env, "CALLQA_CLICKHOUSE_URL": f"chdb://{(folder / 'store-desk').resolve()}",
+               "CALLQA_LIVE_STREAM_MAX_S": cls.STREAM_MAX_S}
+        port = free_port()
+        desk = start_desk(env, port, folder / "desk.log")
+        shown: list[ShownTurn] = []
+        stream = TurnStream(port, env["CALLQA_API_TOKEN"], lambda t, at: shown.append(ShownTurn.from_event(t, at)))
+        stream.start()
+        return cls(desk, stream, shown)
+
+    def stop(self) -> None:
+        self.stream.stopped.set()
+        with suppress(OSError):
+            life = time.monotonic() - self.started_s
+            self.core_share = round(probes.cpu_snapshot(self.desk.pid).process_s / life, 3)
+        self.desk.send_signal(signal.SIGTERM)
+        try:
+            self.desk.wait(30)
+        except subprocess.TimeoutExpired:
+            self.desk.kill()
+
+    def figures(self, config: LevelConfig, plans: list[CallPlan], report: SendReport,
+                times: Mapping[TurnKey, tuple[WordTime, ...]]) -> dict[str, Any]:
+        wall0 = report.started_wall_s
+        window = (wall0 + config.warmup_s, wall0 + config.warmup_s + config.hold_s)
+        words = words_shown(plans, times, list(self.shown), wall0)
+        return {**summary(words, *window), "goal_p99_s": WORDS_P99_GOAL_S, "aligner": ALIGNER,
+                "turn_events": len(self.shown), "desk_core_share": self.core_share}
 
 
 def partial_figures(workers: list[WorkerProcess]) -> dict[str, Any]:

@@ -13,15 +13,12 @@ Goals: 200 calls on one wall responsive; final release to browser P99 <= 300 ms 
 
 from __future__ import annotations
 
-import http.client
-import json
 import os
 import random
 import secrets
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -33,6 +30,7 @@ import numpy as np
 from confluent_kafka import Producer
 from rich.console import Console
 
+from pipeline.bench.desk import TurnStream, start_desk
 from pipeline.bench.results import RESULTS, record, run_folder, write_result
 from pipeline.broker.local import LocalKafka, free_port
 from pipeline.broker.security import ClientErrors, admin_client
@@ -96,57 +94,22 @@ class Traffic:
         producer.flush(10)
 
 
-class StreamClient(threading.Thread):
-    """A stream of all calls' turns: each turn's delay from its release (the time in its text)."""
+class TurnDelays:
+    """Each turn's delay from its release (the time in its text) to its arrival at a stream client."""
 
-    def __init__(self, port: int, token: str) -> None:
-        super().__init__(daemon=True)
-        self.port, self.token = port, token
+    def __init__(self) -> None:
         self.delays: dict[str, list[float]] = {"final": [], "partial": []}
         self.measuring = False
-        self.conn: http.client.HTTPConnection | None = None
 
-    def run(self) -> None:
-        self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=600)
-        self.conn.request("GET", "/api/live/events?kinds=turn", headers={"Authorization": f"Bearer {self.token}"})
-        response = self.conn.getresponse()
-        data = ""
-        while True:
-            line = response.readline()
-            if not line:
-                return
-            text = line.decode().rstrip("\n")
-            if text.startswith("data: "):
-                data = text[6:]
-            elif not text and data:
-                turn = json.loads(data)
-                data = ""
-                if self.measuring and "text" in turn:
-                    kind, sent = turn["text"].split()[:2]
-                    self.delays[kind].append(time.time() * 1000 - int(sent))
+    def __call__(self, turn: dict[str, Any], received_s: float) -> None:
+        if self.measuring:
+            kind, sent = turn["text"].split()[:2]
+            self.delays[kind].append(received_s * 1000 - int(sent))
 
 
 def _cpu_s(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _start_desk(env: dict[str, str], port: int, log: Path) -> subprocess.Popen[bytes]:
-    desk = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "desk", "--port", str(port)], env=env,
-                            stdout=log.open("wb"), stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        if desk.poll() is not None:
-            raise RuntimeError(f"callqa desk exited ({desk.returncode}): see {log}")
-        try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            conn.request("GET", "/health")
-            if conn.getresponse().status == 200:
-                return desk
-        except OSError:
-            pass
-        time.sleep(0.3)
-    raise RuntimeError(f"callqa desk not serving after 90 s: see {log}")
 
 
 class Wall:
@@ -181,8 +144,9 @@ def _level(settings: Settings, calls: int, desk: subprocess.Popen[bytes], port: 
            options: LiveDeskOptions, console: Console) -> dict[str, Any]:
     traffic = Traffic(settings, calls)
     sender = threading.Thread(target=traffic.run, daemon=True)
-    client = StreamClient(port, token)
-    client.start()
+    client = TurnDelays()
+    stream = TurnStream(port, token, client)
+    stream.start()
     sender.start()
     wall = Wall(port, token) if options.browser else None
     try:
@@ -199,6 +163,7 @@ def _level(settings: Settings, calls: int, desk: subprocess.Popen[bytes], port: 
     finally:
         traffic.stop.set()
         sender.join(30)
+        stream.stopped.set()
         if wall is not None:
             wall.close()
     finals, partials = client.delays["final"], client.delays["partial"]
@@ -237,7 +202,7 @@ def run_live_desk(options: LiveDeskOptions, console: Console) -> tuple[dict[str,
            **{f"CALLQA_{k.upper()}": v for k, v in topics.items()}}
     port = free_port()
     levels = []
-    desk = _start_desk(env, port, work / "desk.log")
+    desk = start_desk(env, port, work / "desk.log")
     try:
         for calls in options.calls:
             console.print(f"[bold]{calls} calls in progress[/bold] ({options.window_s:.0f} s window)")

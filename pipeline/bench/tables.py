@@ -96,7 +96,17 @@ SPECS: dict[str, tuple[str, tuple[Table | Pivot, ...]]] = {
                 "levels"), Table((
                 Col("variant", "variant"), Col("calls", "calls"), Col("CPU s per speech s", "cpu_s_per_speech_s", 4),
                 Col("base's", "base_cpu_s_per_speech_s", 4), Col("ratio", "cpu_ratio_to_base", 3),
-                Col("P99 s", "p99_s", 2), Col("base's P99 s", "base_p99_s", 2), Col("met", _met)), "variants"))),
+                Col("P99 s", "p99_s", 2), Col("base's P99 s", "base_p99_s", 2), Col("met", _met)), "variants"), Table((
+                # --desk: from a spoken word's end (faster-whisper's word times) to its first event on a desk's stream.
+                Col("calls", "calls"), Col("setting", lambda r: f"`{r['variant']}`" if r.get("variant") else "default"),
+                Col("words spoken", "words_on_screen.words_spoken"), Col("shown", "words_on_screen.words_shown"),
+                Col("first in a partial", "words_on_screen.first_by_partial"),
+                Col("word to screen P50 s", "words_on_screen.first_shown.p50_s", 2),
+                Col("P95 s", "words_on_screen.first_shown.p95_s", 2),
+                Col("P99 s", "words_on_screen.first_shown.p99_s", 2),
+                Col("P99 s, words a partial showed", "words_on_screen.first_shown_by_partial.p99_s", 2),
+                Col("goal P99 s", "words_on_screen.goal_p99_s")),
+                lambda d: [lv for lv in d["levels"] if lv.get("words_on_screen")]))),
     "memory": ("Memory per leg", (Table((
         Col("MB per leg", "result.mb_per_leg", 2), Col("goal, MB per leg", "result.goal_mb_per_leg"),
         Col("met", "result.met"))), Table((

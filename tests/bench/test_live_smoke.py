@@ -21,14 +21,14 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.mark.broker
 @pytest.mark.slow
-def test_small_live_run_of_two_workers_writes_json_plot_and_tables(broker: str, tmp_path: Path) -> None:
+def test_small_live_run_of_two_workers_and_a_desk_writes_json_plot_and_tables(broker: str, tmp_path: Path) -> None:
     out = tmp_path / "results"
     done = subprocess.run(
         [sys.executable, "-m", "pipeline.cli", "bench", "live", "--calls", "2", "--workers", "2", "--warmup-s", "10",
-         "--hold-s", "20",
+         "--hold-s", "20", "--desk",
          "--out", str(out)],
         cwd=REPO, capture_output=True, text=True, timeout=420, check=False,
-        env={**os.environ, "COLUMNS": "120"},
+        env={**os.environ, "COLUMNS": "120", "CALLQA_PARTIAL_INTERVAL_MS": "1000"},
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     doc = json.loads((out / "live.json").read_text())
@@ -66,6 +66,16 @@ def test_small_live_run_of_two_workers_writes_json_plot_and_tables(broker: str, 
         assert batches["callqa_batch_size_histogram"]["observations"] > 0
     assert worker["rss_mb"]["max"] > 0
     assert isinstance(level["met"], bool) and (level["met"] or level["why_not"])
+
+    # A desk on the level's topics: the words spoken in the window, those its stream showed (partial or final)
+    # and when; a word the recogniser heard otherwise is not timed, so shown <= spoken.
+    screen = level["words_on_screen"]
+    assert screen["turn_events"] > 0 and screen["desk_core_share"] > 0
+    assert 0 < screen["words_shown"] <= screen["words_spoken"]
+    assert 0 <= screen["first_by_partial"] <= screen["words_shown"]
+    first = screen["first_shown"]
+    assert first["p50_s"] <= first["p95_s"] <= first["p99_s"] <= first["max_s"]
+    assert {"published", "dropped", "superseded"} <= set(level["partials"]["outcomes"])  # partials on: counted
 
     png = out / "live.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
