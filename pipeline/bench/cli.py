@@ -222,18 +222,21 @@ def bench_live_desk(
     calls: Annotated[str, typer.Option(help="Calls in progress of each level, comma-separated.")] = "100,200",
     window_s: Annotated[float, typer.Option(help="Measured window per level (s).")] = 30.0,
     browser: Annotated[bool, typer.Option(help="Keep Chromium's wall open on all calls and measure its script time.")] = True,
+    pages: Annotated[int, typer.Option(help="Call pages open in Chromium beside the wall, timing each turn into "
+                                            "their DOM.")] = 20,
     out: Out = None,
 ) -> None:
-    """The live desk under N calls in progress: release-to-stream latency, Chromium's wall, the desk's CPU per call.
+    """The live desk under N calls in progress: release-to-browser latency, Chromium's wall, the desk's CPU per call.
 
-    A `callqa desk` follows topics a generator fills as workers would (a summary and a partial per call a second, a final every 4 s); goal: final release to stream P99 <= 300 ms at 100 calls, the wall responsive at 200."""
+    A `callqa desk` follows topics a generator fills as workers would (a summary and a partial per call a second, a final every 4 s); goal: final release to browser (the call pages' DOM) P99 <= 300 ms at 100 calls, the wall responsive at 200."""
     from pipeline.bench.live_desk import LiveDeskOptions, run_live_desk
     from pipeline.bench.results import RESULTS
 
     levels = tuple(int(c) for c in _split(calls))
-    if not levels or min(levels) < 1 or window_s <= 0:
-        raise typer.BadParameter("--calls must list counts >= 1 and --window-s be > 0")
-    _done(*run_live_desk(LiveDeskOptions(calls=levels, window_s=window_s, browser=browser, out=out or RESULTS), console))
+    if not levels or min(levels) < 1 or window_s <= 0 or pages < 0:
+        raise typer.BadParameter("--calls must list counts >= 1, --window-s be > 0 and --pages >= 0")
+    _done(*run_live_desk(LiveDeskOptions(calls=levels, window_s=window_s, browser=browser, pages=pages,
+                                         out=out or RESULTS), console))
 
 
 @bench_app.command("search")

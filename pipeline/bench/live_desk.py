@@ -3,12 +3,15 @@
 A `callqa desk` process follows topics a generator fills as workers would for N calls at once (a summary per
 call every second, a partial every second and a final every 4 s, alternating legs, an alert now and then),
 each transcript carrying the time it was produced in its text. Measured per level, over a window:
-- from a final's (and a partial's) release to its arrival at a stream client (the desk's share of a turn's way
-  to the screen; the worker's share, from speech to release, is `callqa bench live`'s);
+- from a final's (and a partial's) release to its arrival at a stream client, and to the DOM of call pages open
+  in Chromium (``/live/{call}``, its own script putting the turn in) (the desk's share of a turn's way to the
+  screen; the worker's share, from speech to release, is `callqa bench live`'s, and `bench live --desk` times
+  spoken words to the stream end to end);
 - Chromium with the wall open on all N calls: its script and task time per second (Performance metrics over
   CDP) and the rows it shows: the page staying responsive;
 - the desk's CPU per call in progress.
-Goals: 200 calls on one wall responsive; final release to browser P99 <= 300 ms at 100 calls.
+Goals: 200 calls on one wall responsive; final release to browser P99 <= 300 ms at 100 calls (judged in the
+pages where Chromium ran).
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ class LiveDeskOptions:
     window_s: float = 30.0
     warmup_s: float = 8.0
     browser: bool = True
+    pages: int = 20  # call pages open in Chromium beside the wall, timing each turn into the page
     out: Path = RESULTS
 
 
@@ -140,6 +144,47 @@ class Wall:
         self._playwright.stop()
 
 
+# Stamps each turn the page's own script puts into #turns (a new one, or a partial replaced by its final) with
+# the wall clock at that DOM change. Injected by the browser (CSP bypassed for the measurement alone: the
+# pages' policy allows only their hashed script); the page and its script are the ones supervisors get.
+TURN_STAMPS = """
+window.__shown = [];
+document.addEventListener("DOMContentLoaded", () => {
+  const turns = document.getElementById("turns");
+  if (!turns) return;
+  new MutationObserver(records => {
+    const now = Date.now();
+    for (const r of records) for (const n of r.addedNodes) {
+      const text = n.querySelector && n.querySelector(".text");
+      if (text) window.__shown.push([now, text.textContent]);
+    }
+  }).observe(turns, {childList: true});
+});
+"""
+
+
+class CallPages:
+    """Chromium with the live pages of some calls open (``/live/{call}``): when each turn reached the page."""
+
+    def __init__(self, wall: Wall, port: int, token: str, call_ids: list[str]) -> None:
+        context = wall.browser.new_context(extra_http_headers={"Authorization": f"Bearer {token}"}, bypass_csp=True)
+        context.add_init_script(TURN_STAMPS)
+        self.pages = []
+        for call_id in call_ids:
+            page = context.new_page()
+            page.goto(f"http://127.0.0.1:{port}/live/{call_id}")
+            self.pages.append(page)
+
+    def take(self) -> dict[str, list[float]]:
+        """The delays (ms) from each turn's release (the time in its text) to its page, since the last take."""
+        delays: dict[str, list[float]] = {"final": [], "partial": []}
+        for page in self.pages:
+            for at, text in page.evaluate("window.__shown.splice(0)"):
+                kind, sent = text.split()[:2]
+                delays[kind].append(at - int(sent))
+        return delays
+
+
 def _level(settings: Settings, calls: int, desk: subprocess.Popen[bytes], port: int, token: str,
            options: LiveDeskOptions, console: Console) -> dict[str, Any]:
     traffic = Traffic(settings, calls)
@@ -149,10 +194,13 @@ def _level(settings: Settings, calls: int, desk: subprocess.Popen[bytes], port: 
     stream.start()
     sender.start()
     wall = Wall(port, token) if options.browser else None
+    pages = CallPages(wall, port, token, [f"desk-{i:04d}" for i in range(min(calls, options.pages))]) if wall else None
     try:
         time.sleep(options.warmup_s)
         before_cpu, before = _cpu_s(desk.pid), time.monotonic()
         metrics_before = wall.metrics() if wall else {}
+        if pages is not None:
+            pages.take()  # the warm-up's
         client.measuring = True
         time.sleep(options.window_s)
         client.measuring = False
@@ -160,6 +208,7 @@ def _level(settings: Settings, calls: int, desk: subprocess.Popen[bytes], port: 
         cpu = _cpu_s(desk.pid) - before_cpu
         metrics_after = wall.metrics() if wall else {}
         rows = wall.rows() if wall else None
+        in_browser = pages.take() if pages else None
     finally:
         traffic.stop.set()
         sender.join(30)
@@ -175,13 +224,20 @@ def _level(settings: Settings, calls: int, desk: subprocess.Popen[bytes], port: 
         "desk_cpu_core": round(cpu / elapsed, 3), "desk_cpu_ms_per_call_s": round(1000 * cpu / elapsed / calls, 3),
         "wall_rows": rows,
     }
+    if in_browser is not None:
+        shown = in_browser["final"]
+        level["browser_pages"] = len(pages.pages) if pages else 0
+        level["browser_finals_seen"] = len(shown)
+        level["browser_final_p50_ms"] = round(float(np.percentile(shown, 50)), 1) if shown else None
+        level["browser_final_p99_ms"] = round(float(np.percentile(shown, 99)), 1) if shown else None
     if wall is not None:
         span = elapsed
         level["browser_script_ms_per_s"] = round(1000 * (metrics_after["ScriptDuration"]
                                                          - metrics_before["ScriptDuration"]) / span, 1)
         level["browser_task_ms_per_s"] = round(1000 * (metrics_after["TaskDuration"]
                                                        - metrics_before["TaskDuration"]) / span, 1)
-    console.print(f"  {calls} calls: final P99 {level['final_p99_ms']} ms, desk {level['desk_cpu_core']} core, "
+    console.print(f"  {calls} calls: final P99 {level['final_p99_ms']} ms to the stream, "
+                  f"{level.get('browser_final_p99_ms')} ms into the pages, desk {level['desk_cpu_core']} core, "
                   f"wall rows {rows}, script {level.get('browser_script_ms_per_s')} ms/s")
     return level
 
@@ -212,9 +268,11 @@ def run_live_desk(options: LiveDeskOptions, console: Console) -> tuple[dict[str,
         desk.wait(30)
         drop_topics(admin_client(settings, ClientErrors(settings)), prefix)
     at_100 = next((lv for lv in levels if lv["calls"] == 100), None)
-    met = at_100 is not None and at_100["final_p99_ms"] is not None and \
-        at_100["final_p99_ms"] <= GOALS["final_p99_ms_at_100"]
+    # Judged in the browser where it was open; the stream client's figure otherwise.
+    judged = None if at_100 is None else at_100.get("browser_final_p99_ms") or at_100["final_p99_ms"]
+    met = judged is not None and judged <= GOALS["final_p99_ms_at_100"]
     figures = {"levels": levels, "goals": GOALS, "met": met,
-               "note": "release to stream client; Chromium's wall open on all calls meanwhile"}
+               "note": "release to a stream client, and to the DOM of the call pages open in Chromium beside the "
+                       "wall on all calls"}
     doc = record("live-desk", {"window_s": options.window_s, "live_heartbeat_s": base.live_heartbeat_s}, figures)
     return doc, write_result("live-desk", doc, options.out)

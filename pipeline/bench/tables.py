@@ -158,6 +158,9 @@ SPECS: dict[str, tuple[str, tuple[Table | Pivot, ...]]] = {
     "live-desk": ("Live desk", (Table((
         Col("calls in progress", "calls"), Col("finals seen", "finals_seen"), Col("final P50 ms", "final_p50_ms", 1),
         Col("final P99 ms", "final_p99_ms", 1), Col("partial P99 ms", "partial_p99_ms", 1),
+        # Into the DOM of the call pages open in Chromium (their own script), where that was measured.
+        Col("call pages", "browser_pages"), Col("in page: finals", "browser_finals_seen"),
+        Col("in page: final P50 ms", "browser_final_p50_ms", 1), Col("in page: final P99 ms", "browser_final_p99_ms", 1),
         Col("desk core share", "desk_cpu_core", 3), Col("desk CPU ms per call s", "desk_cpu_ms_per_call_s", 3),
         Col("wall rows", "wall_rows"), Col("browser script ms/s", "browser_script_ms_per_s", 1),
         Col("browser task ms/s", "browser_task_ms_per_s", 1)), "levels"),
