@@ -260,6 +260,7 @@ class Traffic:
     live_wall_ms: dict[str, float] = field(default_factory=dict)  # call -> wall time its replay began sending
     errors: list[str] = field(default_factory=list)
     threads: list[threading.Thread] = field(default_factory=list)
+    say: Callable[[str], None] = lambda _: None  # a replay's failure, said when it happens
 
     def start(self) -> threading.Thread:
         starter = threading.Thread(target=self._start_calls, name="chaos-traffic", daemon=True)
@@ -282,6 +283,7 @@ class Traffic:
             replay(self.settings, [(call_id, rec)], 0.0, live)
         except Exception as exc:  # noqa: BLE001 - reported with the run's problems
             self.errors.append(f"replay of {call_id}: {type(exc).__name__}: {exc}")
+            self.say(self.errors[-1])
 
     def done(self, starter: threading.Thread) -> bool:
         return not starter.is_alive() and not any(t.is_alive() for t in self.threads)
@@ -627,7 +629,8 @@ def run_chaos(options: ChaosOptions) -> ChaosResult:
             workers.start(slot)
         say(f"{options.workers} workers up after {time.monotonic() - began_run:.0f} s; {len(call_ids)} calls, "
             f"one every {options.call_every_s:g} s; faults {', '.join(f'{k} at {t:g} s' for t, k in options.plan)}")
-        traffic = Traffic(settings, list(zip(call_ids, recordings, strict=True)), options.call_every_s)
+        traffic = Traffic(settings, list(zip(call_ids, recordings, strict=True)), options.call_every_s,
+                          say=lambda line: say(f"  {workers.now():6.1f} s  {line}"))
         result = _churn(options, kafka, workers, traffic, settings, picked, recordings, call_ids)
     finally:
         if workers is not None:

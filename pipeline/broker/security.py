@@ -64,6 +64,9 @@ def kafka_config(settings: BrokerSettings, errors: ClientErrors | None = None) -
         "bootstrap.servers": settings.bootstrap,
         "security.protocol": settings.kafka_security_protocol,
         "logger": CLIENT_LOG,
+        # Back to bootstrap_servers soon after every known broker is gone (see BrokerSettings.kafka_rebootstrap_ms).
+        "metadata.recovery.strategy": "rebootstrap",
+        "metadata.recovery.rebootstrap.trigger.ms": settings.kafka_rebootstrap_ms,
     }
     if errors is not None:
         conf["error_cb"] = errors.on_error
