@@ -18,7 +18,7 @@ def test_client_config_rebootstraps_after_the_setting_and_reads_its_environment_
         monkeypatch: pytest.MonkeyPatch) -> None:
     conf = kafka_config(Settings())
     assert conf["metadata.recovery.strategy"] == "rebootstrap"
-    assert conf["metadata.recovery.rebootstrap.trigger.ms"] == 5000
+    assert conf["metadata.recovery.rebootstrap.trigger.ms"] == 2000
     monkeypatch.setenv("CALLQA_KAFKA_REBOOTSTRAP_MS", "2500")
     assert kafka_config(Settings())["metadata.recovery.rebootstrap.trigger.ms"] == 2500
 
