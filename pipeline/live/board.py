@@ -21,6 +21,7 @@ import secrets
 from collections import OrderedDict, deque
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
+from itertools import islice
 from typing import Any
 
 from pipeline.access.users import Principal
@@ -31,6 +32,9 @@ PENDING_CALLS = 500
 PENDING_PER_CALL = 200
 # A call's turns kept on the desk (a very long call shows its latest).
 TURNS_PER_CALL = 2000
+# The newest ended calls whose turns and alerts stay known, for a final or alert read after the call's tombstone:
+# the tombstone goes out on another producer and topic than the call's last final, and may be read first.
+LATE_CALLS = 200
 
 
 @dataclass(frozen=True)
@@ -78,11 +82,13 @@ class LiveEvent:
     data: dict[str, Any]
 
 
-@dataclass(frozen=True)
+@dataclass
 class EndedCall:
     tenant: str
     agent_id: str
     ended_at_ms: int
+    # The call as it was at its end, kept a while (LATE_CALLS) for what comes after its tombstone.
+    last: BoardCall | None = None
 
 
 def visible(tenant: str, agent_id: str, who: Principal) -> bool:
@@ -165,9 +171,11 @@ class LiveBoard:
         if call is None:
             return
         ended_at = call.summary.updated_at_ms  # the desk has no clock of its own: the worker's last word
-        self.ended[call_id] = EndedCall(call.summary.tenant, call.summary.agent_id, ended_at)
+        self.ended[call_id] = EndedCall(call.summary.tenant, call.summary.agent_id, ended_at, call)
         self._emit("ended", call.summary, {"call_id": call_id, "page": f"/calls/{call_id}"})
         self._forget_ended(ended_at)
+        if len(self.ended) > LATE_CALLS:
+            next(islice(reversed(self.ended.values()), LATE_CALLS, None)).last = None
 
     def _turn(self, segment: TranscriptSegment) -> None:
         if segment.revision != 0:
@@ -175,6 +183,8 @@ class LiveBoard:
         call = self._call_or_wait(segment.call_id, segment)
         if call is None:
             return
+        if segment.call_id not in self.calls and not segment.is_final:
+            return  # a partial read after its call ended: its final says more
         known = call.turns.get(segment.segment_id)
         if known is not None and (known.final and not segment.is_final or (
                 known.final == segment.is_final and known.text == segment.text)):
@@ -198,9 +208,14 @@ class LiveBoard:
         self._emit("alert", call.summary, alert_json(alert.call_id, item))
 
     def _call_or_wait(self, call_id: str, message: TranscriptSegment | QaAlert) -> BoardCall | None:
+        """The call a turn or alert belongs to: in progress, or ended lately (what was read after its
+        tombstone is still shown, once); None when it waits for the call's summary or the call is long gone."""
         call = self.calls.get(call_id)
-        if call is not None or call_id in self.ended:
+        if call is not None:
             return call
+        ended = self.ended.get(call_id)
+        if ended is not None:
+            return ended.last
         waiting = self._pending.setdefault(call_id, [])
         self._pending.move_to_end(call_id)
         if len(waiting) < PENDING_PER_CALL:

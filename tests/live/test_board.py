@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pipeline.access.users import Principal
 from pipeline.contracts.messages import LiveCall, QaAlert, TranscriptSegment
-from pipeline.live.board import LiveBoard
+from pipeline.live.board import LATE_CALLS, LiveBoard
 
 OPERATOR = Principal.operator()
 ACME = Principal("sue", "supervisor", tenant="acme")
@@ -91,9 +91,36 @@ def test_an_ended_call_leaves_the_wall_its_page_links_to_the_finished_call_and_a
     assert [c["call_id"] for c in board.snapshot(ACME)] == ["c2"]
     assert board.call("c1", ACME) == {"ended": True, "page": "/calls/c1", "last_event_id": board.event_id(board.seq)}
     assert board.call("c1", GLOBEX) is None
-    board.apply([("c1", summary("c1", updated=5_000)), ("c1", turn("c1", 9_000, "late"))])  # a lost worker's copy
+    board.apply([("c1", summary("c1", updated=5_000))])  # a lost worker's copy
     assert [c["call_id"] for c in board.snapshot(ACME)] == ["c2"]
     assert board.events[-1].kind == "ended" and board.events[-1].data == {"call_id": "c1", "page": "/calls/c1"}
+
+
+def test_a_final_or_alert_read_after_its_calls_end_is_still_shown_once_but_the_call_stays_ended() -> None:
+    # The tombstone goes out on another producer and topic than the call's last final: it can be read first.
+    board = LiveBoard()
+    board.apply([("c1", summary("c1")), ("c1", turn("c1", 1_000, "hello")), ("c1", None)])
+    seq = board.seq
+    board.apply([("c1", turn("c1", 9_000, "thank you for calling", final=False)),  # a partial: its final follows
+                 ("c1", turn("c1", 9_000, "thank you for calling, goodbye")), ("c1", alert("c1", 9_500)),
+                 ("c1", turn("c1", 9_000, "thank you for calling, goodbye")), ("c1", alert("c1", 9_500)),  # replays
+                 ("c1", turn("c1", 1_000, "hello"))])  # shown before the end already
+    after = board.events_after(board.event_id(seq), ACME, call_id="c1")
+    assert after is not None and [(e.kind, e.data.get("text")) for e in after] == [
+        ("turn", "thank you for calling, goodbye"), ("alert", "speak to a manager")]
+    assert board.events_after(board.event_id(seq), GLOBEX) == []  # the scope of the call it belonged to
+    assert board.snapshot(OPERATOR) == [] and board.call("c1", ACME) == {
+        "ended": True, "page": "/calls/c1", "last_event_id": board.event_id(board.seq)}
+
+
+def test_only_the_newest_ended_calls_take_late_turns() -> None:
+    board = LiveBoard()
+    board.apply([(f"c{i}", summary(f"c{i}")) for i in range(LATE_CALLS + 1)])
+    board.apply([(f"c{i}", None) for i in range(LATE_CALLS + 1)])
+    seq = board.seq
+    board.apply([("c0", turn("c0", 1_000, "too late")), ("c1", turn("c1", 1_000, "in time"))])
+    after = board.events_after(board.event_id(seq), OPERATOR)
+    assert after is not None and [(e.call_id, e.data["text"]) for e in after] == [("c1", "in time")]
 
 
 def test_a_stream_resumes_after_the_last_event_it_got_and_only_with_what_its_viewer_may_see() -> None:

@@ -29,7 +29,9 @@ function putFacts(c) {
     hold: c.on_hold ? "on hold" : "no",
   })) { const el = document.getElementById("f-" + name); if (el) el.textContent = value; }
 }
-function over(page) { ended.hidden = false; ended.querySelector("a").href = page; state.textContent = "ended"; stream.close(); }
+// A final read just after the call's end still comes (its end and its last turns travel apart): the stream
+// stays open a little longer.
+function over(page) { ended.hidden = false; ended.querySelector("a").href = page; state.textContent = "ended"; setTimeout(() => stream.close(), 10000); }
 const stream = new EventSource("/live/events?call=" + encodeURIComponent(callId));
 stream.addEventListener("snapshot", e => {
   const d = JSON.parse(e.data);
