@@ -72,7 +72,9 @@ class PreviewDroppedError(RuntimeError):
     """A preview was dropped undecoded: it waited ``preview_max_wait_ms`` behind finals, or the batcher closed."""
 
 
-@dataclass
+# eq=False: a request is itself, not its fields. Field equality compared two requests of the same span by their
+# audio arrays (list.remove of a dropped preview), which raises, and the collector died of it.
+@dataclass(eq=False)
 class _Pending:
     segment: SegmentAudio
     future: asyncio.Future[TranscriptResult]

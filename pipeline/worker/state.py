@@ -18,7 +18,7 @@ from pipeline.worker.ports import OutputPort, Transcription
 DecodedSegment = tuple[LegState, int, int, Transcription, int, int]
 
 
-@dataclass
+@dataclass(eq=False)  # a state is itself (list.remove): by value, two states of one call would compare legs and audio arrays
 class CallState:
     call_id: str
     start: CallEvent | None = None

@@ -142,6 +142,26 @@ async def test_a_stale_preview_is_dropped_undecoded() -> None:
     assert recognizer.batches == [[100]]
 
 
+async def test_a_stale_preview_is_dropped_beside_a_final_of_the_same_span() -> None:
+    # Requests are told apart by who they are, not by their fields: dropping a preview once compared it with
+    # the final of the same start and end waiting before it, then their audio arrays, and the collector died
+    # of it ("The truth value of an array ... is ambiguous"; bench live at 28 calls with partials on).
+    recognizer, batcher, busy = await busy_batcher(threads=1, max_wait_preview_ms=50)
+    final = asyncio.ensure_future(batcher.submit(segment(200)))
+    await asyncio.sleep(0.02)
+    preview = asyncio.ensure_future(batcher.submit(segment(200), preview=True))
+    await asyncio.sleep(0.1)  # stale by the time the thread frees
+    recognizer.go(0)
+    await until(lambda: len(recognizer.batches) == 2)
+    recognizer.go(1)
+    with pytest.raises(PreviewDroppedError, match="waited 50 ms"):
+        await asyncio.wait_for(preview, 5)
+    assert (await busy).end_ms == 100 and (await asyncio.wait_for(final, 5)).end_ms == 200
+    assert batcher.error is None
+    await batcher.close()
+    assert recognizer.batches == [[100], [200]]
+
+
 async def test_previews_waiting_at_close_are_dropped_and_finals_finish() -> None:
     recognizer, batcher, busy = await busy_batcher(threads=2)
     preview = asyncio.ensure_future(batcher.submit(segment(200), preview=True))
