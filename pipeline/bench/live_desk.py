@@ -167,10 +167,13 @@ class CallPages:
     """Chromium with the live pages of some calls open (``/live/{call}``): when each turn reached the page."""
 
     def __init__(self, wall: Wall, port: int, token: str, call_ids: list[str]) -> None:
-        context = wall.browser.new_context(extra_http_headers={"Authorization": f"Bearer {token}"}, bypass_csp=True)
-        context.add_init_script(TURN_STAMPS)
         self.pages = []
         for call_id in call_ids:
+            # A context each, as each supervisor has a browser of their own: one profile holds at most 6
+            # HTTP/1.1 connections to a host, and each open page keeps one for its event stream.
+            context = wall.browser.new_context(extra_http_headers={"Authorization": f"Bearer {token}"},
+                                               bypass_csp=True)
+            context.add_init_script(TURN_STAMPS)
             page = context.new_page()
             page.goto(f"http://127.0.0.1:{port}/live/{call_id}")
             self.pages.append(page)
