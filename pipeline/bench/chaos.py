@@ -107,6 +107,10 @@ class ChaosOptions:
     plan: tuple[tuple[float, str], ...] = TEST_PLAN  # (run time s, fault), in time order
     outage_s: float = 20.0
     finish_timeout_s: float = 300.0
+    # The wait for the calls ends this long after the run began (None: only finish_timeout_s bounds it), so the
+    # run's account is written inside a caller's own timeout: a replay stuck delivering (300 s) once kept the
+    # wait from starting and pytest's 600 s ended the run with no account.
+    budget_s: float | None = None
     overrides: dict[str, str] = field(default_factory=dict)  # more worker settings (keys without CALLQA_)
     say: Callable[[str], None] = print
 
@@ -631,7 +635,8 @@ def run_chaos(options: ChaosOptions) -> ChaosResult:
             f"one every {options.call_every_s:g} s; faults {', '.join(f'{k} at {t:g} s' for t, k in options.plan)}")
         traffic = Traffic(settings, list(zip(call_ids, recordings, strict=True)), options.call_every_s,
                           say=lambda line: say(f"  {workers.now():6.1f} s  {line}"))
-        result = _churn(options, kafka, workers, traffic, settings, picked, recordings, call_ids)
+        result = _churn(options, kafka, workers, traffic, settings, picked, recordings, call_ids,
+                        None if options.budget_s is None else began_run + options.budget_s)
     finally:
         if workers is not None:
             with suppress(Exception):
@@ -651,7 +656,7 @@ def broker_refusals(logs: list[str], port: int) -> int:
 
 def _churn(options: ChaosOptions, kafka: LocalKafka, workers: Workers, traffic: Traffic, settings: Settings,
            picked: list[tuple[dict[str, Any], Path]], recordings: list[CallRecording],
-           call_ids: list[str]) -> ChaosResult:
+           call_ids: list[str], budget_ends: float | None = None) -> ChaosResult:
     say = options.say
     faults = Faults(kafka, workers, options.outage_s)
     workers.began, workers.began_wall_ms = time.monotonic(), time.time() * 1000  # run time 0: the first call starts
@@ -666,6 +671,13 @@ def _churn(options: ChaosOptions, kafka: LocalKafka, workers: Workers, traffic: 
         if due and workers.now() >= due[0][0]:
             faults.apply(due.pop(0)[1], len(faults.done))
             continue
+        if budget_ends is not None and time.monotonic() > budget_ends:
+            sending = [t.name for t in traffic.threads if t.is_alive()]
+            traffic.errors += [f"replay of {name}: still sending or delivering when the run's budget ended"
+                               for name in sending]
+            say(f"  {workers.now():6.1f} s  the run's budget ({options.budget_s:.0f} s) is spent; replays still "
+                f"running: {', '.join(sending) or 'none'}; faults not applied: {len(due)}")
+            break
         if not due and faults.outage_over() and traffic.done(starter):
             deadline = deadline or time.monotonic() + options.finish_timeout_s
             with suppress(OSError, RuntimeError):
