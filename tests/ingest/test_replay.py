@@ -87,6 +87,38 @@ def test_stereo_file_yields_every_frame_of_both_legs_and_one_start_and_end(
     assert end.legs == ["agent", "customer"]
 
 
+class RecordingProducer(ContractProducer):
+    """The real producer, noting what was sent and each flush, in order."""
+
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self.log: list[tuple[str, str]] = []
+
+    def send(self, topic, key, message, on_failure=None) -> None:  # type: ignore[no-untyped-def]
+        self.log.append(("end" if isinstance(message, CallEvent) and message.event_type == "end" else "msg", key))
+        super().send(topic, key, message, on_failure)
+
+    def flush(self, timeout_s: float = 60.0) -> None:
+        super().flush(timeout_s)
+        self.log.append(("flushed", ""))
+
+
+def test_a_calls_end_event_is_sent_only_once_its_frames_are_on_the_broker(
+        kafka_settings, stereo_call: Path) -> None:  # type: ignore[no-untyped-def]
+    # Its frames and its end are on two topics: after a broker restart a producer's queues drain in any
+    # order, and an end read first closed the call without its last frames.
+    options = ReplayOptions(frame_ms=20, encoding="mulaw", calls=2)
+    producer = RecordingProducer(kafka_settings.bootstrap, Serde.from_settings())
+    TelephonyReplay(producer, kafka_settings.topic_audio, kafka_settings.topic_call_events).run(
+        [load_recording(stereo_call, options)], options)
+    ends = [i for i, (what, _) in enumerate(producer.log) if what == "end"]
+    assert len(ends) == 2
+    for i in ends:
+        call = producer.log[i][1]
+        last_frame = max(j for j, (what, key) in enumerate(producer.log[:i]) if what == "msg" and key == call)
+        assert ("flushed", "") in producer.log[last_frame:i], producer.log[last_frame:i + 1]
+
+
 def test_a_failure_mid_replay_still_closes_every_started_call(kafka_settings, stereo_call, read_topic) -> None:  # type: ignore[no-untyped-def]
     serde = Serde.from_settings()
     options = ReplayOptions(calls=4)
