@@ -79,6 +79,10 @@ class ContractProducer:
             self._unpolled = 0
             self._producer.poll(0)
 
+    def pending(self) -> int:
+        """Messages produced and neither delivered nor failed yet."""
+        return len(self._producer)
+
     def flush(self, timeout_s: float = 60.0) -> None:
         # In short steps, so a refused login or TLS handshake ends the wait at once.
         deadline = time.monotonic() + timeout_s

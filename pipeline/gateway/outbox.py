@@ -7,9 +7,9 @@ gap it leaves is filled with silence by the worker). AudioHook sessions read ``b
 pause their client before that happens; Twilio has no flow control, so its audio is what gets dropped.
 
 The sender produces what is buffered (start, hold, pause and resume events first, in the order they came, then frames round-robin over the legs, then
-the end events of calls with no frame left), waits for the broker's acknowledgement of the batch
-(acks=all, idempotent: ``ContractProducer``), and only then takes the next one: the buffers fill up
-exactly when Kafka is slower than the calls.
+the end events of calls whose frames Kafka has all taken), waits for the broker's acknowledgement of the batch
+(acks=all, idempotent: ``ContractProducer``; through an outage too), and only then takes the next one: the
+buffers fill up exactly when Kafka is slower than the calls.
 """
 
 from __future__ import annotations
@@ -158,7 +158,10 @@ class Outbox:
             self._in_flight[f.call_id] = self._in_flight.get(f.call_id, 0) + 1
 
     def _take_ends(self, batch: Batch) -> None:
-        waiting = {c for c, _ in self._legs}
+        # Not with its call's last frames, nor before Kafka took them: frames and end are on two topics, and a
+        # producer's queues drain in any order after a broker outage (an end read first closes the call
+        # without its last frames). ``_in_flight`` holds this batch's frames too (``_take_frames`` ran).
+        waiting = {c for c, _ in self._legs} | set(self._in_flight)
         keep: deque[CallEvent] = deque()
         for event in self._ends:
             (keep if event.call_id in waiting else batch.ends).append(event)
@@ -239,19 +242,35 @@ class KafkaSender:
             log.error("%d frames could not be handed to Kafka (first: %s)", len(not_sent), not_sent[0][:200])
         for event in batch.ends:
             self.producer.send(self.events_topic, event.call_id, event, partial(self._refused, event))
-        try:
-            self.producer.flush(30.0)
-        except DeliveryError as exc:
-            # Nothing to hand the failure back to (the audio was live): count it, say it once per batch.
-            self.metrics.delivery_failures.inc(max(1, len(self.producer.failures)))
-            log.error("Kafka did not take %d messages: %s", len(batch), exc)
-            self.producer.failures.clear()
+        self._flush(len(batch))
         acked_at_ms = time.time() * 1000
         built_ms = np.fromiter((f.produced_at_ms for f in batch.frames), np.float64, len(batch.frames))
         self.metrics.ack_latency.observe_many(np.maximum(0.0, acked_at_ms - built_ms) / 1000)
         refused = self.frames_refused - refused_before
         self.metrics.frames_acked.inc(max(0, len(batch.frames) - len(not_sent) - refused))
         self.outbox.acknowledged(batch)
+
+    def _flush(self, messages: int) -> None:
+        """Until Kafka took or refused every message produced: the batch counts as sent only then, and a
+        call's end waits for it (``Outbox._take_ends``). An outage is waited out meanwhile (the buffers fill:
+        Twilio's oldest audio is dropped, AudioHook is paused), said once per batch."""
+        said = False
+        while True:
+            try:
+                self.producer.flush(30.0)
+                return
+            except DeliveryError as exc:
+                if self.producer.failures:
+                    # Nothing to hand the failure back to (the audio was live): count it, say it once per batch.
+                    self.metrics.delivery_failures.inc(len(self.producer.failures))
+                    log.error("Kafka did not take %d messages: %s", len(self.producer.failures), exc)
+                    self.producer.failures.clear()
+                if not self.producer.pending():
+                    return
+                if not said:
+                    log.warning("Kafka has not taken %d of %d messages after 30 s: waiting for it",
+                                self.producer.pending(), messages)
+                    said = True
 
     def _frame_refused(self, error: KafkaError) -> None:
         """A frame Kafka refused (served in this thread's flush): counted, not retried (live audio, its seq gap
