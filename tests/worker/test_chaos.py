@@ -56,7 +56,7 @@ def test_live_calls_survive_kills_a_sigterm_a_broker_restart_and_a_store_outage(
     # worker's clean stop to end (38 s in a store outage) and for the group to settle after the broker's
     # restart, and with four the last kill once found every call ended ("a fault hit an idle worker").
     result = run_chaos(ChaosOptions(work=tmp_path / "chaos", calls=len(CALLS) + 2, call_names=CALLS,
-                                    call_every_s=10.0, plan=PLAN, outage_s=12.0, budget_s=480.0))
+                                    call_every_s=10.0, plan=PLAN, outage_s=12.0, budget_s=520.0))
     figures = result.figures()
     show(figures, Console(), "chaos")
     for line in result.unplanned_exits + result.problems():
