@@ -190,9 +190,11 @@ async def test_a_calls_stream_brings_its_turns_and_alerts_and_resumes_after_a_re
         topics.turn("c1", 4_000, "I want to speak to a manager")
         topics.alert("c1", 5_200)
         got = await read_events(stream, 3)
-        assert [(k, d.get("text"), d.get("final")) for _, k, d in got] == [
-            ("turn", "I want to speak", False), ("turn", "I want to speak to a manager", True),
-            ("alert", "speak to a manager", None)]
+        # In order within a topic (the turns share a partition); an alert, on another topic, may come first.
+        seen = [(k, d.get("text"), d.get("final")) for _, k, d in got]
+        assert [e for e in seen if e[0] == "turn"] == [
+            ("turn", "I want to speak", False), ("turn", "I want to speak to a manager", True)]
+        assert [e for e in seen if e[0] != "turn"] == [("alert", "speak to a manager", None)]
         stream.close()
 
         # Gone for a while: what came meanwhile comes on the reconnect, after the last event it had, once each.
@@ -203,8 +205,9 @@ async def test_a_calls_stream_brings_its_turns_and_alerts_and_resumes_after_a_re
         again = await client.get("/api/live/events", params={"call": "c1"},
                                  headers={**tokens["sue"], "Last-Event-ID": got[-1][0]})
         resumed = await read_events(again, 3)
-        assert [(k, d.get("text")) for _, k, d in resumed] == [
-            ("turn", "this is the third time I call"), ("turn", "I am sorry to hear that"), ("call", None)]
+        assert [(k, d.get("text")) for _, k, d in resumed if k == "turn"] == [
+            ("turn", "this is the third time I call"), ("turn", "I am sorry to hear that")]
+        assert [k for _, k, _ in resumed if k != "turn"] == ["call"]  # the summary: its own topic, any place
         topics.ended("c1")
         [(_, kind, data)] = await read_events(again, 1)
         assert (kind, data) == ("ended", {"call_id": "c1", "page": "/calls/c1"})
