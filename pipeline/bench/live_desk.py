@@ -33,6 +33,7 @@ import numpy as np
 from confluent_kafka import Producer
 from rich.console import Console
 
+from pipeline.bench import probes
 from pipeline.bench.desk import TurnStream, start_desk
 from pipeline.bench.results import RESULTS, record, run_folder, write_result
 from pipeline.broker.local import LocalKafka, free_port
@@ -109,11 +110,6 @@ class TurnDelays:
         if self.measuring:
             kind, sent = turn["text"].split()[:2]
             self.delays[kind].append(received_s * 1000 - int(sent))
-
-
-def _cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class Wall:
@@ -200,7 +196,7 @@ def _level(settings: Settings, calls: int, desk: subprocess.Popen[bytes], port: 
     pages = CallPages(wall, port, token, [f"desk-{i:04d}" for i in range(min(calls, options.pages))]) if wall else None
     try:
         time.sleep(options.warmup_s)
-        before_cpu, before = _cpu_s(desk.pid), time.monotonic()
+        before_cpu, before = probes.cpu_snapshot(desk.pid).process_s, time.monotonic()
         metrics_before = wall.metrics() if wall else {}
         if pages is not None:
             pages.take()  # the warm-up's
@@ -208,7 +204,7 @@ def _level(settings: Settings, calls: int, desk: subprocess.Popen[bytes], port: 
         time.sleep(options.window_s)
         client.measuring = False
         elapsed = time.monotonic() - before
-        cpu = _cpu_s(desk.pid) - before_cpu
+        cpu = probes.cpu_snapshot(desk.pid).process_s - before_cpu
         metrics_after = wall.metrics() if wall else {}
         rows = wall.rows() if wall else None
         in_browser = pages.take() if pages else None
